@@ -1,0 +1,251 @@
+package decode
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+)
+
+// The builders below write pgoutput protocol 1 messages byte by byte, as the
+// PostgreSQL documentation ("Logical Replication Message Formats") lays them
+// out, so the tests do not share code with the parser they check.
+
+type msg struct{ bytes.Buffer }
+
+func (m *msg) u8(v byte) *msg    { m.WriteByte(v); return m }
+func (m *msg) u16(v uint16) *msg { m.Write(binary.BigEndian.AppendUint16(nil, v)); return m }
+func (m *msg) u32(v uint32) *msg { m.Write(binary.BigEndian.AppendUint32(nil, v)); return m }
+func (m *msg) u64(v uint64) *msg { m.Write(binary.BigEndian.AppendUint64(nil, v)); return m }
+func (m *msg) str(s string) *msg { m.WriteString(s); m.WriteByte(0); return m }
+
+func beginMsg(final uint64, xid uint32, ts time.Time) []byte {
+	m := &msg{}
+	m.u8('B').u64(final).u64(uint64(ts.Sub(pgEpoch).Microseconds())).u32(xid)
+	return m.Bytes()
+}
+
+func commitMsg(commit, end uint64, ts time.Time) []byte {
+	m := &msg{}
+	m.u8('C').u8(0).u64(commit).u64(end).u64(uint64(ts.Sub(pgEpoch).Microseconds()))
+	return m.Bytes()
+}
+
+type col struct {
+	name string
+	oid  uint32
+}
+
+func relationMsg(id uint32, ns, name string, cols ...col) []byte {
+	m := &msg{}
+	m.u8('R').u32(id).str(ns).str(name).u8('d').u16(uint16(len(cols)))
+	for _, c := range cols {
+		m.u8(0).str(c.name).u32(c.oid).u32(0xffffffff)
+	}
+	return m.Bytes()
+}
+
+// val is a tuple column: nil is NULL.
+func insertMsg(rel uint32, vals ...*string) []byte {
+	m := &msg{}
+	m.u8('I').u32(rel).u8('N').u16(uint16(len(vals)))
+	for _, v := range vals {
+		if v == nil {
+			m.u8('n')
+			continue
+		}
+		m.u8('t').u32(uint32(len(*v)))
+		m.WriteString(*v)
+	}
+	return m.Bytes()
+}
+
+func s(v string) *string { return &v }
+
+const (
+	oidText  = 25
+	oidUUID  = 2950
+	oidJSONB = 3802
+)
+
+var outboxCols = []col{
+	{"id", oidUUID}, {"aggregatetype", oidText}, {"aggregateid", oidText},
+	{"type", oidText}, {"payload", oidJSONB},
+}
+
+func testTable() *outbox.Table {
+	return &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
+}
+
+func mustDecode(t *testing.T, d *Decoder, data []byte) Message {
+	t.Helper()
+	m, err := d.Decode(data)
+	if err != nil {
+		t.Fatalf("Decode(%q): %v", data, err)
+	}
+	return m
+}
+
+func TestDecodeTransaction(t *testing.T) {
+	tbl := testTable()
+	d := New([]*outbox.Table{tbl})
+	ts := time.Date(2026, 11, 22, 10, 0, 0, 123456000, time.UTC)
+
+	if m := mustDecode(t, d, beginMsg(0x1000, 42, ts)); m.Kind != KindBegin || m.XID != 42 || m.Commit != 0x1000 {
+		t.Fatalf("begin = %+v", m)
+	}
+	if m := mustDecode(t, d, relationMsg(16384, "public", "outbox", outboxCols...)); m.Kind != KindOther {
+		t.Fatalf("relation kind = %v", m.Kind)
+	}
+	payload := `{"a": {"b": [1, 2]}, "name": "ünïcødé ✓"}`
+	in := insertMsg(16384, s("6f1c"), s("order"), s("o-1"), s("OrderCreated"), s(payload))
+	m := mustDecode(t, d, in)
+	if m.Kind != KindEvent {
+		t.Fatalf("insert kind = %v", m.Kind)
+	}
+	// The decoder must not alias the input buffer: pgconn reuses it.
+	for i := range in {
+		in[i] = 0
+	}
+	ev := m.Event
+	want := outbox.Event{
+		Table: tbl, ID: []byte("6f1c"), AggregateType: []byte("order"), AggregateID: []byte("o-1"),
+		Type: []byte("OrderCreated"), Payload: []byte(payload), CommitLSN: 0x1000, CommitTime: ts, XID: 42,
+	}
+	if ev.Table != want.Table || !bytes.Equal(ev.ID, want.ID) || !bytes.Equal(ev.AggregateType, want.AggregateType) ||
+		!bytes.Equal(ev.AggregateID, want.AggregateID) || !bytes.Equal(ev.Type, want.Type) ||
+		!bytes.Equal(ev.Payload, want.Payload) || ev.CommitLSN != want.CommitLSN || !ev.CommitTime.Equal(ts) || ev.XID != 42 {
+		t.Fatalf("event = %+v\nwant    %+v", ev, want)
+	}
+	c := mustDecode(t, d, commitMsg(0x1000, 0x1030, ts))
+	if c.Kind != KindCommit || c.EndLSN != pglogrepl.LSN(0x1030) || c.Commit != 0x1000 || c.XID != 42 {
+		t.Fatalf("commit = %+v", c)
+	}
+}
+
+func TestDecodeValues(t *testing.T) {
+	tests := []struct {
+		name        string
+		payloadOID  uint32
+		payload     *string
+		wantPayload []byte
+		wantErr     string
+	}{
+		{name: "jsonb bytes as sent", payloadOID: oidJSONB, payload: s(`{"k": "v"}`), wantPayload: []byte(`{"k": "v"}`)},
+		{name: "text", payloadOID: oidText, payload: s("plain"), wantPayload: []byte("plain")},
+		{name: "empty text is not NULL", payloadOID: oidText, payload: s(""), wantPayload: []byte{}},
+		{name: "NULL", payloadOID: oidJSONB, payload: nil, wantPayload: nil},
+		{name: "bytea hex to raw", payloadOID: oidBytea, payload: s(`\x00ff10`), wantPayload: []byte{0, 0xff, 0x10}},
+		{name: "bytea escape format", payloadOID: oidBytea, payload: s(`abc`), wantErr: "bytea_output"},
+		{name: "bytea bad hex", payloadOID: oidBytea, payload: s(`\xzz`), wantErr: "bytea"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := New([]*outbox.Table{testTable()})
+			cols := append([]col(nil), outboxCols...)
+			cols[4].oid = tt.payloadOID
+			mustDecode(t, d, beginMsg(1, 1, pgEpoch))
+			mustDecode(t, d, relationMsg(1, "public", "outbox", cols...))
+			m, err := d.Decode(insertMsg(1, s("i"), s("t"), s("a"), s("e"), tt.payload))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want it to mention %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(m.Event.Payload, tt.wantPayload) || (m.Event.Payload == nil) != (tt.wantPayload == nil) {
+				t.Fatalf("payload = %q (nil=%v), want %q (nil=%v)", m.Event.Payload, m.Event.Payload == nil, tt.wantPayload, tt.wantPayload == nil)
+			}
+		})
+	}
+}
+
+func TestDecodeMappingAndTables(t *testing.T) {
+	camel := &outbox.Table{
+		Name:    outbox.TableName{Schema: "tenant", Name: "OutboxEvent"},
+		Columns: outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "eventType", Payload: "payload"},
+		Topic:   "x",
+	}
+	d := New([]*outbox.Table{testTable(), camel})
+	mustDecode(t, d, beginMsg(1, 7, pgEpoch))
+	// Column order differs from the mapping order, and there are extra columns.
+	mustDecode(t, d, relationMsg(2, "tenant", "OutboxEvent",
+		col{"tenantId", oidText}, col{"payload", oidJSONB}, col{"eventType", oidText},
+		col{"aggregateId", oidText}, col{"aggregateType", oidText}, col{"id", oidText}))
+	mustDecode(t, d, relationMsg(3, "public", "orders", col{"id", oidText}))
+	m := mustDecode(t, d, insertMsg(2, s("t1"), s("{}"), s("kitchen.task.claimed"), s("task-9"), s("Task"), s("cuid1")))
+	if m.Kind != KindEvent || m.Event.Table != camel || string(m.Event.ID) != "cuid1" || string(m.Event.AggregateType) != "Task" ||
+		string(m.Event.AggregateID) != "task-9" || string(m.Event.Type) != "kitchen.task.claimed" || string(m.Event.Payload) != "{}" {
+		t.Fatalf("event = %+v", m.Event)
+	}
+	if m := mustDecode(t, d, insertMsg(3, s("x"))); m.Kind != KindOther {
+		t.Fatalf("insert into a table that is not an outbox: kind %v, want KindOther", m.Kind)
+	}
+	// Updates and deletes are never events.
+	upd := append([]byte{'U'}, insertMsg(2, s("a"))[1:]...)
+	del := (&msg{}).u8('D').u32(2).u8('K').u16(0).Bytes()
+	for _, b := range [][]byte{upd, del} {
+		if m := mustDecode(t, d, b); m.Kind != KindOther {
+			t.Fatalf("%q: kind %v, want KindOther", b[0], m.Kind)
+		}
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		msgs [][]byte
+		want string
+	}{
+		{"mapped column missing", [][]byte{relationMsg(1, "public", "outbox", outboxCols[:4]...)}, `no column payload`},
+		{"insert before relation", [][]byte{beginMsg(1, 1, pgEpoch), insertMsg(9, s("x"))}, "before its Relation"},
+		{"insert outside transaction", [][]byte{relationMsg(1, "public", "outbox", outboxCols...), insertMsg(1, s("a"), s("b"), s("c"), s("d"), s("e"))}, "outside a transaction"},
+		{"nested begin", [][]byte{beginMsg(1, 1, pgEpoch), beginMsg(2, 2, pgEpoch)}, "inside transaction"},
+		{"commit without begin", [][]byte{commitMsg(1, 2, pgEpoch)}, "outside a transaction"},
+		{"truncated begin", [][]byte{beginMsg(1, 1, pgEpoch)[:9]}, "truncated"},
+		{"short tuple", [][]byte{beginMsg(1, 1, pgEpoch), relationMsg(1, "public", "outbox", outboxCols...), insertMsg(1, s("a"), s("b"))}, "columns"},
+		{"unknown type", [][]byte{{'Z'}}, "unknown message type"},
+		{"empty", [][]byte{{}}, "empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := New([]*outbox.Table{testTable()})
+			var err error
+			for _, b := range tt.msgs {
+				if _, err = d.Decode(b); err != nil {
+					break
+				}
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzDecode feeds arbitrary bytes after a valid prefix; the decoder must
+// return an error or a message, never panic or over-allocate.
+func FuzzDecode(f *testing.F) {
+	f.Add(beginMsg(1, 1, pgEpoch))
+	f.Add(relationMsg(1, "public", "outbox", outboxCols...))
+	f.Add(insertMsg(1, s("a"), s("b"), s("c"), s("d"), s(`{"x": 1}`)))
+	f.Add(commitMsg(1, 2, pgEpoch))
+	f.Add([]byte{'R', 0, 0, 0, 1, 0, 0, 'd', 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d := New([]*outbox.Table{testTable()})
+		_, _ = d.Decode(beginMsg(1, 1, pgEpoch))
+		_, _ = d.Decode(relationMsg(1, "public", "outbox", outboxCols...))
+		m, err := d.Decode(data)
+		if err == nil && m.Kind == KindEvent && m.Event.Table == nil {
+			t.Fatalf("event without table")
+		}
+	})
+}

@@ -1,0 +1,20 @@
+// Package decode turns pgoutput (protocol version 1) messages into outbox
+// events.
+//
+// Parsing is pure: bytes in, values out, no connection, so every message
+// shape is tested on hand-built bytes and fuzzed. The Decoder keeps the
+// relation cache pgoutput requires: a Relation message precedes the first
+// change of a table in each replication session and after any change of its
+// schema, and INSERTs refer to it by OID only.
+//
+// Invariants:
+//   - Only INSERTs into configured tables become events. UPDATE, DELETE and
+//     TRUNCATE are never events; the publication only publishes inserts, and
+//     a row deleted later in the same transaction is still delivered because
+//     its INSERT is in the WAL.
+//   - A configured table whose Relation message lacks a mapped column is an
+//     error, never a silently empty field.
+//   - Values are copied out of the input: the caller's buffer is reused.
+//   - Column values arrive in text format. json/jsonb/text values are passed
+//     on as their bytes; bytea is hex-decoded to the raw bytes.
+package decode

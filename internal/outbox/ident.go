@@ -1,0 +1,116 @@
+package outbox
+
+import (
+	"fmt"
+	"strings"
+)
+
+// TableName is a schema-qualified table name as Postgres stores it in the
+// catalog: Schema and Name are already case-folded or unquoted.
+type TableName struct {
+	Schema string
+	Name   string
+}
+
+// String returns the name quoted for SQL, e.g. public.outbox or
+// tenant."OutboxEvent".
+func (t TableName) String() string { return QuoteIdent(t.Schema) + "." + QuoteIdent(t.Name) }
+
+// ParseTableName parses a table name the way a user writes it in SQL:
+// "outbox", "public.outbox", `tenant."OutboxEvent"`. Unquoted parts fold to
+// lower case; the schema defaults to public.
+func ParseTableName(s string) (TableName, error) {
+	parts, err := splitIdents(s)
+	if err != nil {
+		return TableName{}, fmt.Errorf("table name %q: %w", s, err)
+	}
+	switch len(parts) {
+	case 1:
+		return TableName{Schema: "public", Name: parts[0]}, nil
+	case 2:
+		return TableName{Schema: parts[0], Name: parts[1]}, nil
+	default:
+		return TableName{}, fmt.Errorf("table name %q: want table or schema.table", s)
+	}
+}
+
+// ParseIdent parses one identifier as written in SQL: unquoted folds to lower
+// case, "Quoted" keeps its case.
+func ParseIdent(s string) (string, error) {
+	parts, err := splitIdents(s)
+	if err != nil {
+		return "", fmt.Errorf("identifier %q: %w", s, err)
+	}
+	if len(parts) != 1 {
+		return "", fmt.Errorf("identifier %q: want one name, not a dotted path", s)
+	}
+	return parts[0], nil
+}
+
+// QuoteIdent quotes an identifier for SQL unless it is a plain lower-case
+// name, so that messages show names the way a user would type them.
+func QuoteIdent(s string) string {
+	plain := s != ""
+	for i, r := range s {
+		if !(r >= 'a' && r <= 'z' || r == '_' || (i > 0 && r >= '0' && r <= '9')) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// splitIdents splits a dotted SQL identifier path, honouring double quotes
+// ("" is an escaped quote inside a quoted identifier).
+func splitIdents(s string) ([]string, error) {
+	var parts []string
+	s = strings.TrimSpace(s)
+	for {
+		if s == "" {
+			return nil, fmt.Errorf("empty name")
+		}
+		var part string
+		if s[0] == '"' {
+			var b strings.Builder
+			i := 1
+			for {
+				j := strings.IndexByte(s[i:], '"')
+				if j < 0 {
+					return nil, fmt.Errorf("unterminated quote")
+				}
+				b.WriteString(s[i : i+j])
+				i += j + 1
+				if i < len(s) && s[i] == '"' {
+					b.WriteByte('"')
+					i++
+					continue
+				}
+				break
+			}
+			part, s = b.String(), s[i:]
+			if part == "" {
+				return nil, fmt.Errorf("empty quoted name")
+			}
+		} else {
+			j := strings.IndexByte(s, '.')
+			if j < 0 {
+				j = len(s)
+			}
+			part, s = strings.ToLower(strings.TrimSpace(s[:j])), s[j:]
+			if part == "" || strings.ContainsAny(part, `" `) {
+				return nil, fmt.Errorf("invalid unquoted name %q", part)
+			}
+		}
+		parts = append(parts, part)
+		if s == "" {
+			return parts, nil
+		}
+		if s[0] != '.' {
+			return nil, fmt.Errorf("unexpected %q after name", s)
+		}
+		s = s[1:]
+	}
+}
