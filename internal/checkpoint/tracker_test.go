@@ -1,0 +1,175 @@
+package checkpoint
+
+import (
+	"errors"
+	"math/rand"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+)
+
+func TestTrackerOutOfOrderAcks(t *testing.T) {
+	tr := NewTracker(100, 1000)
+	// tx1 has events on two partitions; tx2 one event; tx3 is empty.
+	tx1 := tr.Begin()
+	tr.Track(tx1)
+	tr.Track(tx1)
+	tr.Commit(tx1, 200)
+	tx2 := tr.Begin()
+	tr.Track(tx2)
+	tr.Commit(tx2, 300)
+	tx3 := tr.Begin()
+	tr.Commit(tx3, 400)
+
+	steps := []struct {
+		ack  *Txn
+		want pglogrepl.LSN
+	}{
+		{tx2, 100}, // tx2 fully acked, but tx1 is not: no advance
+		{tx1, 100}, // one of tx1's two events
+		{tx1, 400}, // tx1 done: tx2 and the empty tx3 resolve with it
+	}
+	for i, s := range steps {
+		tr.Ack(s.ack, nil)
+		if got := tr.Confirmed(); got != s.want {
+			t.Fatalf("step %d: Confirmed() = %s, want %s", i, got, s.want)
+		}
+	}
+	if !tr.Idle() || tr.InFlight() != 0 {
+		t.Fatalf("Idle() = %v, InFlight() = %d after all acks", tr.Idle(), tr.InFlight())
+	}
+}
+
+func TestTrackerFailedProduceNeverAdvances(t *testing.T) {
+	tr := NewTracker(0, 1000)
+	tx1 := tr.Begin()
+	tr.Track(tx1)
+	tr.Commit(tx1, 10)
+	tx2 := tr.Begin()
+	tr.Track(tx2)
+	tr.Track(tx2)
+	tr.Commit(tx2, 20)
+	tx3 := tr.Begin()
+	tr.Track(tx3)
+	tr.Commit(tx3, 30)
+
+	boom := errors.New("MESSAGE_TOO_LARGE")
+	tr.Ack(tx1, nil)
+	tr.Ack(tx2, boom)
+	tr.Ack(tx2, nil)
+	tr.Ack(tx3, nil)
+	if got := tr.Confirmed(); got != 10 {
+		t.Fatalf("Confirmed() = %s, want 0/A: the failed transaction must hold the watermark", got)
+	}
+	if !errors.Is(tr.Err(), boom) {
+		t.Fatalf("Err() = %v, want %v", tr.Err(), boom)
+	}
+	if tr.Idle() {
+		t.Fatal("Idle() with a failed transaction pending: the slot could skip it")
+	}
+	select {
+	case <-tr.Changed():
+	default:
+		t.Fatal("no Changed signal after a failure")
+	}
+}
+
+func TestTrackerEmptyTransactionsResolveImmediately(t *testing.T) {
+	tr := NewTracker(5, 10)
+	for _, end := range []pglogrepl.LSN{10, 20, 30} {
+		tx := tr.Begin()
+		if tr.Idle() {
+			t.Fatal("Idle() while a transaction is open")
+		}
+		tr.Commit(tx, end)
+		if got := tr.Confirmed(); got != end {
+			t.Fatalf("Confirmed() = %s, want %s", got, end)
+		}
+	}
+	if !tr.Idle() {
+		t.Fatal("not Idle() after empty transactions")
+	}
+}
+
+func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
+	tr := NewTracker(0, 10)
+	tx := tr.Begin()
+	tr.Track(tx)
+	tr.Ack(tx, nil) // acked before its COMMIT arrived
+	if got := tr.Confirmed(); got != 0 {
+		t.Fatalf("Confirmed() = %s before COMMIT", got)
+	}
+	tr.Commit(tx, 50)
+	if got := tr.Confirmed(); got != 50 {
+		t.Fatalf("Confirmed() = %s, want 0/32", got)
+	}
+}
+
+func TestTrackerSaturated(t *testing.T) {
+	tr := NewTracker(0, 2)
+	tx := tr.Begin()
+	tr.Track(tx)
+	if tr.Saturated() {
+		t.Fatal("saturated at 1 of 2")
+	}
+	tr.Track(tx)
+	if !tr.Saturated() {
+		t.Fatal("not saturated at 2 of 2")
+	}
+	tr.Ack(tx, nil)
+	if tr.Saturated() {
+		t.Fatal("still saturated after an ack")
+	}
+}
+
+// TestTrackerConcurrentAcks acks a random interleaving from many goroutines
+// and checks the watermark never passes an unacked transaction.
+func TestTrackerConcurrentAcks(t *testing.T) {
+	const txns = 2000
+	tr := NewTracker(0, txns*4)
+	type ev struct {
+		tx  *Txn
+		end pglogrepl.LSN
+	}
+	var evs []ev
+	txs := make([]*Txn, txns)
+	for i := range txs {
+		txs[i] = tr.Begin()
+		n := rand.Intn(4) // 0..3 events; 0 is an empty transaction
+		for j := 0; j < n; j++ {
+			tr.Track(txs[i])
+			evs = append(evs, ev{txs[i], pglogrepl.LSN((i + 1) * 10)})
+		}
+		tr.Commit(txs[i], pglogrepl.LSN((i+1)*10))
+	}
+	rand.Shuffle(len(evs), func(i, j int) { evs[i], evs[j] = evs[j], evs[i] })
+
+	var mu sync.Mutex
+	acked := map[*Txn]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < len(evs); i += 8 {
+				mu.Lock()
+				acked[evs[i].tx]++
+				tr.Ack(evs[i].tx, nil)
+				// The watermark may only cover transactions whose
+				// events are all acked.
+				c := tr.Confirmed()
+				for k := 0; k < txns && pglogrepl.LSN((k+1)*10) <= c; k++ {
+					if txs[k].pending != 0 {
+						t.Errorf("watermark %s covers tx %d with unacked events", c, k)
+					}
+				}
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	if got := tr.Confirmed(); got != txns*10 {
+		t.Fatalf("final Confirmed() = %s, want %s", got, pglogrepl.LSN(txns*10))
+	}
+}
