@@ -1,0 +1,13 @@
+// Package sink produces records to Kafka with franz-go.
+//
+// Invariants (../shared/INVARIANTS.md, "Kafka"):
+//   - The producer is idempotent with acks=all and unlimited retries, so a
+//     partition's records land once and in order; franz-go's data-loss
+//     detection stops the producer rather than continue past a gap.
+//   - Records are never cancelled: Produce hands franz-go a context that is
+//     never done, because cancelling an idempotent record after it was sent
+//     would let later records overtake it.
+//   - Every record gets exactly one answer through its done callback. An
+//     error answer is a *ProduceError that says what to do; it is never
+//     retried or skipped here. The caller decides (see pipeline).
+package sink

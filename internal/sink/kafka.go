@@ -1,0 +1,195 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Config configures the Kafka producer.
+type Config struct {
+	// Brokers are the seed brokers, host:port. Required.
+	Brokers []string
+	// ClientID is sent to the brokers. Default "outbox-cdc".
+	ClientID string
+	// MaxMessageBytes is the largest record batch the producer builds,
+	// mirroring the broker's message.max.bytes. A record larger than this
+	// fails with MESSAGE_TOO_LARGE. Default 1,000,012 (Kafka's default).
+	MaxMessageBytes int32
+	// AllowAutoTopicCreation asks the broker to create missing topics, as
+	// the Java producer does; the broker's auto.create.topics.enable still
+	// decides. Default true (set by the caller's config loader).
+	AllowAutoTopicCreation bool
+	// MaxBufferedRecords bounds the records franz-go holds. The pipeline's
+	// in-flight limit is kept below it so that Produce never blocks.
+	// Default 100,000.
+	MaxBufferedRecords int
+}
+
+// Validate reports a configuration error.
+func (c *Config) Validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("kafka.brokers is empty; list at least one broker as host:port, or set CDC_KAFKA_BROKERS")
+	}
+	if c.MaxMessageBytes != 0 && (c.MaxMessageBytes < 512 || c.MaxMessageBytes > 1<<30) {
+		return fmt.Errorf("kafka.max_message_bytes = %d; it must be between 512 and 1073741824", c.MaxMessageBytes)
+	}
+	return nil
+}
+
+// Kafka is an idempotent franz-go producer.
+type Kafka struct {
+	cl *kgo.Client
+}
+
+// New creates the producer. It does not connect until the first record or
+// Ping. extra options are appended last (tests use them for short
+// timeouts).
+func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ClientID == "" {
+		cfg.ClientID = "outbox-cdc"
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = 1_000_012
+	}
+	if cfg.MaxBufferedRecords == 0 {
+		cfg.MaxBufferedRecords = 100_000
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(cfg.ClientID),
+		kgo.WithLogger(logAdapter{log}),
+		// Idempotence is franz-go's default; acks=all is required by it.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.StopProducerOnDataLossDetected(),
+		kgo.ProducerBatchMaxBytes(cfg.MaxMessageBytes),
+		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
+	}
+	if cfg.AllowAutoTopicCreation {
+		opts = append(opts, kgo.AllowAutoTopicCreation())
+	}
+	opts = append(opts, extra...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	return &Kafka{cl: cl}, nil
+}
+
+// Produce hands rec to franz-go and calls done exactly once with Kafka's
+// answer: nil once the record is acknowledged by all in-sync replicas, or a
+// *ProduceError. done runs on franz-go's promise goroutine and must not
+// block.
+func (k *Kafka) Produce(rec *kgo.Record, done func(error)) {
+	// context.Background: records are never cancelled (see doc.go).
+	k.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		if err != nil {
+			err = &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err}
+		}
+		done(err)
+	})
+}
+
+// Flush waits until every produced record has its answer, or ctx is done;
+// then it returns ctx's error and the records stay in flight.
+func (k *Kafka) Flush(ctx context.Context) error { return k.cl.Flush(ctx) }
+
+// Ping checks that a broker answers, with ctx as the deadline.
+func (k *Kafka) Ping(ctx context.Context) error {
+	if err := k.cl.Ping(ctx); err != nil {
+		return fmt.Errorf("reach kafka brokers: %w", err)
+	}
+	return nil
+}
+
+// Close closes the client. Records still in flight fail with
+// kgo.ErrClientClosed; their transactions are never confirmed.
+func (k *Kafka) Close() { k.cl.Close() }
+
+// ProduceError is Kafka's refusal of one record, with advice.
+type ProduceError struct {
+	Topic     string
+	Partition int32
+	Size      int
+	Err       error
+}
+
+func (e *ProduceError) Error() string {
+	msg := fmt.Sprintf("produce to kafka topic %q: %v", e.Topic, e.Err)
+	switch {
+	case errors.Is(e.Err, kerr.MessageTooLarge), errors.Is(e.Err, kerr.RecordListTooLarge):
+		msg += fmt.Sprintf("; the record (key+value %d bytes) is larger than the producer or topic allows: raise the topic's max.message.bytes and kafka.max_message_bytes, or make the payload smaller", e.Size)
+	case errors.Is(e.Err, kerr.UnknownTopicOrPartition):
+		msg += "; the topic does not exist and the broker did not create it: create it (kafka-topics.sh --create --topic " + e.Topic + ") or enable auto.create.topics.enable on the brokers"
+	case errors.Is(e.Err, kerr.TopicAuthorizationFailed), errors.Is(e.Err, kerr.ClusterAuthorizationFailed), errors.Is(e.Err, kerr.TransactionalIDAuthorizationFailed):
+		msg += "; grant the connector's principal WRITE on the topic and IDEMPOTENT_WRITE on the cluster"
+	case errors.Is(e.Err, kerr.InvalidTopicException):
+		msg += "; the broker rejects this topic name: check the table's topic template"
+	}
+	return msg
+}
+
+func (e *ProduceError) Unwrap() error { return e.Err }
+
+// Permanent reports whether retrying the same record cannot succeed, so the
+// connector should stop instead of reconnecting.
+func (e *ProduceError) Permanent() bool {
+	var dataLoss *kgo.ErrDataLoss
+	switch {
+	case errors.As(e.Err, &dataLoss):
+		return true
+	case errors.Is(e.Err, kgo.ErrClientClosed):
+		return false
+	}
+	var ke *kerr.Error
+	if errors.As(e.Err, &ke) {
+		switch ke {
+		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.UnknownTopicOrPartition,
+			kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+			kerr.InvalidTopicException, kerr.InvalidRecord, kerr.PolicyViolation,
+			kerr.UnsupportedForMessageFormat, kerr.InvalidRequiredAcks:
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// logAdapter sends franz-go's logs to hclog, so the process has one logger.
+type logAdapter struct{ l hclog.Logger }
+
+// franz-go's info lines (metadata refreshes, producer id initialisation)
+// are routine; they go to debug so that info stays at one line per state
+// change of the connector.
+func (a logAdapter) Level() kgo.LogLevel {
+	switch {
+	case a.l.IsTrace(), a.l.IsDebug():
+		return kgo.LogLevelDebug
+	case a.l.IsWarn():
+		return kgo.LogLevelWarn
+	default:
+		return kgo.LogLevelError
+	}
+}
+
+func (a logAdapter) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if msg != "" {
+		msg = strings.ToLower(msg[:1]) + msg[1:]
+	}
+	switch level {
+	case kgo.LogLevelError:
+		a.l.Error(msg, keyvals...)
+	case kgo.LogLevelWarn:
+		a.l.Warn(msg, keyvals...)
+	default:
+		a.l.Debug(msg, keyvals...)
+	}
+}

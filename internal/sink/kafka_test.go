@@ -1,0 +1,169 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+)
+
+const topic = "outbox.event.order"
+
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(4, topic)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newSink(t *testing.T, c *kfake.Cluster, cfg Config) *Kafka {
+	t.Helper()
+	cfg.Brokers = c.ListenAddrs()
+	k, err := New(cfg, hclog.NewNullLogger(),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
+// partitionOf is the partition franz-go's default partitioner picks for key.
+func partitionOf(key string, partitions int) int32 {
+	p := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
+	return int32(p.Partition(&kgo.Record{Key: []byte(key)}, partitions))
+}
+
+// keysFor returns n keys for partition p and n keys for other partitions.
+func keysFor(p int32, n int) (on, off []string) {
+	for i := 0; len(on) < n || len(off) < n; i++ {
+		k := fmt.Sprintf("agg-%d", i)
+		if partitionOf(k, 4) == p {
+			on = append(on, k)
+		} else {
+			off = append(off, k)
+		}
+	}
+	return on[:n], off[:n]
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// produceTxns produces one transaction per key, in order, each ending at
+// LSN 10*(i+1).
+func produceTxns(k *Kafka, tr *checkpoint.Tracker, keys []string, endBase int) {
+	for i, key := range keys {
+		tx := tr.Begin()
+		tr.Track(tx)
+		k.Produce(&kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
+		tr.Commit(tx, pglogrepl.LSN(endBase+10*(i+1)))
+	}
+}
+
+func TestPermanentFailureNeverAdvancesWatermark(t *testing.T) {
+	c := newCluster(t)
+	k := newSink(t, c, Config{})
+	on, off := keysFor(2, 5)
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{2}, Err: kerr.InvalidRecord, Count: -1})
+	defer h.Remove()
+
+	tr := checkpoint.NewTracker(0, 100)
+	produceTxns(k, tr, off[:2], 0)  // ends 10, 20: succeed
+	produceTxns(k, tr, on[:1], 20)  // end 30: fails
+	produceTxns(k, tr, off[2:], 30) // ends 40..60: succeed
+	if err := k.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.Confirmed(); got != 20 {
+		t.Fatalf("Confirmed() = %s, want 0/14: it must stop before the failed transaction", got)
+	}
+	var pe *ProduceError
+	if err := tr.Err(); !errors.As(err, &pe) || !pe.Permanent() || !errors.Is(err, kerr.InvalidRecord) || pe.Partition != 2 {
+		t.Fatalf("Err() = %v; want a permanent *ProduceError on partition 2", err)
+	}
+}
+
+func TestRetriableFaultDeliversAfterItClears(t *testing.T) {
+	c := newCluster(t)
+	k := newSink(t, c, Config{})
+	on, off := keysFor(1, 5)
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{1}, Err: kerr.NotLeaderForPartition, Count: -1})
+
+	tr := checkpoint.NewTracker(0, 100)
+	produceTxns(k, tr, off[:1], 0) // 10
+	produceTxns(k, tr, on[:1], 10) // 20: stuck while the fault lasts
+	produceTxns(k, tr, off[1:], 20)
+	waitFor(t, "the fault to be hit", func() bool { return h.Hits() >= 3 })
+	waitFor(t, "the healthy partitions' acks", func() bool { return tr.InFlight() == 1 })
+	if got := tr.Confirmed(); got != 10 {
+		t.Fatalf("Confirmed() = %s during the fault, want 0/A", got)
+	}
+	h.Remove()
+	if err := k.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Err() != nil || tr.Confirmed() != 60 {
+		t.Fatalf("after the fault cleared: Confirmed() = %s, Err() = %v; want 0/3C, nil", tr.Confirmed(), tr.Err())
+	}
+}
+
+func TestMessageTooLarge(t *testing.T) {
+	c := newCluster(t)
+	k := newSink(t, c, Config{MaxMessageBytes: 1024})
+	tr := checkpoint.NewTracker(0, 10)
+	tx := tr.Begin()
+	tr.Track(tx)
+	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, err) })
+	tr.Commit(tx, 10)
+	if err := k.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var pe *ProduceError
+	err := tr.Err()
+	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "max.message.bytes") || tr.Confirmed() != 0 {
+		t.Fatalf("err = %v, confirmed %s; want a permanent error that names max.message.bytes and no advance", err, tr.Confirmed())
+	}
+}
+
+func TestUnknownTopicIsPermanentWithAdvice(t *testing.T) {
+	c := newCluster(t) // auto-creation is off in this cluster
+	k := newSink(t, c, Config{AllowAutoTopicCreation: true})
+	tr := checkpoint.NewTracker(0, 10)
+	tx := tr.Begin()
+	tr.Track(tx)
+	k.Produce(&kgo.Record{Topic: "no.such.topic", Key: []byte("k"), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
+	tr.Commit(tx, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := k.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var pe *ProduceError
+	err := tr.Err()
+	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "no.such.topic") || !strings.Contains(err.Error(), "auto.create.topics.enable") {
+		t.Fatalf("err = %v; want a permanent error naming the topic and the fix", err)
+	}
+}
