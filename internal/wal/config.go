@@ -1,0 +1,66 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Config configures the replication connection.
+type Config struct {
+	// URL is a libpq connection string or URL for the database that holds
+	// the outbox tables. Required. It is never logged.
+	URL string
+	// Slot is the logical replication slot. Default "outbox_cdc".
+	Slot string
+	// Publication is the publication the slot streams. Default "outbox_cdc".
+	Publication string
+	// StatusInterval is how often a standby status update reports the
+	// confirmed position, and so the longest confirm lag once Kafka has
+	// acked. Default 1s. Must stay well below wal_sender_timeout.
+	StatusInterval time.Duration
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// Validate reports a configuration error and fills defaults.
+func (c *Config) Validate() error {
+	if c.URL == "" {
+		return errors.New("postgres.url is empty; set it in the config file or in CDC_POSTGRES_URL")
+	}
+	if _, err := pgconn.ParseConfig(c.URL); err != nil {
+		return fmt.Errorf("postgres.url does not parse: %s", redact(err))
+	}
+	if c.Slot == "" {
+		c.Slot = "outbox_cdc"
+	}
+	if c.Publication == "" {
+		c.Publication = "outbox_cdc"
+	}
+	if !nameRE.MatchString(c.Slot) {
+		return fmt.Errorf("postgres.slot %q: use 1 to 63 lower-case letters, digits and underscores", c.Slot)
+	}
+	if !nameRE.MatchString(c.Publication) {
+		return fmt.Errorf("postgres.publication %q: use 1 to 63 lower-case letters, digits and underscores", c.Publication)
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > 30*time.Second {
+		return fmt.Errorf("postgres.status_interval %s: use a value from 10ms to 30s (wal_sender_timeout is 60s by default)", c.StatusInterval)
+	}
+	return nil
+}
+
+// redact drops anything that could hold a password from a parse error:
+// pgconn's ParseConfig errors quote the connection string.
+func redact(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return "invalid connection string"
+	}
+	return err.Error()
+}

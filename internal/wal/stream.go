@@ -1,0 +1,240 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Handler consumes the WAL data of one XLogData message. data is only valid
+// during the call: pgconn reuses the buffer.
+type Handler func(walStart pglogrepl.LSN, data []byte) error
+
+// Acks is what the loop reads, before each receive, about the events it
+// handed on. checkpoint.Tracker implements it.
+type Acks interface {
+	// Confirmed is the position safe to confirm to the slot.
+	Confirmed() pglogrepl.LSN
+	// Idle reports no transaction open and nothing in flight.
+	Idle() bool
+	// Saturated asks the loop to stop reading until Changed fires.
+	Saturated() bool
+	// Err is a delivery failure that ends the session.
+	Err() error
+	// Changed fires when any of the above may have changed.
+	Changed() <-chan struct{}
+}
+
+// Stream is one replication session on one connection.
+type Stream struct {
+	cfg  Config
+	conn *pgconn.PgConn
+	log  hclog.Logger
+
+	// sent is the last position reported to the server; idleEnd the
+	// highest keepalive WAL end seen while Acks was idle. The confirmed
+	// position is the highest of these and Acks.Confirmed.
+	sent    pglogrepl.LSN
+	idleEnd pglogrepl.LSN
+}
+
+// Open connects in replication mode and starts streaming the slot from its
+// confirmed position. from is that position (from Setup); it only seeds the
+// position reported before the first ack.
+func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger) (*Stream, error) {
+	pcfg, err := pgconn.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres.url: %s", redact(err))
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	if pcfg.RuntimeParams["application_name"] == "" {
+		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
+	}
+	// LSN 0 means "the slot's confirmed_flush_lsn" (INVARIANTS 6).
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)},
+	})
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, startError(cfg.Slot, err)
+	}
+	log.Info("streaming from replication slot", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", from.String(), "host", pcfg.Host, "database", pcfg.Database)
+	return &Stream{cfg: cfg, conn: conn, log: log, sent: from}, nil
+}
+
+// startError classifies START_REPLICATION's refusals.
+func startError(slot string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case pe.Code == "55006": // object_in_use: "is active for PID N"
+			return &SlotInUseError{Slot: slot, Err: err}
+		case pe.Code == "42704": // undefined_object
+			return &SetupError{Err: ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
+		case pe.Code == "55000" && strings.Contains(pe.Message, "can no longer"):
+			return &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
+		}
+	}
+	return fmt.Errorf("start replication on slot %q: %w", slot, err)
+}
+
+// Run receives until ctx is done, Acks reports an error, handle fails, or
+// the connection breaks. It returns ctx.Err() on cancellation, leaving the
+// connection open for Close to send the final position.
+func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
+	statusAt := time.Now()
+	recv := deadlines{parent: ctx}
+	defer recv.stop()
+
+	for {
+		if err := acks.Err(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if now := time.Now(); !now.Before(statusAt) {
+			if err := s.sendStatus(acks); err != nil {
+				return err
+			}
+			statusAt = now.Add(s.cfg.StatusInterval)
+		}
+
+		if acks.Saturated() {
+			// Stop reading: the walsender's socket fills and it waits.
+			// Status updates still leave on time, which is what keeps
+			// the walsender from timing out while Kafka is slow.
+			t := time.NewTimer(time.Until(statusAt))
+			select {
+			case <-acks.Changed():
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
+
+		// The receive wakes up when the next status update is due.
+		msg, err := s.conn.ReceiveMessage(recv.until(statusAt))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from replication slot %q: %w", s.cfg.Slot, err)
+		}
+
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				return fmt.Errorf("empty CopyData from replication slot %q", s.cfg.Slot)
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				// Every message before this keepalive has been handled,
+				// so idle here means everything up to its WAL end is
+				// resolved (INVARIANTS 5).
+				if acks.Idle() && ka.ServerWALEnd > s.idleEnd {
+					s.idleEnd = ka.ServerWALEnd
+				}
+				if ka.ReplyRequested {
+					statusAt = time.Now()
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse XLogData: %w", err)
+				}
+				if err := handle(xld.WALStart, xld.WALData); err != nil {
+					return err
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("postgres ended the replication stream of slot %q", s.cfg.Slot)
+		}
+	}
+}
+
+// position is what may be confirmed now.
+func (s *Stream) position(acks Acks) pglogrepl.LSN {
+	pos := acks.Confirmed()
+	if s.idleEnd > pos {
+		pos = s.idleEnd
+	}
+	if s.sent > pos {
+		pos = s.sent // never report going backwards
+	}
+	return pos
+}
+
+func (s *Stream) sendStatus(acks Acks) error {
+	pos := s.position(acks)
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos,
+		WALFlushPosition: pos,
+		WALApplyPosition: pos,
+		ClientTime:       time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update to slot %q: %w", s.cfg.Slot, err)
+	}
+	if pos != s.sent && s.log.IsTrace() {
+		s.log.Trace("confirmed", "lsn", pos.String())
+	}
+	s.sent = pos
+	return nil
+}
+
+// Close sends a last status update with what acks allows and closes the
+// connection. Call it on the goroutine that ran Run, after Run returned.
+func (s *Stream) Close(ctx context.Context, acks Acks) pglogrepl.LSN {
+	if err := s.sendStatus(acks); err != nil {
+		s.log.Debug("final status update not sent", "error", err)
+	}
+	s.conn.Close(ctx)
+	return s.sent
+}
+
+// deadlines hands out one deadline context per status period rather than
+// one per message, which would cost a timer per received message.
+type deadlines struct {
+	parent context.Context
+	at     time.Time
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (d *deadlines) until(at time.Time) context.Context {
+	if d.ctx == nil || !at.Equal(d.at) {
+		d.stop()
+		d.at = at
+		d.ctx, d.cancel = context.WithDeadline(d.parent, at)
+	}
+	return d.ctx
+}
+
+func (d *deadlines) stop() {
+	if d.cancel != nil {
+		d.cancel()
+		d.ctx, d.cancel = nil, nil
+	}
+}
