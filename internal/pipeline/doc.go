@@ -1,0 +1,18 @@
+// Package pipeline wires the stages together and supervises them:
+//
+//	wal.Stream ──bytes──▶ decode.Decoder ──Event──▶ route.Router ──Record──▶ sink.Kafka
+//	    ▲                                                                      │
+//	    └──────── Confirmed() ◀── checkpoint.Tracker ◀──────── ack ────────────┘
+//
+// One session is one replication connection, one Kafka client, one decoder
+// and one tracker. A session ends on shutdown, on a fatal error, or on a
+// transient one; transient errors start a new session after a backoff, and
+// Postgres re-sends everything after the slot's confirmed position.
+//
+// Invariants:
+//   - Fatal and transient errors are told apart in one place (Permanent).
+//   - Nothing is ever skipped to keep going: a poison event stops the
+//     connector with an error naming the table, event id and LSN.
+//   - Shutdown stops reading, waits for Kafka's acks up to ShutdownTimeout,
+//     sends a final status update with what was acked, and closes.
+package pipeline

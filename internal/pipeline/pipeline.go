@@ -1,0 +1,257 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Config configures a pipeline.
+type Config struct {
+	Postgres wal.Config
+	Kafka    sink.Config
+	Tables   []*outbox.Table
+	// MaxInFlight is how many events may wait for Kafka's ack before the
+	// replication loop stops reading. Default 10,000.
+	MaxInFlight int
+	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// RetryBackoff is the first delay before reconnecting after a transient
+	// error; it doubles up to RetryBackoffMax. Defaults 1s and 30s.
+	RetryBackoff    time.Duration
+	RetryBackoffMax time.Duration
+}
+
+// Validate fills defaults and reports the first configuration error.
+func (c *Config) Validate() error {
+	if err := c.Postgres.Validate(); err != nil {
+		return err
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	if len(c.Tables) == 0 {
+		return errors.New("tables is empty; configure at least one outbox table")
+	}
+	seen := map[outbox.TableName]bool{}
+	for _, t := range c.Tables {
+		if err := t.Validate(); err != nil {
+			return err
+		}
+		if seen[t.Name] {
+			return fmt.Errorf("outbox table %s is configured twice", t.Name)
+		}
+		seen[t.Name] = true
+		if _, err := route.Compile(t.Topic); err != nil {
+			return fmt.Errorf("outbox table %s: %w", t.Name, err)
+		}
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 10_000
+	}
+	if c.MaxInFlight < 1 {
+		return fmt.Errorf("max_in_flight must be positive")
+	}
+	if c.Kafka.MaxBufferedRecords == 0 {
+		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
+	}
+	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
+		// franz-go's Produce blocks when its buffer is full, which would
+		// block the replication loop and its status updates.
+		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.RetryBackoffMax == 0 {
+		c.RetryBackoffMax = 30 * time.Second
+	}
+	return nil
+}
+
+// Pipeline streams outbox events from one slot to Kafka.
+type Pipeline struct {
+	cfg    Config
+	log    hclog.Logger
+	router *route.Router
+	// KafkaOpts are extra franz-go options, appended last. Tests use them.
+	KafkaOpts []kgo.Opt
+	// OnSession, if set, is called with each session's tracker, so tests
+	// and the demo can watch positions. It must not block.
+	OnSession func(*checkpoint.Tracker)
+}
+
+// New validates cfg and returns a Pipeline.
+func New(cfg Config, log hclog.Logger) (*Pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r, err := route.New(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	return &Pipeline{cfg: cfg, log: log, router: r}, nil
+}
+
+// Run streams until ctx is done, then shuts down cleanly and returns nil;
+// or until a fatal error, which it returns. Transient errors reconnect with
+// backoff.
+func (p *Pipeline) Run(ctx context.Context) error {
+	first := true
+	backoff := p.cfg.RetryBackoff
+	for {
+		started := time.Now()
+		err := p.session(ctx, first)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if Permanent(err) {
+			return err
+		}
+		if err == nil {
+			err = errors.New("session ended without an error")
+		}
+		first = false
+		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
+			backoff = p.cfg.RetryBackoff // it ran fine for a while
+		}
+		var inUse *wal.SlotInUseError
+		if errors.As(err, &inUse) {
+			p.log.Warn("replication slot is in use; waiting for it", "slot", p.cfg.Postgres.Slot, "error", err, "retry_in", backoff)
+		} else {
+			p.log.Error("session failed; reconnecting", "error", err, "retry_in", backoff)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, p.cfg.RetryBackoffMax)
+	}
+}
+
+// session runs one replication session.
+func (p *Pipeline) session(ctx context.Context, first bool) error {
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.Tables, first, p.log)
+	if err != nil {
+		return err
+	}
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.KafkaOpts...)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = k.Ping(pingCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
+	}
+
+	stream, err := wal.Open(ctx, p.cfg.Postgres, slot.ConfirmedFlush, p.log.Named("wal"))
+	if err != nil {
+		return err
+	}
+	tracker := checkpoint.NewTracker(slot.ConfirmedFlush, p.cfg.MaxInFlight)
+	if p.OnSession != nil {
+		p.OnSession(tracker)
+	}
+	dec := decode.New(p.cfg.Tables)
+
+	// Follow one event: the stream hands its bytes to handle, the decoder
+	// turns them into an Event, the router into a Record, the sink sends
+	// it, and its ack lands in the tracker, which the stream reads before
+	// its next receive.
+	var tx *checkpoint.Txn
+	handle := func(_ pglogrepl.LSN, data []byte) error {
+		m, err := dec.Decode(data)
+		if err != nil {
+			return &decodeError{err}
+		}
+		switch m.Kind {
+		case decode.KindBegin:
+			tx = tracker.Begin()
+		case decode.KindEvent:
+			rec, err := p.router.Record(&m.Event)
+			if err != nil {
+				return err
+			}
+			if p.log.IsTrace() {
+				p.log.Trace("event", "table", m.Event.Table.Name.String(), "id", string(m.Event.ID), "topic", rec.Topic, "lsn", m.Event.CommitLSN.String())
+			}
+			ackTx := tx
+			tracker.Track(ackTx)
+			k.Produce(rec, func(err error) { tracker.Ack(ackTx, err) })
+		case decode.KindCommit:
+			tracker.Commit(tx, m.EndLSN)
+			tx = nil
+		}
+		return nil
+	}
+
+	runErr := stream.Run(ctx, handle, tracker)
+	if ctx.Err() != nil {
+		// Shutdown: stop reading (done), let Kafka answer what is in
+		// flight, then confirm what it acked.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
+		if err := k.Flush(fctx); err != nil {
+			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
+				"in_flight", tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
+		}
+		cancel()
+	}
+	final := stream.Close(context.WithoutCancel(ctx), tracker)
+	if ctx.Err() != nil {
+		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String())
+		return nil
+	}
+	return runErr
+}
+
+// decodeError marks an undecodable replication message. The same bytes would
+// arrive again after a reconnect, so it is fatal.
+type decodeError struct{ err error }
+
+func (e *decodeError) Error() string {
+	return e.err.Error() + "; the connector cannot continue past this message without losing it: check the tables' definitions against the config"
+}
+func (e *decodeError) Unwrap() error { return e.err }
+
+// Permanent reports whether err must stop the connector rather than start
+// a new session. This is the one place that decides.
+func Permanent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var (
+		setup  *wal.SetupError
+		poison *outbox.EventError
+		dec    *decodeError
+		prod   *sink.ProduceError
+	)
+	switch {
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec):
+		return true
+	case errors.As(err, &prod):
+		return prod.Permanent()
+	}
+	return false
+}
