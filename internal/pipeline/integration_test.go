@@ -1,0 +1,544 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+var pg *testenv.Postgres
+
+func TestMain(m *testing.M) { testenv.Main(m, &pg) }
+
+// Debezium's default outbox layout, plus a business table the writers
+// update in the same transaction.
+const schema = `
+CREATE TABLE outbox (
+  id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+  aggregatetype text NOT NULL,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb
+);
+CREATE TABLE aggregates (id text PRIMARY KEY, seq int NOT NULL DEFAULT 0);
+CREATE TABLE other (id bigserial PRIMARY KEY, note text);
+`
+
+type env struct {
+	db    string
+	kafka *testenv.Kafka
+	cfg   pipeline.Config
+}
+
+func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
+	t.Helper()
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, schema)
+	return &env{db: db, kafka: kafka, cfg: pipeline.Config{
+		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
+		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true},
+		Tables: []*outbox.Table{{
+			Name:    outbox.TableName{Schema: "public", Name: "outbox"},
+			Columns: outbox.DefaultColumns,
+			Topic:   kafka.Prefix + outbox.DefaultTopic,
+		}},
+		RetryBackoff:    100 * time.Millisecond,
+		RetryBackoffMax: time.Second,
+	}}
+}
+
+// running is a pipeline started in the background.
+type running struct {
+	cancel  context.CancelFunc
+	done    chan error
+	tracker atomic.Pointer[checkpoint.Tracker]
+}
+
+func (e *env) start(t *testing.T) *running {
+	t.Helper()
+	level := hclog.LevelFromString(os.Getenv("CDC_TEST_LOG"))
+	if level == hclog.NoLevel {
+		level = hclog.Warn
+	}
+	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.KafkaOpts = []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}
+	r := &running{done: make(chan error, 1)}
+	p.OnSession = func(tr *checkpoint.Tracker) { r.tracker.Store(tr) }
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- p.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	// Events committed before the slot exists are not streamed: wait until
+	// the first session is streaming.
+	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
+	return r
+}
+
+// stop shuts the pipeline down and returns what Run returned.
+func (r *running) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err, ok := <-r.done:
+		if ok {
+			close(r.done)
+		}
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatal("pipeline did not stop within 60s")
+		return nil
+	}
+}
+
+func connect(t *testing.T, db string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func aggType(i int) string {
+	if i%2 == 0 {
+		return "order"
+	}
+	return "customer"
+}
+
+// payload is written in jsonb's canonical text form (keys by length, then
+// bytes; ", " and ": " separators), so the bytes read back are the same.
+func payload(agg string, seq, writer int) string {
+	return fmt.Sprintf(`{"agg": "%s", "seq": %d, "note": "ünïcødé ✓", "nested": {"n": [1, 2], "w": %d}}`, agg, seq, writer)
+}
+
+// TestConcurrentWriters: 8 writers commit 10,000 events over 200
+// aggregates in single-row and multi-row transactions. Every event arrives
+// once, in its topic, with its key, headers and payload bytes; within each
+// aggregate Kafka order equals commit order.
+func TestConcurrentWriters(t *testing.T) {
+	const (
+		writers    = 8
+		total      = 10_000
+		aggregates = 200
+	)
+	e := newEnv(t, testenv.NewKafka(t))
+	testenv.Exec(t, e.db, fmt.Sprintf(`INSERT INTO aggregates SELECT 'agg-' || lpad(i::text, 3, '0') FROM generate_series(0, %d) i`, aggregates-1))
+	e.start(t)
+
+	var reserved atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			conn := connect(t, e.db)
+			rng := rand.New(rand.NewSource(int64(w)))
+			ctx := context.Background()
+			for {
+				n := 1
+				if rng.Intn(2) == 0 {
+					n = 2 + rng.Intn(4) // multi-row transaction
+				}
+				if end := reserved.Add(int64(n)); end > total {
+					n -= int(end - total)
+					if n <= 0 {
+						return
+					}
+				}
+				aggs := make([]int, n)
+				for i := range aggs {
+					aggs[i] = rng.Intn(aggregates)
+				}
+				// Lock aggregates in one order so writers cannot deadlock.
+				sort.Ints(aggs)
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					var sql strings.Builder
+					sql.WriteString("INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ")
+					var args []any
+					for i, a := range aggs {
+						agg := fmt.Sprintf("agg-%03d", a)
+						var seq int
+						// The row lock orders this aggregate's transactions:
+						// commit order equals seq order.
+						if err := tx.QueryRow(ctx, `UPDATE aggregates SET seq = seq + 1 WHERE id = $1 RETURNING seq`, agg).Scan(&seq); err != nil {
+							return err
+						}
+						if i > 0 {
+							sql.WriteString(", ")
+						}
+						fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d)", len(args)+1, len(args)+2, len(args)+3, len(args)+4)
+						args = append(args, aggType(a), agg, fmt.Sprintf("Event%d", seq%3), payload(agg, seq, w))
+					}
+					_, err := tx.Exec(ctx, sql.String(), args...)
+					return err
+				})
+				if err != nil {
+					errs <- fmt.Errorf("writer %d: %w", w, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	endOfWrites := testenv.CurrentWAL(t, e.db)
+
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+`outbox\.event\..*`)
+	c.WaitCount(t, 3*time.Minute, total)
+
+	// Ground truth from the table itself.
+	type row struct{ aggType, aggID, typ, payload string }
+	want := map[string]row{}
+	rows, err := connect(t, e.db).Query(context.Background(), `SELECT id::text, aggregatetype, aggregateid, type, payload::text FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var r row
+		if err := rows.Scan(&id, &r.aggType, &r.aggID, &r.typ, &r.payload); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = r
+	}
+	if rows.Err() != nil || len(want) != total {
+		t.Fatalf("outbox holds %d rows (%v), want %d", len(want), rows.Err(), total)
+	}
+
+	seen := map[string]bool{}
+	lastSeq := map[string]int{}
+	for _, rec := range c.Records {
+		id := testenv.Header(rec, route.HeaderID)
+		w, ok := want[id]
+		if !ok {
+			t.Fatalf("record with unknown id %q: %s", id, rec.Value)
+		}
+		if seen[id] {
+			t.Fatalf("event %s delivered twice in a run without faults", id)
+		}
+		seen[id] = true
+		if wantTopic := e.kafka.Prefix + "outbox.event." + w.aggType; rec.Topic != wantTopic {
+			t.Errorf("event %s in topic %s, want %s", id, rec.Topic, wantTopic)
+		}
+		if string(rec.Key) != w.aggID {
+			t.Errorf("event %s key %q, want %q", id, rec.Key, w.aggID)
+		}
+		if string(rec.Value) != w.payload {
+			t.Errorf("event %s value %q, want the stored bytes %q", id, rec.Value, w.payload)
+		}
+		if got := testenv.Header(rec, route.HeaderEventType); got != w.typ {
+			t.Errorf("event %s event_type %q, want %q", id, got, w.typ)
+		}
+		if got := testenv.Header(rec, route.HeaderAggregateType); got != w.aggType {
+			t.Errorf("event %s aggregate_type %q, want %q", id, got, w.aggType)
+		}
+		if lsn, err := pglogrepl.ParseLSN(testenv.Header(rec, route.HeaderCommitLSN)); err != nil || lsn == 0 || lsn > endOfWrites {
+			t.Errorf("event %s commit_lsn %q (%v) not within the writes", id, testenv.Header(rec, route.HeaderCommitLSN), err)
+		}
+		// Records of one key share a partition, and a partition is read
+		// in order, so each aggregate's seq must count up by one.
+		var seq int
+		fmt.Sscanf(w.payload[strings.Index(w.payload, `"seq": `)+7:], "%d", &seq)
+		if seq != lastSeq[w.aggID]+1 {
+			t.Fatalf("aggregate %s: seq %d after %d; per-aggregate order broken", w.aggID, seq, lastSeq[w.aggID])
+		}
+		lastSeq[w.aggID] = seq
+	}
+	if len(seen) != total {
+		t.Fatalf("%d distinct events delivered, want %d", len(seen), total)
+	}
+	testenv.Eventually(t, 30*time.Second, "the slot to confirm past the last write", func() bool {
+		return testenv.SlotPosition(t, e.db, "outbox_cdc") >= endOfWrites
+	})
+}
+
+func insertEvent(t *testing.T, conn *pgx.Conn, aggID, typ string) string {
+	t.Helper()
+	var id string
+	err := conn.QueryRow(context.Background(),
+		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, $2, '{"k": 1}') RETURNING id::text`, aggID, typ).Scan(&id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func ids(recs []*kgo.Record) map[string]int {
+	m := map[string]int{}
+	for _, r := range recs {
+		m[testenv.Header(r, route.HeaderID)]++
+	}
+	return m
+}
+
+// TestRollbackNeverAppears: a rolled-back transaction's event is never
+// delivered, while the committed ones around it are.
+func TestRollbackNeverAppears(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.start(t)
+	conn := connect(t, e.db)
+	ctx := context.Background()
+
+	before := insertEvent(t, conn, "a-1", "Before")
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rolledBack string
+	if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'a-1', 'RolledBack', '{}') RETURNING id::text`).Scan(&rolledBack); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := insertEvent(t, conn, "a-1", "After")
+
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitFor(t, time.Minute, "the event committed after the rollback", func(r []*kgo.Record) bool { return ids(r)[after] > 0 })
+	got := ids(c.Records)
+	if got[before] != 1 || got[after] != 1 || got[rolledBack] != 0 || len(c.Records) != 2 {
+		t.Fatalf("delivered %v; want %s and %s once and never %s", got, before, after, rolledBack)
+	}
+}
+
+// TestInsertThenDeleteInOneTransaction: Debezium's recommended pattern,
+// deleting the outbox row in the same transaction, still delivers it.
+func TestInsertThenDeleteInOneTransaction(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.start(t)
+	conn := connect(t, e.db)
+	ctx := context.Background()
+	var id string
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'd-1', 'Deleted', '{"gone": false}') RETURNING id::text`).Scan(&id); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, id)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	testenv.QueryRow(t, e.db, `SELECT count(*) FROM outbox`, nil, &n)
+	if n != 0 {
+		t.Fatalf("outbox has %d rows after the delete", n)
+	}
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 1)
+	r := c.Records[0]
+	if testenv.Header(r, route.HeaderID) != id || string(r.Key) != "d-1" || string(r.Value) != `{"gone": false}` {
+		t.Fatalf("record = key %q value %q id %q; want the deleted row's event %s", r.Key, r.Value, testenv.Header(r, route.HeaderID), id)
+	}
+}
+
+// TestQuietOutboxBusyDatabase: only a non-outbox table is written; the slot
+// must follow the WAL so that Postgres does not retain it.
+func TestQuietOutboxBusyDatabase(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.start(t)
+	conn := connect(t, e.db)
+	// Let the connector deliver one event first, so the test also covers
+	// moving on from an acknowledged position.
+	insertEvent(t, conn, "q-1", "First")
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 1)
+	start := testenv.SlotPosition(t, e.db, "outbox_cdc")
+
+	for i := 0; i < 300; i++ {
+		if _, err := conn.Exec(context.Background(), `INSERT INTO other (note) VALUES (repeat('x', 500))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end := testenv.CurrentWAL(t, e.db)
+	if end-start < 100_000 {
+		t.Fatalf("the writes produced only %d bytes of WAL; the test proves nothing", end-start)
+	}
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("confirmed_flush_lsn to reach %s", end), func() bool {
+		return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end
+	})
+	var retained int64
+	testenv.QueryRow(t, e.db, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &retained)
+	t.Logf("slot moved from %s past %s; %d bytes behind the current WAL", start, end, retained)
+	if len(c.Records) != 1 {
+		t.Fatalf("%d records; only the first event was an outbox event", len(c.Records))
+	}
+}
+
+// TestPartitionFaultHoldsConfirmedPosition injects a produce error on one
+// partition while the others succeed: confirmed_flush_lsn must never pass
+// the failed transaction, and everything is delivered once the fault clears.
+func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  *kerr.Error
+	}{
+		// franz-go retries this one in place.
+		{"retriable NOT_LEADER_FOR_PARTITION", kerr.NotLeaderForPartition},
+		// franz-go fails the record; the pipeline reconnects and Postgres
+		// re-sends from the confirmed position.
+		{"non-retriable UNKNOWN_SERVER_ERROR", kerr.UnknownServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := testenv.NewFakeKafka(t)
+			e := newEnv(t, k)
+			topic := k.Prefix + "outbox.event.order"
+			conn := connect(t, e.db)
+			e.start(t)
+
+			// Find keys on partition 0 and elsewhere, by franz-go's own
+			// partitioner.
+			part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
+			var bad, good []string
+			for i := 0; len(bad) < 1 || len(good) < 20; i++ {
+				k := fmt.Sprintf("k-%d", i)
+				if part.Partition(&kgo.Record{Key: []byte(k)}, 4) == 0 {
+					bad = append(bad, k)
+				} else {
+					good = append(good, k)
+				}
+			}
+			// Create the topic with a first event, then fault partition 0.
+			insertEvent(t, conn, good[0], "Warmup")
+			c := k.NewConsumer(t, "^"+strings.ReplaceAll(topic, ".", `\.`)+"$")
+			c.WaitCount(t, time.Minute, 1)
+			h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{0}, Err: tc.err, Count: -1})
+
+			beforeBad := testenv.CurrentWAL(t, e.db)
+			badID := insertEvent(t, conn, bad[0], "Stuck")
+			var goodIDs []string
+			for _, g := range good[1:] {
+				goodIDs = append(goodIDs, insertEvent(t, conn, g, "Flowing"))
+			}
+			c.WaitFor(t, time.Minute, "the healthy partitions' events", func(r []*kgo.Record) bool {
+				got := ids(r)
+				for _, id := range goodIDs {
+					if got[id] == 0 {
+						return false
+					}
+				}
+				return true
+			})
+			testenv.Eventually(t, 30*time.Second, "the fault to be hit", func() bool { return h.Hits() > 0 })
+			// Several status intervals pass while later transactions are
+			// acked; the slot must still stop before the failed one.
+			for i := 0; i < 10; i++ {
+				if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > beforeBad {
+					t.Fatalf("confirmed_flush_lsn %s passed the failed transaction (which starts after %s)", pos, beforeBad)
+				}
+				time.Sleep(60 * time.Millisecond) // observation window, not synchronisation
+			}
+			if got := ids(c.Records)[badID]; got != 0 {
+				t.Fatalf("the faulted event was delivered %d times during the fault", got)
+			}
+
+			h.Remove()
+			c.WaitFor(t, time.Minute, "the faulted event after the fault cleared", func(r []*kgo.Record) bool { return ids(r)[badID] > 0 })
+			end := testenv.CurrentWAL(t, e.db)
+			testenv.Eventually(t, 30*time.Second, "the slot to confirm everything", func() bool {
+				return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end
+			})
+		})
+	}
+}
+
+// TestPoisonEventStops: an event that cannot form a legal topic stops the
+// connector with an error naming it, and the slot does not pass it.
+func TestPoisonEventStops(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	r := e.start(t)
+	conn := connect(t, e.db)
+	ok := insertEvent(t, conn, "p-1", "Fine")
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 1)
+
+	before := testenv.CurrentWAL(t, e.db)
+	var poison string
+	if err := conn.QueryRow(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('bad/type', 'p-1', 'X', '{}') RETURNING id::text`).Scan(&poison); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-r.done:
+		close(r.done)
+	case <-time.After(time.Minute):
+		t.Fatal("the connector kept running past a poison event")
+	}
+	var ee *outbox.EventError
+	if !errors.As(err, &ee) || ee.EventID != poison || !strings.Contains(err.Error(), "bad/type") || !pipeline.Permanent(err) {
+		t.Fatalf("Run returned %v; want a permanent *outbox.EventError for event %s", err, poison)
+	}
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
+		t.Fatalf("confirmed_flush_lsn %s passed the poison event (written after %s)", pos, before)
+	}
+	if got := ids(c.Records); got[ok] != 1 || len(got) != 1 {
+		t.Fatalf("delivered %v", got)
+	}
+}
+
+// TestGracefulShutdownConfirmsEverything: on shutdown the pipeline waits
+// for acks and reports the final position.
+func TestGracefulShutdownConfirmsEverything(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.StatusInterval = 10 * time.Second // only the final update can confirm
+	r := e.start(t)
+	conn := connect(t, e.db)
+	for i := 0; i < 50; i++ {
+		insertEvent(t, conn, fmt.Sprintf("g-%d", i%5), "E")
+	}
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 50)
+	var lastCommit pglogrepl.LSN
+	for _, rec := range c.Records {
+		if l, _ := pglogrepl.ParseLSN(testenv.Header(rec, route.HeaderCommitLSN)); l > lastCommit {
+			lastCommit = l
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "the tracker to resolve the last transaction", func() bool {
+		tr := r.tracker.Load()
+		return tr != nil && tr.Confirmed() > lastCommit
+	})
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > lastCommit {
+		t.Fatalf("slot already at %s before shutdown; the test cannot tell the final update apart", pos)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run returned %v on shutdown, want nil", err)
+	}
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos <= lastCommit {
+		t.Fatalf("slot at %s after shutdown; the last transaction (commit %s) was acked but not confirmed", pos, lastCommit)
+	}
+}

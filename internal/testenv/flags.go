@@ -1,0 +1,6 @@
+package testenv
+
+import "flag"
+
+func flagParsed() bool { return flag.Parsed() }
+func parseFlags()      { flag.Parse() }

@@ -1,0 +1,125 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Kafka is a broker for one test.
+type Kafka struct {
+	Brokers []string
+	// Fake is the in-process cluster, or nil with external brokers.
+	Fake *kfake.Cluster
+	// Prefix makes topic names unique to the test, so that tests can share
+	// an external broker.
+	Prefix string
+}
+
+var topicSeq atomic.Int64
+
+// External reports whether CDC_TEST_KAFKA_BROKERS names real brokers.
+func External() bool { return os.Getenv("CDC_TEST_KAFKA_BROKERS") != "" }
+
+// NewKafka returns the external brokers of CDC_TEST_KAFKA_BROKERS or a new
+// in-process kfake cluster with topic auto-creation and 4 partitions a topic.
+func NewKafka(t testing.TB, opts ...kfake.Opt) *Kafka {
+	t.Helper()
+	prefix := fmt.Sprintf("t%d-%d.", time.Now().UnixNano()%1e9, topicSeq.Add(1))
+	if b := os.Getenv("CDC_TEST_KAFKA_BROKERS"); b != "" {
+		return &Kafka{Brokers: strings.Split(b, ","), Prefix: prefix}
+	}
+	return NewFakeKafka(t, opts...)
+}
+
+// NewFakeKafka always starts kfake, for tests that inject faults.
+func NewFakeKafka(t testing.TB, opts ...kfake.Opt) *Kafka {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{
+		kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
+	}, opts...)...)
+	if err != nil {
+		t.Fatalf("start kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return &Kafka{Brokers: c.ListenAddrs(), Fake: c, Prefix: fmt.Sprintf("t%d.", topicSeq.Add(1))}
+}
+
+// Consumer reads topics from their start.
+type Consumer struct {
+	cl      *kgo.Client
+	Records []*kgo.Record
+}
+
+// NewConsumer consumes the topics matching the regular expression.
+func (k *Kafka) NewConsumer(t testing.TB, topicRegex string) *Consumer {
+	t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(k.Brokers...),
+		kgo.ConsumeRegex(), kgo.ConsumeTopics(topicRegex),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &Consumer{cl: cl}
+}
+
+// WaitFor polls until done returns true for the records read so far, or
+// fails the test at the deadline.
+func (c *Consumer) WaitFor(t testing.TB, timeout time.Duration, what string, done func([]*kgo.Record) bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !done(c.Records) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (%d records read)", timeout, what, len(c.Records))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+		fs := c.cl.PollFetches(ctx)
+		cancel()
+		fs.EachError(func(topic string, p int32, err error) {
+			if err != context.DeadlineExceeded && err != context.Canceled {
+				t.Logf("fetch %s/%d: %v", topic, p, err)
+			}
+		})
+		c.Records = append(c.Records, fs.Records()...)
+	}
+}
+
+// WaitCount waits until at least n records have been read.
+func (c *Consumer) WaitCount(t testing.TB, timeout time.Duration, n int) {
+	t.Helper()
+	c.WaitFor(t, timeout, fmt.Sprintf("%d records", n), func(r []*kgo.Record) bool { return len(r) >= n })
+}
+
+// Header returns the value of a record header, or "" if absent.
+func Header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// Eventually polls cond until it holds or the timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
