@@ -142,7 +142,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 
 func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create bool, log hclog.Logger) (SlotState, error) {
 	var (
-		plugin, slotType string
+		plugin, slotType  string
 		slotDB, walStatus *string
 		confirmed         *pglogrepl.LSN
 	)
