@@ -26,6 +26,17 @@ type SlotState struct {
 // and createSlot is set. Every failure a user must fix is a *SetupError that
 // says how.
 func Setup(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot bool, log hclog.Logger) (SlotState, error) {
+	return prepare(ctx, cfg, tables, createSlot, false, log)
+}
+
+// Check runs Setup's checks without creating anything: a missing
+// publication or slot is fine, one that exists must fit.
+func Check(ctx context.Context, cfg Config, tables []*outbox.Table) error {
+	_, err := prepare(ctx, cfg, tables, false, true, hclog.NewNullLogger())
+	return err
+}
+
+func prepare(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot, dryRun bool, log hclog.Logger) (SlotState, error) {
 	conn, err := pgx.Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotState{}, fmt.Errorf("connect to postgres: %w", err)
@@ -55,10 +66,10 @@ func Setup(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot b
 			return SlotState{}, err
 		}
 	}
-	if err := ensurePublication(ctx, conn, cfg.Publication, tables, log); err != nil {
+	if err := ensurePublication(ctx, conn, cfg.Publication, tables, dryRun, log); err != nil {
 		return SlotState{}, err
 	}
-	return ensureSlot(ctx, conn, cfg.Slot, db, createSlot, log)
+	return ensureSlot(ctx, conn, cfg.Slot, db, createSlot, dryRun, log)
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table) error {
@@ -93,9 +104,12 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table)
 	return nil
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []*outbox.Table, log hclog.Logger) error {
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []*outbox.Table, dryRun bool, log hclog.Logger) error {
 	var insert bool
 	err := conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, name).Scan(&insert)
+	if errors.Is(err, pgx.ErrNoRows) && dryRun {
+		return nil
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		names := make([]string, len(tables))
 		for i, t := range tables {
@@ -140,7 +154,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create bool, log hclog.Logger) (SlotState, error) {
+func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create, dryRun bool, log hclog.Logger) (SlotState, error) {
 	var (
 		plugin, slotType  string
 		slotDB, walStatus *string
@@ -149,6 +163,9 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create boo
 	err := conn.QueryRow(ctx, `
 		SELECT coalesce(plugin, ''), slot_type, database, wal_status, confirmed_flush_lsn
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &walStatus, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) && dryRun {
+		return SlotState{}, nil
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !create {
 			return SlotState{}, &SetupError{Err: ErrSlotVanished, Msg: fmt.Sprintf(

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	cfg, lc, err := loadConfig("", env("CDC_POSTGRES_URL", "postgres://u:p@db/app", "CDC_KAFKA_BROKERS", "k1:9092, k2:9092"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Postgres.Slot != "outbox_cdc" || cfg.Postgres.Publication != "outbox_cdc" || cfg.Postgres.StatusInterval != time.Second {
+		t.Errorf("postgres defaults = %+v", cfg.Postgres)
+	}
+	if strings.Join(cfg.Kafka.Brokers, ",") != "k1:9092,k2:9092" || !cfg.Kafka.AllowAutoTopicCreation {
+		t.Errorf("kafka = %+v", cfg.Kafka)
+	}
+	if len(cfg.Tables) != 1 || cfg.Tables[0].Name != (outbox.TableName{Schema: "public", Name: "outbox"}) ||
+		cfg.Tables[0].Columns != outbox.DefaultColumns || cfg.Tables[0].Topic != "outbox.event.{aggregate_type}" {
+		t.Errorf("default table = %+v", cfg.Tables[0])
+	}
+	if cfg.MaxInFlight != 10_000 || cfg.ShutdownTimeout != 30*time.Second || lc.Level != "info" || lc.JSON {
+		t.Errorf("cfg = %+v, log = %+v", cfg, lc)
+	}
+}
+
+func TestLoadConfigFile(t *testing.T) {
+	p := writeConfig(t, `
+postgres:
+  url: postgres://file@db/app
+  slot: orders_slot
+  status_interval: 250ms
+kafka:
+  brokers: [file:9092]
+  allow_auto_topic_creation: false
+  max_message_bytes: 2000000
+tables:
+  - name: tenant."OutboxEvent"
+    topic: "{aggregate_type}.events"
+    columns:
+      aggregate_type: '"aggregateType"'
+      aggregate_id: '"aggregateId"'
+      type: '"eventType"'
+  - name: event_outbox
+max_in_flight: 500
+shutdown_timeout: 5s
+log:
+  level: debug
+  format: json
+`)
+	cfg, lc, err := loadConfig(p, env("CDC_POSTGRES_URL", "postgres://env@db/app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Postgres.URL != "postgres://env@db/app" {
+		t.Errorf("CDC_POSTGRES_URL must override the file: %q", cfg.Postgres.URL)
+	}
+	if cfg.Postgres.Slot != "orders_slot" || cfg.Postgres.StatusInterval != 250*time.Millisecond {
+		t.Errorf("postgres = %+v", cfg.Postgres)
+	}
+	if cfg.Kafka.Brokers[0] != "file:9092" || cfg.Kafka.AllowAutoTopicCreation || cfg.Kafka.MaxMessageBytes != 2_000_000 {
+		t.Errorf("kafka = %+v", cfg.Kafka)
+	}
+	t0 := cfg.Tables[0]
+	want := outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "eventType", Payload: "payload"}
+	if t0.Name != (outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}) || t0.Columns != want || t0.Topic != "{aggregate_type}.events" {
+		t.Errorf("tables[0] = %+v", t0)
+	}
+	if cfg.Tables[1].Name.Name != "event_outbox" || cfg.Tables[1].Topic != outbox.DefaultTopic {
+		t.Errorf("tables[1] = %+v", cfg.Tables[1])
+	}
+	if cfg.MaxInFlight != 500 || cfg.ShutdownTimeout != 5*time.Second || lc.Level != "debug" || !lc.JSON {
+		t.Errorf("cfg = %+v, log = %+v", cfg, lc)
+	}
+}
+
+func TestLoadConfigErrors(t *testing.T) {
+	base := "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"
+	tests := []struct {
+		name, body, want string
+	}{
+		{"unknown key", base + "kafak: {}\n", "field kafak not found"},
+		{"unknown nested key", "postgres: {url: 'postgres://u@h/d', slots: x}\nkafka: {brokers: [k:1]}\n", "field slots not found"},
+		{"bad duration", base + "shutdown_timeout: soon\n", "line 3: cannot unmarshal !!str `soon` into time.Duration"},
+		{"no brokers", "postgres: {url: 'postgres://u@h/d'}\n", "CDC_KAFKA_BROKERS"},
+		{"no url", "kafka: {brokers: [k:1]}\n", "CDC_POSTGRES_URL"},
+		{"bad slot", "postgres: {url: 'postgres://u@h/d', slot: Bad-Slot}\nkafka: {brokers: [k:1]}\n", "postgres.slot \"Bad-Slot\""},
+		{"bad table", base + "tables: [{name: 'a.b.c'}]\n", "tables[0].name"},
+		{"bad column", base + "tables: [{name: outbox, columns: {id: '\"x'}}]\n", "tables[0].columns.id"},
+		{"bad template", base + "tables: [{name: outbox, topic: 'x.{nope}'}]\n", "unknown placeholder"},
+		{"duplicate table", base + "tables: [{name: outbox}, {name: public.outbox}]\n", "configured twice"},
+		{"bad log level", base + "log: {level: loud}\n", "log.level"},
+		{"bad status interval", "postgres: {url: 'postgres://u@h/d', status_interval: 90s}\nkafka: {brokers: [k:1]}\n", "status_interval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := loadConfig(writeConfig(t, tt.body), env())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestURLPasswordNeverInErrors(t *testing.T) {
+	_, _, err := loadConfig("", env("CDC_POSTGRES_URL", "postgres://u:hunter2@h:notaport/d", "CDC_KAFKA_BROKERS", "k:1"))
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("err = %v; want an error without the password", err)
+	}
+}

@@ -1,0 +1,12 @@
+// Command cdc streams transactional-outbox rows from PostgreSQL logical
+// replication into Kafka.
+//
+//	cdc run   --config cdc.yaml   stream until SIGINT/SIGTERM
+//	cdc check --config cdc.yaml   validate the config, then check Postgres
+//	                              and Kafka preconditions without streaming
+//	cdc check --offline ...       validate the config only
+//
+// This is the only place that reads files, the environment and flags; the
+// packages under internal take typed configs. Exit codes: 0 after a clean
+// shutdown, 1 on a fatal runtime error, 2 on a configuration error.
+package main

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+var pg *testenv.Postgres
+
+// TestMain doubles as the cdc binary: with CDC_TEST_EXEC_MAIN=1 the test
+// binary runs main's logic, so the tests below can start, SIGKILL and
+// SIGTERM real connector processes without a separate build step.
+func TestMain(m *testing.M) {
+	if os.Getenv("CDC_TEST_EXEC_MAIN") == "1" {
+		main()
+		return
+	}
+	testenv.Main(m, &pg)
+}
+
+// proc is a connector process.
+type proc struct {
+	cmd *exec.Cmd
+	out *bytes.Buffer
+}
+
+func startProc(t *testing.T, config string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "run", "--config", config)
+	cmd.Env = append(os.Environ(), "CDC_TEST_EXEC_MAIN=1")
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: out}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if t.Failed() || os.Getenv("CDC_TEST_SHOW_LOGS") != "" {
+			t.Logf("connector output:\n%s", out)
+		}
+	})
+	return p
+}
+
+func slotActive(t *testing.T, db string) bool {
+	var active bool
+	testenv.QueryRow(t, db, `SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'), false)`, nil, &active)
+	return active
+}
+
+// TestKillMidStreamAndRestart stops the connector with SIGKILL while
+// events flow, without any flush, and starts it again. No event is lost,
+// and any duplicate belongs to a transaction the slot had not confirmed.
+// Then SIGTERM shuts it down cleanly with exit code 0.
+func TestKillMidStreamAndRestart(t *testing.T) {
+	const total = 20000
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	kafka := testenv.NewKafka(t)
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres:
+  url: %q
+  status_interval: 50ms
+kafka:
+  brokers: [%s]
+tables:
+  - name: outbox
+    topic: %s
+log:
+  level: info
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}")), 0o600)
+
+	first := startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
+
+	// One writer commits 1-3 row transactions for 50 aggregates, with a
+	// per-aggregate sequence in the payload.
+	var mu sync.Mutex
+	written := 0
+	writerDone := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), db)
+		if err != nil {
+			writerDone <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		seq := map[int]int{}
+		for i := 0; i < total; {
+			batch := &pgx.Batch{}
+			n := 1 + i%3
+			for j := 0; j < n && i < total; j++ {
+				agg := i % 50
+				seq[agg]++
+				batch.Queue(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', $2)`,
+					fmt.Sprintf("a-%02d", agg), fmt.Sprintf(`{"seq": %d}`, seq[agg]))
+				i++
+			}
+			// A batch runs in one implicit transaction.
+			if err := conn.SendBatch(context.Background(), batch).Close(); err != nil {
+				writerDone <- err
+				return
+			}
+			mu.Lock()
+			written = i
+			mu.Unlock()
+		}
+		writerDone <- nil
+	}()
+
+	c := kafka.NewConsumer(t, "^"+strings.ReplaceAll(kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 1000)
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.cmd.Wait()
+	// The process is gone: nothing can move the slot until the restart.
+	confirmedAtKill := testenv.SlotPosition(t, db, "outbox_cdc")
+	mu.Lock()
+	writtenAtKill := written
+	mu.Unlock()
+	t.Logf("killed with %d events written, %d read from kafka, slot at %s", writtenAtKill, len(c.Records), confirmedAtKill)
+	if writtenAtKill >= total {
+		t.Fatalf("the writer had finished before the kill; the test did not kill mid-stream")
+	}
+
+	// The walsender of the killed process may still hold the slot; the
+	// new process waits it out.
+	second := startProc(t, config)
+	if err := <-writerDone; err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]bool
+	func() {
+		conn, err := pgx.Connect(context.Background(), db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		rows, _ := conn.Query(context.Background(), `SELECT id::text FROM outbox`)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(ids) != total {
+			t.Fatalf("outbox holds %d rows (%v)", len(ids), err)
+		}
+		want = map[string]bool{}
+		for _, id := range ids {
+			want[id] = true
+		}
+	}()
+	seen := func(recs []*kgo.Record) map[string]int {
+		m := map[string]int{}
+		for _, r := range recs {
+			m[testenv.Header(r, route.HeaderID)]++
+		}
+		return m
+	}
+	c.WaitFor(t, 2*time.Minute, "every event after the restart", func(recs []*kgo.Record) bool {
+		got := seen(recs)
+		for id := range want {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	dups := 0
+	firstSeq := map[string]int{}
+	counts := seen(c.Records)
+	for _, r := range c.Records {
+		id := testenv.Header(r, route.HeaderID)
+		if !want[id] {
+			t.Fatalf("record for unknown event %s", id)
+		}
+		if n := counts[id]; n > 1 {
+			dups++
+			commit, err := pglogrepl.ParseLSN(testenv.Header(r, route.HeaderCommitLSN))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A confirmed transaction ends at or before the slot's
+			// position, so its commit record starts before it.
+			if commit < confirmedAtKill {
+				t.Fatalf("event %s (commit %s) delivered %d times, but its transaction was confirmed (slot at %s)", id, commit, n, confirmedAtKill)
+			}
+		}
+		// Duplicates replay a suffix; first deliveries stay in order.
+		var seq int
+		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
+		if seq > firstSeq[string(r.Key)] {
+			if seq != firstSeq[string(r.Key)]+1 {
+				t.Fatalf("aggregate %s: first delivery of seq %d after %d", r.Key, seq, firstSeq[string(r.Key)])
+			}
+			firstSeq[string(r.Key)] = seq
+		}
+	}
+	t.Logf("%d records for %d events; %d records are re-deliveries of unconfirmed transactions", len(c.Records), total, dups)
+
+	end := testenv.CurrentWAL(t, db)
+	testenv.Eventually(t, 30*time.Second, "the slot to confirm everything", func() bool { return testenv.SlotPosition(t, db, "outbox_cdc") >= end })
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.cmd.Wait(); err != nil {
+		t.Fatalf("connector exited with %v after SIGTERM; want exit code 0", err)
+	}
+	if !strings.Contains(second.out.String(), "stopped") {
+		t.Fatalf("no shutdown line in the log:\n%s", second.out)
+	}
+}
+
+// TestFatalConfigExitCodes: configuration and precondition errors exit
+// non-zero with a message that says what to do.
+func TestFatalConfigExitCodes(t *testing.T) {
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	kafka := testenv.NewKafka(t)
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"run"}, func(k string) string {
+		return map[string]string{"CDC_POSTGRES_URL": db, "CDC_KAFKA_BROKERS": strings.Join(kafka.Brokers, ",")}[k]
+	}, &out)
+	if code != 1 || !strings.Contains(out.String(), "outbox table public.outbox does not exist") {
+		t.Fatalf("exit %d, output:\n%s\nwant exit 1 naming the missing table", code, out.String())
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"run", "--config", "/nonexistent.yaml"}, func(string) string { return "" }, &out); code != 2 {
+		t.Fatalf("missing config file: exit %d, want 2", code)
+	}
+}
