@@ -1,0 +1,189 @@
+package wal_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+var pg *testenv.Postgres
+
+func TestMain(m *testing.M) { testenv.Main(m, &pg) }
+
+const outboxDDL = `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+	aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`
+
+var defaultTable = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}}
+
+func cfg(url string) wal.Config {
+	c := wal.Config{URL: url}
+	if err := c.Validate(); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func setup(t *testing.T, url string, tables []*outbox.Table, create bool) (wal.SlotState, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return wal.Setup(ctx, cfg(url), tables, create, hclog.NewNullLogger())
+}
+
+func wantSetupError(t *testing.T, err error, want string) {
+	t.Helper()
+	var se *wal.SetupError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v; want a *wal.SetupError saying %q", err, want)
+	}
+}
+
+func TestSetupCreatesThenReuses(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil || !st.Created || st.ConfirmedFlush == 0 {
+		t.Fatalf("first Setup = %+v, %v; want a created slot", st, err)
+	}
+	var pubInsert, pubUpdate bool
+	testenv.QueryRow(t, db, `SELECT pubinsert, pubupdate FROM pg_publication WHERE pubname = 'outbox_cdc'`, nil, &pubInsert, &pubUpdate)
+	if !pubInsert || pubUpdate {
+		t.Fatalf("publication publishes insert=%v update=%v; want inserts only", pubInsert, pubUpdate)
+	}
+	st2, err := setup(t, db, defaultTable, true)
+	if err != nil || st2.Created || st2.ConfirmedFlush != st.ConfirmedFlush {
+		t.Fatalf("second Setup = %+v, %v; want the existing slot at %s", st2, err, st.ConfirmedFlush)
+	}
+}
+
+func TestSetupPreconditions(t *testing.T) {
+	p := testenv.Require(t, pg)
+	tests := []struct {
+		name   string
+		sql    []string
+		tables []*outbox.Table
+		user   string // connect as this role instead of the superuser
+		want   string
+	}{
+		{name: "missing table", want: "outbox table public.outbox does not exist"},
+		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
+			want: "has no column payload"},
+		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
+			tables: []*outbox.Table{{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "t", Payload: "p"}}},
+			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
+		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN`, `GRANT SELECT ON outbox TO app_user`},
+			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
+		{name: "publication without the table", sql: []string{outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`},
+			want: "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox"},
+		{name: "publication without inserts", sql: []string{outboxDDL, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'update')`},
+			want: "does not publish inserts"},
+		{name: "slot with another plugin", sql: []string{outboxDDL, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'test_decoding')`},
+			want: `plugin "test_decoding", not pgoutput`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db := p.NewDatabase(t)
+			testenv.Exec(t, db, tt.sql...)
+			url := db
+			if tt.user != "" {
+				url = strings.Replace(db, "postgres@", tt.user+"@", 1)
+			}
+			tables := tt.tables
+			if tables == nil {
+				tables = defaultTable
+			}
+			_, err := setup(t, url, tables, true)
+			wantSetupError(t, err, tt.want)
+		})
+	}
+}
+
+func TestSetupSlotVanished(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	_, err := setup(t, db, defaultTable, false)
+	wantSetupError(t, err, "vanished")
+	if !errors.Is(err, wal.ErrSlotVanished) {
+		t.Fatalf("err = %v; want ErrSlotVanished", err)
+	}
+}
+
+func TestWalLevelReplica(t *testing.T) {
+	testenv.Require(t, pg)
+	other, err := testenv.StartPostgres("wal_level=replica")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Stop) // after the database cleanup NewDatabase registers
+	db := other.NewDatabase(t)
+	_, err = setup(t, db, defaultTable, true)
+	wantSetupError(t, err, "wal_level is replica; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres")
+}
+
+// TestSlotLost makes Postgres remove WAL a slot still needs, the way
+// max_slot_wal_keep_size does in production, and expects a fatal error.
+func TestSlotLost(t *testing.T) {
+	testenv.Require(t, pg)
+	other, err := testenv.StartPostgres("max_slot_wal_keep_size=1MB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Stop) // after the database cleanup NewDatabase registers
+	db := other.NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	if _, err := setup(t, db, defaultTable, true); err != nil {
+		t.Fatal(err)
+	}
+	// Write and switch WAL segments until a checkpoint removes the one
+	// the slot needs.
+	testenv.Eventually(t, time.Minute, "the slot to be lost", func() bool {
+		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('a', 'b', 'c')`, `SELECT pg_switch_wal()`, `CHECKPOINT`)
+		var status string
+		testenv.QueryRow(t, db, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &status)
+		return status == "lost"
+	})
+	_, err = setup(t, db, defaultTable, true)
+	wantSetupError(t, err, "is lost")
+	if !errors.Is(err, wal.ErrSlotLost) {
+		t.Fatalf("err = %v; want ErrSlotLost", err)
+	}
+}
+
+// TestSlotInUse: a second stream on a held slot gets a SlotInUseError,
+// which the pipeline retries.
+func TestSlotInUse(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first, err := wal.Open(ctx, cfg(db), st.ConfirmedFlush, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close(ctx, fixedAcks(st.ConfirmedFlush))
+	_, err = wal.Open(ctx, cfg(db), st.ConfirmedFlush, hclog.NewNullLogger())
+	var inUse *wal.SlotInUseError
+	if !errors.As(err, &inUse) || !strings.Contains(err.Error(), "is active for PID") {
+		t.Fatalf("err = %v; want a SlotInUseError", err)
+	}
+}
+
+type fixedAcks pglogrepl.LSN
+
+func (a fixedAcks) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(a) }
+func (fixedAcks) Idle() bool                 { return false }
+func (fixedAcks) Saturated() bool            { return false }
+func (fixedAcks) Err() error                 { return nil }
+func (fixedAcks) Changed() <-chan struct{}   { return nil }
