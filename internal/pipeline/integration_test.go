@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"sort"
@@ -81,11 +82,21 @@ type running struct {
 
 func (e *env) start(t *testing.T) *running {
 	t.Helper()
+	r := e.launch(t, os.Stderr)
+	// Events committed before the slot exists are not streamed: wait until
+	// the first session is streaming.
+	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
+	return r
+}
+
+// launch starts the pipeline without waiting for it to stream.
+func (e *env) launch(t *testing.T, logOut io.Writer) *running {
+	t.Helper()
 	level := hclog.LevelFromString(os.Getenv("CDC_TEST_LOG"))
 	if level == hclog.NoLevel {
 		level = hclog.Warn
 	}
-	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level}))
+	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: logOut}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,9 +107,6 @@ func (e *env) start(t *testing.T) *running {
 	r.cancel = cancel
 	go func() { r.done <- p.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
-	// Events committed before the slot exists are not streamed: wait until
-	// the first session is streaming.
-	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
 	return r
 }
 
@@ -541,4 +549,134 @@ func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos <= lastCommit {
 		t.Fatalf("slot at %s after shutdown; the last transaction (commit %s) was acked but not confirmed", pos, lastCommit)
 	}
+}
+
+// syncBuffer is a log sink the test reads while the pipeline writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSlotInUseIsWaitedOut: while another connection holds the slot, the
+// pipeline logs why it waits and retries; once the slot is free it streams.
+func TestSlotInUseIsWaitedOut(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	ctx := context.Background()
+	if err := e.cfg.Postgres.Validate(); err != nil { // fills the slot and publication defaults
+		t.Fatal(err)
+	}
+	st, err := wal.Setup(ctx, e.cfg.Postgres, e.cfg.Tables, true, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := wal.Open(ctx, e.cfg.Postgres, st.ConfirmedFlush, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	r := e.launch(t, logs)
+	testenv.Eventually(t, 30*time.Second, "a log line about the slot in use", func() bool {
+		return strings.Contains(logs.String(), "replication slot is in use; waiting for it") && strings.Contains(logs.String(), "is active for PID")
+	})
+	holder.Close(ctx, checkpoint.NewTracker(st.ConfirmedFlush, 1))
+	testenv.Eventually(t, 30*time.Second, "the pipeline to stream once the slot is free", func() bool { return r.tracker.Load() != nil })
+	id := insertEvent(t, connect(t, e.db), "u-1", "AfterWait")
+	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 1)
+	if got := testenv.Header(c.Records[0], route.HeaderID); got != id {
+		t.Fatalf("delivered %s, want %s", got, id)
+	}
+}
+
+// TestSlotVanishedIsFatal: a slot dropped under a running connector stops
+// it with an error; it never creates a new slot and carries on.
+func TestSlotVanishedIsFatal(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	r := e.start(t)
+	conn := connect(t, e.db)
+	testenv.Eventually(t, 30*time.Second, "the slot to be dropped", func() bool {
+		conn.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'outbox_cdc' AND active_pid IS NOT NULL`)
+		_, err := conn.Exec(context.Background(), `SELECT pg_drop_replication_slot('outbox_cdc')`)
+		return err == nil
+	})
+	var err error
+	select {
+	case err = <-r.done:
+		close(r.done)
+	case <-time.After(time.Minute):
+		t.Fatal("the connector kept running without its slot")
+	}
+	if !errors.Is(err, wal.ErrSlotVanished) || !pipeline.Permanent(err) {
+		t.Fatalf("Run returned %v; want a permanent ErrSlotVanished", err)
+	}
+	var n int
+	testenv.QueryRow(t, e.db, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &n)
+	if n != 0 {
+		t.Fatalf("a new slot was created after the old one vanished")
+	}
+}
+
+// TestKeepalivesWhileKafkaIsDown: every produce fails retriably, the
+// in-flight limit is reached and the loop stops reading, yet status
+// updates keep the walsender (wal_sender_timeout = 1s here) from dropping
+// the connection; once Kafka recovers everything is delivered in the same
+// session.
+func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
+	k := testenv.NewFakeKafka(t)
+	e := newEnv(t, k)
+	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D1000"
+	e.cfg.Postgres.StatusInterval = 100 * time.Millisecond
+	e.cfg.MaxInFlight = 5
+	r := e.start(t)
+	first := r.tracker.Load()
+	conn := connect(t, e.db)
+	var pid int
+	testenv.QueryRow(t, e.db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &pid)
+
+	h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotLeaderForPartition, Count: -1})
+	var want []string
+	for i := 0; i < 40; i++ {
+		want = append(want, insertEvent(t, conn, fmt.Sprintf("k-%d", i), "Stalled"))
+	}
+	testenv.Eventually(t, 30*time.Second, "the in-flight limit to be reached", func() bool { return first.Saturated() })
+	// Stay saturated for several wal_sender_timeouts.
+	stallEnd := time.Now().Add(4 * time.Second)
+	for time.Now().Before(stallEnd) {
+		var reply time.Time
+		var walsender int
+		testenv.QueryRow(t, e.db, `SELECT pid, reply_time FROM pg_stat_replication WHERE application_name = 'outbox-cdc'`, nil, &walsender, &reply)
+		if walsender != pid {
+			t.Fatalf("walsender changed from %d to %d: the connection was dropped while Kafka was down", pid, walsender)
+		}
+		if age := time.Since(reply); age > 900*time.Millisecond {
+			t.Fatalf("last status update %s ago; wal_sender_timeout is 1s", age)
+		}
+		time.Sleep(200 * time.Millisecond) // observation interval, not synchronisation
+	}
+	if r.tracker.Load() != first {
+		t.Fatal("the session restarted while Kafka was down")
+	}
+	h.Remove()
+	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c.WaitFor(t, time.Minute, "every stalled event", func(recs []*kgo.Record) bool {
+		got := ids(recs)
+		for _, id := range want {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
