@@ -60,7 +60,11 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 	p := testenv.Require(t, pg)
 	db := p.NewDatabase(t)
 	testenv.Exec(t, db, schema)
-	return &env{db: db, kafka: kafka, cfg: pipeline.Config{
+	return &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+}
+
+func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
+	return pipeline.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true},
 		Tables: []*outbox.Table{{
@@ -70,7 +74,7 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 		}},
 		RetryBackoff:    100 * time.Millisecond,
 		RetryBackoffMax: time.Second,
-	}}
+	}
 }
 
 // running is a pipeline started in the background.

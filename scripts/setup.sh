@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need on a Debian/Ubuntu
+# machine: the PostgreSQL server binaries (initdb, pg_ctl, pg_recvlogical)
+# and the Go modules. Go itself must already be installed (go.mod names the
+# version). Safe to run again: it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_pg() {
+  command -v initdb >/dev/null 2>&1 && return 0
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
+}
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "setup: Go is not installed; install Go $(sed -n 's/^go //p' go.mod) or newer from https://go.dev/dl" >&2
+  exit 1
+fi
+
+if have_pg; then
+  echo "setup: PostgreSQL server binaries found"
+else
+  echo "setup: installing PostgreSQL server binaries (apt-get install postgresql)"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-contrib >/dev/null
+  # The Debian package starts a cluster of its own; the tests and the demo
+  # start their own servers on free ports and do not need it.
+  $SUDO service postgresql stop >/dev/null 2>&1 || true
+  have_pg || { echo "setup: PostgreSQL installed but initdb not found" >&2; exit 1; }
+fi
+
+echo "setup: downloading Go modules"
+go mod download
+echo "setup: done"
