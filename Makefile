@@ -5,7 +5,7 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup build test test-short fuzz bench vet clean
+.PHONY: setup build test test-kafka kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install PostgreSQL server binaries and Go modules
 	./scripts/setup.sh
@@ -16,6 +16,23 @@ build:            ## build bin/cdc
 test: vet         ## unit and integration tests (real Postgres, in-process Kafka)
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 15s ./internal/decode
+
+# The whole suite against a real Apache Kafka broker (scripts/kafka.sh), plus
+# the tests only a real broker can answer (-tags realkafka).
+test-kafka:       ## integration tests against a real Apache Kafka broker
+	./scripts/kafka.sh fetch
+	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
+	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
+	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
+	echo "test-kafka: Apache Kafka at $$brokers"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir \
+	  $(GO) test -tags realkafka -count=1 -timeout 20m ./...
+
+kafka-start:      ## start a real broker for manual use; prints its address
+	./scripts/kafka.sh start
+
+kafka-stop:
+	./scripts/kafka.sh stop
 
 test-short:       ## unit tests only
 	$(GO) test -short -count=1 ./...

@@ -30,6 +30,21 @@ else
   have_pg || { echo "setup: PostgreSQL installed but initdb not found" >&2; exit 1; }
 fi
 
+# Java 17+ and Maven run the real Kafka broker of `make test-kafka`.
+if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+  echo "setup: installing Java and Maven (for the real Kafka broker in make test-kafka)"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null
+fi
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "setup: python3 is needed by scripts/kafka.sh to pick free ports; install it (apt-get install python3)" >&2
+  exit 1
+fi
+echo "setup: fetching the Apache Kafka broker jars (cached)"
+./scripts/kafka.sh fetch
+
 echo "setup: downloading Go modules"
 go mod download
 echo "setup: done"

@@ -25,6 +25,7 @@ type Tracker struct {
 	mu        sync.Mutex
 	txns      []*Txn // open and unresolved transactions, in commit order
 	inFlight  int
+	acked     uint64
 	confirmed pglogrepl.LSN
 	err       error
 }
@@ -73,6 +74,7 @@ func (t *Tracker) Ack(tx *Txn, err error) {
 	}
 	tx.pending--
 	t.inFlight--
+	t.acked++
 	t.resolveLocked()
 	t.mu.Unlock()
 	t.notify()
@@ -148,6 +150,13 @@ func (t *Tracker) InFlight() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.inFlight
+}
+
+// Acked returns how many events Kafka has acknowledged so far.
+func (t *Tracker) Acked() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.acked
 }
 
 // Err returns the first produce error, or nil.

@@ -53,6 +53,8 @@ type env struct {
 	db    string
 	kafka *testenv.Kafka
 	cfg   pipeline.Config
+	// logLevel is the pipeline's log level; CDC_TEST_LOG overrides it.
+	logLevel hclog.Level
 }
 
 func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
@@ -97,6 +99,9 @@ func (e *env) start(t *testing.T) *running {
 func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 	t.Helper()
 	level := hclog.LevelFromString(os.Getenv("CDC_TEST_LOG"))
+	if level == hclog.NoLevel {
+		level = e.logLevel
+	}
 	if level == hclog.NoLevel {
 		level = hclog.Warn
 	}
@@ -309,6 +314,23 @@ func insertEvent(t *testing.T, conn *pgx.Conn, aggID, typ string) string {
 	return id
 }
 
+// insertEventTx inserts one event in its own transaction and returns its id
+// and the transaction's xid.
+func insertEventTx(t *testing.T, conn *pgx.Conn, aggType, aggID, typ, payloadSQL string) (id, xid string) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, `+payloadSQL+`) RETURNING id::text`, aggType, aggID, typ).Scan(&id); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, xid
+}
+
 func ids(recs []*kgo.Record) map[string]int {
 	m := map[string]int{}
 	for _, r := range recs {
@@ -451,7 +473,8 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{0}, Err: tc.err, Count: -1})
 
 			beforeBad := testenv.CurrentWAL(t, e.db)
-			badID := insertEvent(t, conn, bad[0], "Stuck")
+			badID, badXID := insertEventTx(t, conn, "order", bad[0], "Stuck", `'{}'`)
+			badCommit := testenv.CommitLSN(t, e.db, badXID, beforeBad)
 			var goodIDs []string
 			for _, g := range good[1:] {
 				goodIDs = append(goodIDs, insertEvent(t, conn, g, "Flowing"))
@@ -469,8 +492,8 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			// Several status intervals pass while later transactions are
 			// acked; the slot must still stop before the failed one.
 			for i := 0; i < 10; i++ {
-				if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > beforeBad {
-					t.Fatalf("confirmed_flush_lsn %s passed the failed transaction (which starts after %s)", pos, beforeBad)
+				if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > badCommit {
+					t.Fatalf("confirmed_flush_lsn %s passed the failed transaction (commit record at %s)", pos, badCommit)
 				}
 				time.Sleep(60 * time.Millisecond) // observation window, not synchronisation
 			}
@@ -499,10 +522,8 @@ func TestPoisonEventStops(t *testing.T) {
 	c.WaitCount(t, time.Minute, 1)
 
 	before := testenv.CurrentWAL(t, e.db)
-	var poison string
-	if err := conn.QueryRow(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('bad/type', 'p-1', 'X', '{}') RETURNING id::text`).Scan(&poison); err != nil {
-		t.Fatal(err)
-	}
+	poison, xid := insertEventTx(t, conn, "bad/type", "p-1", "X", `'{}'`)
+	poisonCommit := testenv.CommitLSN(t, e.db, xid, before)
 	var err error
 	select {
 	case err = <-r.done:
@@ -514,8 +535,11 @@ func TestPoisonEventStops(t *testing.T) {
 	if !errors.As(err, &ee) || ee.EventID != poison || !strings.Contains(err.Error(), "bad/type") || !pipeline.Permanent(err) {
 		t.Fatalf("Run returned %v; want a permanent *outbox.EventError for event %s", err, poison)
 	}
-	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
-		t.Fatalf("confirmed_flush_lsn %s passed the poison event (written after %s)", pos, before)
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > poisonCommit {
+		t.Fatalf("confirmed_flush_lsn %s passed the poison event's transaction (commit record at %s)", pos, poisonCommit)
+	}
+	if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", poison) {
+		t.Fatalf("the slot no longer holds poison event %s: a restart would not see it again", poison)
 	}
 	if got := ids(c.Records); got[ok] != 1 || len(got) != 1 {
 		t.Fatalf("delivered %v", got)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -207,6 +208,10 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 		return nil
 	}
 
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go p.watchKafka(tracker, watchDone)
+
 	runErr := stream.Run(ctx, handle, tracker)
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
@@ -224,6 +229,37 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 		return nil
 	}
 	return runErr
+}
+
+// stallAfter is how long Kafka may leave events unacknowledged before the
+// connector says so.
+const stallAfter = 10 * time.Second
+
+// watchKafka logs once when Kafka stops acknowledging events that are in
+// flight, and once when it resumes. It only reads the tracker.
+func (p *Pipeline) watchKafka(tr *checkpoint.Tracker, done <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	lastAcked, lastProgress, stalled := tr.Acked(), time.Now(), false
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			acked, inFlight := tr.Acked(), tr.InFlight()
+			switch {
+			case acked != lastAcked || inFlight == 0:
+				if stalled {
+					p.log.Info("kafka acknowledges events again", "stalled_for", now.Sub(lastProgress).Round(time.Second).String())
+				}
+				lastAcked, lastProgress, stalled = acked, now, false
+			case !stalled && now.Sub(lastProgress) >= stallAfter:
+				p.log.Warn("kafka has not acknowledged any event recently; retrying, and still answering postgres keepalives",
+					"for", now.Sub(lastProgress).Round(time.Second).String(), "in_flight", inFlight, "brokers", strings.Join(p.cfg.Kafka.Brokers, ","))
+				stalled = true
+			}
+		}
+	}
 }
 
 // decodeError marks an undecodable replication message. The same bytes would

@@ -128,7 +128,8 @@ func (e *ProduceError) Error() string {
 	case errors.Is(e.Err, kerr.MessageTooLarge), errors.Is(e.Err, kerr.RecordListTooLarge):
 		msg += fmt.Sprintf("; the record (key+value %d bytes) is larger than the producer or topic allows: raise the topic's max.message.bytes and kafka.max_message_bytes, or make the payload smaller", e.Size)
 	case errors.Is(e.Err, kerr.UnknownTopicOrPartition):
-		msg += "; the topic does not exist and the broker did not create it: create it (kafka-topics.sh --create --topic " + e.Topic + ") or enable auto.create.topics.enable on the brokers"
+		msg += "; the topic does not exist and was not created: create it (kafka-topics.sh --create --topic " + e.Topic + "), or allow auto-creation " +
+			"(kafka.allow_auto_topic_creation: true in the config and auto.create.topics.enable=true on the brokers)"
 	case errors.Is(e.Err, kerr.TopicAuthorizationFailed), errors.Is(e.Err, kerr.ClusterAuthorizationFailed), errors.Is(e.Err, kerr.TransactionalIDAuthorizationFailed):
 		msg += "; grant the connector's principal WRITE on the topic and IDEMPOTENT_WRITE on the cluster"
 	case errors.Is(e.Err, kerr.InvalidTopicException):
@@ -166,18 +167,15 @@ func (e *ProduceError) Permanent() bool {
 // logAdapter sends franz-go's logs to hclog, so the process has one logger.
 type logAdapter struct{ l hclog.Logger }
 
-// franz-go's info lines (metadata refreshes, producer id initialisation)
-// are routine; they go to debug so that info stays at one line per state
-// change of the connector.
+// franz-go's info and warn lines (metadata refreshes, producer id
+// initialisation, one line per retry while a broker is down) go to debug, so
+// that the connector logs one line per state change: the pipeline reports a
+// stalled Kafka itself, once, and again when it recovers.
 func (a logAdapter) Level() kgo.LogLevel {
-	switch {
-	case a.l.IsTrace(), a.l.IsDebug():
+	if a.l.IsTrace() || a.l.IsDebug() {
 		return kgo.LogLevelDebug
-	case a.l.IsWarn():
-		return kgo.LogLevelWarn
-	default:
-		return kgo.LogLevelError
 	}
+	return kgo.LogLevelError
 }
 
 func (a logAdapter) Log(level kgo.LogLevel, msg string, keyvals ...any) {
@@ -187,8 +185,6 @@ func (a logAdapter) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	switch level {
 	case kgo.LogLevelError:
 		a.l.Error(msg, keyvals...)
-	case kgo.LogLevelWarn:
-		a.l.Warn(msg, keyvals...)
 	default:
 		a.l.Debug(msg, keyvals...)
 	}

@@ -316,3 +316,34 @@ func Require(t testing.TB, pg *Postgres) *Postgres {
 	}
 	return pg
 }
+
+// CommitLSN returns the start LSN of the commit record of transaction xid,
+// read from the WAL with pg_walinspect. Postgres re-sends a transaction
+// whose commit record starts at or after the slot's confirmed_flush_lsn, so
+// "not confirmed" means SlotPosition <= CommitLSN.
+func CommitLSN(t testing.TB, dbURL string, xid string, from pglogrepl.LSN) pglogrepl.LSN {
+	t.Helper()
+	Exec(t, dbURL, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+	var lsn *pglogrepl.LSN
+	Eventually(t, 30*time.Second, "the commit record of xid "+xid+" to be flushed", func() bool {
+		// With synchronous_commit off the flush position can still be
+		// behind from; pg_walinspect refuses a start in the future.
+		QueryRow(t, dbURL, `SELECT CASE WHEN pg_current_wal_flush_lsn() > $1::pg_lsn THEN
+			(SELECT start_lsn FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn())
+			 WHERE xid::text = $2 AND resource_manager = 'Transaction' AND record_type = 'COMMIT') END`, []any{from, xid}, &lsn)
+		return lsn != nil
+	})
+	return *lsn
+}
+
+// Pending reports whether the slot still holds a change whose pgoutput
+// bytes contain needle (for example an event id): Postgres will send it
+// again. The slot must be inactive; peeking does not consume anything.
+func Pending(t testing.TB, dbURL, slot, publication, needle string) bool {
+	t.Helper()
+	var n int
+	QueryRow(t, dbURL, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', $2) WHERE position(convert_to($3, 'UTF8') in data) > 0`,
+		[]any{slot, publication, needle}, &n)
+	return n > 0
+}

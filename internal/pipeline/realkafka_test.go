@@ -1,0 +1,210 @@
+//go:build realkafka
+
+package pipeline_test
+
+// Behaviour only a real Apache Kafka broker shows. `make test-kafka` builds
+// with -tags realkafka and starts the broker with scripts/kafka.sh; these
+// tests fail (never skip) without it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+func realKafka(t *testing.T) *testenv.Kafka {
+	t.Helper()
+	if !testenv.External() {
+		t.Fatal("CDC_TEST_KAFKA_BROKERS is not set: run these tests with make test-kafka, which starts a real broker")
+	}
+	return testenv.NewKafka(t)
+}
+
+func adminClient(t *testing.T, k *testenv.Kafka) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// waitFatal waits for Run to return on its own.
+func waitFatal(t *testing.T, r *running) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		close(r.done)
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the connector kept running")
+		return nil
+	}
+}
+
+// TestRealMissingTopicWithoutAutoCreation: the topic does not exist and the
+// connector may not create it. It stops with an error naming the topic and
+// the fix, and confirms nothing past the event.
+func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
+	k := realKafka(t)
+	e := newEnv(t, k)
+	e.cfg.Kafka.AllowAutoTopicCreation = false
+	r := e.start(t)
+	before := testenv.CurrentWAL(t, e.db)
+	id, xid := insertEventTx(t, connect(t, e.db), "order", "m-1", "Missing", `'{}'`)
+	commit := testenv.CommitLSN(t, e.db, xid, before)
+	err := waitFatal(t, r)
+	var pe *sink.ProduceError
+	topic := k.Prefix + "outbox.event.order"
+	if !errors.As(err, &pe) || !pipeline.Permanent(err) || !errors.Is(err, kerr.UnknownTopicOrPartition) ||
+		!strings.Contains(err.Error(), topic) || !strings.Contains(err.Error(), "create it") {
+		t.Fatalf("Run returned %v; want a permanent UNKNOWN_TOPIC_OR_PARTITION error naming %s and the fix", err, topic)
+	}
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > commit {
+		t.Fatalf("confirmed_flush_lsn %s passed the undeliverable event's transaction (commit record at %s)", pos, commit)
+	}
+	if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", id) {
+		t.Fatalf("the slot no longer holds event %s", id)
+	}
+}
+
+// TestRealRecordOverTopicMaxMessageBytes: the broker refuses a record larger
+// than the topic's max.message.bytes; the connector stops and says what to
+// change, and nothing past it is confirmed.
+func TestRealRecordOverTopicMaxMessageBytes(t *testing.T) {
+	k := realKafka(t)
+	e := newEnv(t, k)
+	topic := k.Prefix + "outbox.event.order"
+	maxBytes := "10000"
+	resp, err := adminClient(t, k).CreateTopic(context.Background(), 1, 1, map[string]*string{"max.message.bytes": &maxBytes}, topic)
+	if err != nil || resp.Err != nil {
+		t.Fatalf("create topic: %v %v", err, resp.Err)
+	}
+	r := e.start(t)
+	conn := connect(t, e.db)
+	small := insertEvent(t, conn, "big-1", "Small")
+	c := k.NewConsumer(t, "^"+strings.ReplaceAll(topic, ".", `\.`)+"$")
+	c.WaitCount(t, time.Minute, 1)
+
+	before := testenv.CurrentWAL(t, e.db)
+	// max.message.bytes limits the compressed batch: the payload must not
+	// compress below it, so it is random hex, not a repeated character.
+	big, xid := insertEventTx(t, conn, "order", "big-1", "Huge",
+		`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
+	commit := testenv.CommitLSN(t, e.db, xid, before)
+	err = waitFatal(t, r)
+	var pe *sink.ProduceError
+	if !errors.As(err, &pe) || !pipeline.Permanent(err) || !errors.Is(err, kerr.MessageTooLarge) || !strings.Contains(err.Error(), "max.message.bytes") {
+		t.Fatalf("Run returned %v; want a permanent MESSAGE_TOO_LARGE error that names max.message.bytes", err)
+	}
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > commit {
+		t.Fatalf("confirmed_flush_lsn %s passed the oversized event's transaction (commit record at %s)", pos, commit)
+	}
+	if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", big) {
+		t.Fatalf("the slot no longer holds event %s", big)
+	}
+	if got := ids(c.Records); got[small] != 1 || got[big] != 0 {
+		t.Fatalf("delivered %v", got)
+	}
+}
+
+// TestRealBrokerStoppedFor30s: the broker goes away mid-stream for 30 s and
+// comes back. The replication session survives (status updates continue,
+// here against a 5 s wal_sender_timeout), and every event is delivered.
+func TestRealBrokerStoppedFor30s(t *testing.T) {
+	k := realKafka(t)
+	dir := os.Getenv("CDC_TEST_KAFKA_DIR")
+	if dir == "" {
+		t.Fatal("CDC_TEST_KAFKA_DIR is not set: make test-kafka sets it so this test can stop and start the broker")
+	}
+	script, err := filepath.Abs("../../scripts/kafka.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, k)
+	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D5000"
+	e.cfg.Postgres.StatusInterval = 200 * time.Millisecond
+	logs := &syncBuffer{}
+	e.logLevel = hclog.Info
+	r := e.launch(t, logs)
+	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
+	session := r.tracker.Load()
+	conn := connect(t, e.db)
+	var pid int
+	testenv.QueryRow(t, e.db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &pid)
+
+	var want []string
+	write := func(n int, typ string) {
+		for i := 0; i < n; i++ {
+			want = append(want, insertEvent(t, conn, fmt.Sprintf("b-%d", i%7), typ))
+		}
+	}
+	write(50, "BeforeStop")
+	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c.WaitCount(t, time.Minute, 50)
+
+	run := func(args ...string) {
+		out, err := exec.Command(script, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kafka.sh %v: %v\n%s", args, err, out)
+		}
+	}
+	run("stop", "--keep", dir)
+	stopped := time.Now()
+	t.Cleanup(func() {
+		if t.Failed() { // leave a broker for the tests after this one
+			exec.Command(script, "start", dir).Run()
+		}
+	})
+	write(100, "DuringStop")
+	for time.Since(stopped) < 30*time.Second {
+		var walsender int
+		testenv.QueryRow(t, e.db, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'), 0)`, nil, &walsender)
+		if walsender != pid {
+			t.Fatalf("walsender changed from %d to %d while the broker was down: the replication session was dropped", pid, walsender)
+		}
+		time.Sleep(time.Second) // observation interval during the outage, not synchronisation
+	}
+	run("start", dir)
+	write(50, "AfterStart")
+	c.WaitFor(t, 2*time.Minute, "every event after the broker came back", func(recs []*kgo.Record) bool {
+		got := ids(recs)
+		for _, id := range want {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if r.tracker.Load() != session {
+		t.Fatal("the replication session restarted because of the broker outage")
+	}
+	// One line when Kafka stalls, one when it recovers; not one per retry.
+	testenv.Eventually(t, 10*time.Second, "the recovery log line", func() bool {
+		return strings.Contains(logs.String(), "kafka acknowledges events again")
+	})
+	if !strings.Contains(logs.String(), "kafka has not acknowledged any event recently") {
+		t.Errorf("no log line said that Kafka stalled:\n%s", logs)
+	}
+	if n := strings.Count(logs.String(), "[WARN]"); n > 2 {
+		t.Errorf("%d warning lines for one outage; want one per state change:\n%s", n, logs)
+	}
+	end := testenv.CurrentWAL(t, e.db)
+	testenv.Eventually(t, time.Minute, "the slot to confirm everything", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
+}
