@@ -3,23 +3,16 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/localpg"
 )
 
 // Postgres is a server the tests may create databases in.
@@ -30,8 +23,7 @@ type Postgres struct {
 	// server.
 	Bin string
 
-	dir  string
-	cred *syscall.SysProcAttr
+	srv *localpg.Server
 }
 
 // PostgresFromEnvOrStart returns the server named by CDC_TEST_POSTGRES_URL,
@@ -43,144 +35,20 @@ func PostgresFromEnvOrStart(settings ...string) (*Postgres, error) {
 	return StartPostgres(settings...)
 }
 
-// FindBinaries returns the directory holding initdb and pg_ctl of the newest
-// PostgreSQL (15 or later) on this machine.
-func FindBinaries() (string, error) {
-	var dirs []string
-	if p, err := exec.LookPath("pg_ctl"); err == nil {
-		if r, err := filepath.EvalSymlinks(p); err == nil {
-			p = r
-		}
-		dirs = append(dirs, filepath.Dir(p))
-	}
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(found, func(i, j int) bool { return version(found[i]) > version(found[j]) })
-	dirs = append(dirs, found...)
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
-			continue
-		}
-		out, err := exec.Command(filepath.Join(d, "pg_ctl"), "--version").Output()
-		if err != nil {
-			continue
-		}
-		m := regexp.MustCompile(`(\d+)\.`).FindStringSubmatch(string(out))
-		if m == nil {
-			continue
-		}
-		if v, _ := strconv.Atoi(m[1]); v >= 15 {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("PostgreSQL 15+ server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin; " +
-		"install them (apt-get install postgresql) or point CDC_TEST_POSTGRES_URL at a server with wal_level=logical")
-}
-
-func version(dir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
-	return v
-}
-
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// StartPostgres runs initdb and pg_ctl start in a new temporary directory.
+// StartPostgres starts a throwaway server (see localpg.Start).
 func StartPostgres(settings ...string) (*Postgres, error) {
-	bin, err := FindBinaries()
+	srv, err := localpg.Start(settings...)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "cdc-pg-")
-	if err != nil {
-		return nil, err
-	}
-	p := &Postgres{Bin: bin, dir: dir}
-	if os.Geteuid() == 0 {
-		if p.cred, err = unprivileged(dir); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	data := filepath.Join(dir, "data")
-	if out, err := p.run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
-	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	opts := []string{
-		"listen_addresses=127.0.0.1", "port=" + strconv.Itoa(port), "unix_socket_directories=" + dir,
-		"wal_level=logical", "max_replication_slots=64", "max_wal_senders=64", "max_connections=200",
-		"fsync=off", "synchronous_commit=off", "full_page_writes=off",
-	}
-	opts = append(opts, settings...)
-	var conf strings.Builder
-	for _, o := range opts {
-		k, v, _ := strings.Cut(o, "=")
-		fmt.Fprintf(&conf, "%s = '%s'\n", k, v)
-	}
-	if err := os.WriteFile(filepath.Join(data, "postgresql.auto.conf"), []byte(conf.String()), 0o600); err != nil {
-		return nil, err
-	}
-	if p.cred != nil {
-		uid, gid := p.cred.Credential.Uid, p.cred.Credential.Gid
-		os.Chown(filepath.Join(data, "postgresql.auto.conf"), int(uid), int(gid))
-	}
-	logFile := filepath.Join(dir, "postgres.log")
-	if out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", logFile); err != nil {
-		log, _ := os.ReadFile(logFile)
-		p.Stop()
-		return nil, fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
-	}
-	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	return p, nil
+	return &Postgres{URL: srv.URL, Bin: srv.Bin, srv: srv}, nil
 }
 
-// unprivileged returns process attributes for the postgres user (or
-// nobody) and hands dir to it.
-func unprivileged(dir string) (*syscall.SysProcAttr, error) {
-	var u *user.User
-	var err error
-	for _, name := range []string{"postgres", "nobody"} {
-		if u, err = user.Lookup(name); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("running as root and neither a postgres nor a nobody user exists to run Postgres as: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	if err := os.Chown(dir, uid, gid); err != nil {
-		return nil, err
-	}
-	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}, nil
-}
-
-func (p *Postgres) run(name string, args ...string) ([]byte, error) {
-	cmd := exec.Command(filepath.Join(p.Bin, name), args...)
-	cmd.Dir = p.dir
-	cmd.SysProcAttr = p.cred
-	cmd.Env = append(os.Environ(), "LC_ALL=C", "HOME="+p.dir)
-	return cmd.CombinedOutput()
-}
-
-// Stop stops a server this package started and removes its files.
+// Stop stops a server this package started.
 func (p *Postgres) Stop() {
-	if p.dir == "" {
-		return
+	if p.srv != nil {
+		p.srv.Stop()
 	}
-	p.run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", filepath.Join(p.dir, "data"))
-	os.RemoveAll(p.dir)
 }
 
 var dbSeq atomic.Int64
