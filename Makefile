@@ -5,13 +5,16 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup build test test-kafka kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup build demo test test-kafka kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install PostgreSQL server binaries and Go modules
 	./scripts/setup.sh
 
 build:            ## build bin/cdc
 	$(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./cmd/cdc
+
+demo:             ## see it work: throwaway Postgres, embedded Kafka, an order service
+	$(GO) run ./cmd/cdc demo
 
 test: vet         ## unit and integration tests (real Postgres, in-process Kafka)
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -27,10 +27,11 @@ type fileConfig struct {
 		StatusInterval time.Duration `yaml:"status_interval"`
 	} `yaml:"postgres"`
 	Kafka struct {
-		Brokers                []string `yaml:"brokers"`
-		ClientID               string   `yaml:"client_id"`
-		MaxMessageBytes        int32    `yaml:"max_message_bytes"`
-		AllowAutoTopicCreation *bool    `yaml:"allow_auto_topic_creation"`
+		Brokers                []string      `yaml:"brokers"`
+		ClientID               string        `yaml:"client_id"`
+		MaxMessageBytes        int32         `yaml:"max_message_bytes"`
+		AllowAutoTopicCreation *bool         `yaml:"allow_auto_topic_creation"`
+		Linger                 time.Duration `yaml:"linger"`
 	} `yaml:"kafka"`
 	Tables []struct {
 		Name    string `yaml:"name"`
@@ -124,6 +125,7 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 			ClientID:               fc.Kafka.ClientID,
 			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
 			AllowAutoTopicCreation: autoCreate,
+			Linger:                 fc.Kafka.Linger,
 		},
 		MaxInFlight:     fc.MaxInFlight,
 		ShutdownTimeout: fc.ShutdownTimeout,

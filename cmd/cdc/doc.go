@@ -5,6 +5,7 @@
 //	cdc check --config cdc.yaml   validate the config, then check Postgres
 //	                              and Kafka preconditions without streaming
 //	cdc check --offline ...       validate the config only
+//	cdc demo                      everything in one process, to see it work
 //
 // This is the only place that reads files, the environment and flags; the
 // packages under internal take typed configs. Exit codes: 0 after a clean

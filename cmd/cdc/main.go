@@ -24,6 +24,8 @@ const usage = `usage:
   cdc run   [--config cdc.yaml]            stream outbox inserts to Kafka until SIGINT/SIGTERM
   cdc check [--config cdc.yaml] [--offline] validate the config; without --offline also
                                            check Postgres and Kafka without streaming
+  cdc demo  [--duration 15s] [--rate 25]   see it work: a throwaway Postgres, an embedded
+                                           Kafka broker and an order service, all in-process
   cdc version
 
 The environment overrides the file: CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
@@ -33,16 +35,19 @@ The environment overrides the file: CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
 // run is main without the process: it returns the exit code.
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	cmd, args := args[0], args[1:]
+	if cmd == "demo" {
+		return demo(ctx, args, getenv, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("cdc "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "path of the YAML config file")

@@ -241,12 +241,40 @@ func TestFatalConfigExitCodes(t *testing.T) {
 	var out bytes.Buffer
 	code := run(context.Background(), []string{"run"}, func(k string) string {
 		return map[string]string{"CDC_POSTGRES_URL": db, "CDC_KAFKA_BROKERS": strings.Join(kafka.Brokers, ",")}[k]
-	}, &out)
+	}, &out, &out)
 	if code != 1 || !strings.Contains(out.String(), "outbox table public.outbox does not exist") {
 		t.Fatalf("exit %d, output:\n%s\nwant exit 1 naming the missing table", code, out.String())
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"run", "--config", "/nonexistent.yaml"}, func(string) string { return "" }, &out); code != 2 {
+	if code := run(context.Background(), []string{"run", "--config", "/nonexistent.yaml"}, func(string) string { return "" }, &out, &out); code != 2 {
 		t.Fatalf("missing config file: exit %d, want 2", code)
+	}
+}
+
+// TestDemo runs `cdc demo` as make demo does: its own throwaway Postgres
+// and embedded broker. Every event written is delivered, the summary
+// reports it, and everything is cleaned up.
+func TestDemo(t *testing.T) {
+	testenv.Require(t, pg) // the demo starts its own server from the same binaries
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"demo", "--duration", "2s", "--rate", "50"}, func(string) string { return "" }, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	var written, delivered int
+	for _, line := range strings.Split(out.String(), "\n") {
+		fmt.Sscanf(strings.TrimSpace(line), "events written: %d", &written)
+		fmt.Sscanf(strings.TrimSpace(line), "events delivered: %d", &delivered)
+	}
+	if written < 20 || delivered != written {
+		t.Fatalf("written %d, delivered %d; want every event delivered\n%s", written, delivered, out.String())
+	}
+	for _, want := range []string{"commit -> ack:      p50", "slot confirmed at:  0/", "cleaned up"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "\x1b[") {
+		t.Errorf("ANSI escapes in non-terminal output:\n%q", out.String())
 	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -107,7 +106,14 @@ func connectorRate(b *testing.B, db string, beforeLast pglogrepl.LSN, events int
 	if err != nil {
 		b.Fatal(err)
 	}
-	p.KafkaOpts = []kgo.Opt{kgo.ProducerLinger(5 * time.Millisecond)}
+	if v := os.Getenv("CDC_BENCH_LINGER"); v != "" {
+		if e.cfg.Kafka.Linger, err = time.ParseDuration(v); err != nil {
+			b.Fatal(err)
+		}
+		if p, err = pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn})); err != nil {
+			b.Fatal(err)
+		}
+	}
 	trackers := make(chan *checkpoint.Tracker, 1)
 	p.OnSession = func(tr *checkpoint.Tracker) { trackers <- tr }
 	ctx, cancel := context.WithCancel(context.Background())

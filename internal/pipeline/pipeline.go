@@ -96,6 +96,11 @@ type Pipeline struct {
 	// OnSession, if set, is called with each session's tracker, so tests
 	// and the demo can watch positions. It must not block.
 	OnSession func(*checkpoint.Tracker)
+	// OnDelivered, if set, is called with each record and Kafka's answer,
+	// after the tracker has counted it. On success the record's partition
+	// and offset are set. It runs on franz-go's promise goroutine and must
+	// not block.
+	OnDelivered func(rec *kgo.Record, err error)
 }
 
 // New validates cfg and returns a Pipeline.
@@ -200,7 +205,12 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 			}
 			ackTx := tx
 			tracker.Track(ackTx)
-			k.Produce(rec, func(err error) { tracker.Ack(ackTx, err) })
+			k.Produce(rec, func(err error) {
+				tracker.Ack(ackTx, err)
+				if p.OnDelivered != nil {
+					p.OnDelivered(rec, err)
+				}
+			})
 		case decode.KindCommit:
 			tracker.Commit(tx, m.EndLSN)
 			tx = nil

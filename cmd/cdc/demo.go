@@ -1,0 +1,390 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/mattn/go-isatty"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/localpg"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// The demo runs everything in one process: a throwaway Postgres (or the
+// user's, from CDC_DEMO_POSTGRES_URL), an embedded Kafka-protocol broker
+// (franz-go's kfake, or CDC_DEMO_KAFKA_BROKERS), the connector, and a small
+// order service that writes business rows and outbox events in the same
+// transactions. It shows each event as Kafka acknowledges it.
+
+const demoSchema = `
+CREATE SCHEMA cdc_demo;
+CREATE TABLE cdc_demo.orders (
+  id text PRIMARY KEY, customer text NOT NULL, status text NOT NULL, total numeric(10,2) NOT NULL
+);
+CREATE TABLE cdc_demo.outbox (
+  id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+  aggregatetype text NOT NULL,
+  aggregateid text NOT NULL,
+  type text NOT NULL,
+  payload jsonb
+);`
+
+// demoCleanup removes what an earlier demo left behind in the user's
+// database; the demo's names never collide with a real deployment's.
+const demoCleanup = `
+SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'cdc_demo' AND NOT active;
+DROP PUBLICATION IF EXISTS cdc_demo;
+DROP SCHEMA IF EXISTS cdc_demo CASCADE;`
+
+func demo(ctx context.Context, args []string, getenv func(string) string, out, errOut io.Writer) int {
+	fs := flag.NewFlagSet("cdc demo", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	duration := fs.Duration("duration", 15*time.Second, "how long the order service writes")
+	rate := fs.Int("rate", 25, "business transactions per second")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(errOut, "demo: "+format+"\n", a...)
+		return 1
+	}
+
+	// Postgres.
+	pgURL := getenv("CDC_DEMO_POSTGRES_URL")
+	pgWhere := "your Postgres (CDC_DEMO_POSTGRES_URL)"
+	if pgURL == "" {
+		fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) ...")
+		// synchronous_commit on: the walsender only sends flushed WAL, so
+		// with it off every commit would wait for the WAL writer (200 ms)
+		// and the latency shown would be Postgres', not the connector's.
+		srv, err := localpg.Start("synchronous_commit=on")
+		if err != nil {
+			if _, ferr := localpg.FindBinaries(); ferr != nil {
+				return fail("PostgreSQL server binaries not found: install postgresql (apt-get install postgresql, or run make setup) or set CDC_DEMO_POSTGRES_URL to a server with wal_level=logical")
+			}
+			return fail("could not start PostgreSQL: %v", err)
+		}
+		defer srv.Stop()
+		pgURL, pgWhere = srv.URL, "a throwaway PostgreSQL in "+srv.Bin
+	}
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return fail("connect to postgres: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, demoCleanup); err != nil {
+		return fail("clean up an earlier demo: %v", err)
+	}
+	if _, err := conn.Exec(ctx, demoSchema); err != nil {
+		return fail("create the demo tables: %v", err)
+	}
+	defer conn.Exec(context.Background(), demoCleanup)
+
+	// Kafka.
+	var brokers []string
+	kafkaWhere := "your Kafka (CDC_DEMO_KAFKA_BROKERS)"
+	if b := getenv("CDC_DEMO_KAFKA_BROKERS"); b != "" {
+		brokers = strings.Split(b, ",")
+	} else {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+		if err != nil {
+			return fail("start the embedded Kafka broker: %v", err)
+		}
+		defer c.Close()
+		brokers, kafkaWhere = c.ListenAddrs(), "an embedded Kafka-protocol broker (kfake) at "+strings.Join(c.ListenAddrs(), ",")
+	}
+
+	// The connector, exactly as cdc run would build it.
+	cfg := pipeline.Config{
+		Postgres: wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
+		Kafka:    sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
+		Tables:   []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}},
+	}
+	logs := &strings.Builder{}
+	var logMu sync.Mutex
+	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Name: "cdc", Level: hclog.Warn, Output: lockedWriter{&logMu, logs}}))
+	if err != nil {
+		return fail("%v", err)
+	}
+	board := newBoard()
+	streaming := make(chan struct{})
+	var once sync.Once
+	p.OnSession = func(*checkpoint.Tracker) { once.Do(func() { close(streaming) }) }
+	p.OnDelivered = board.delivered
+	pctx, stopPipeline := context.WithCancel(context.Background())
+	defer stopPipeline()
+	pdone := make(chan error, 1)
+	go func() { pdone <- p.Run(pctx) }()
+	select {
+	case <-streaming:
+	case err := <-pdone:
+		return fail("the connector stopped: %v", err)
+	case <-ctx.Done():
+		stopPipeline()
+		<-pdone
+		return 0
+	}
+
+	fmt.Fprintf(out, "postgres: %s\nkafka:    %s\nconnector: slot cdc_demo streams cdc_demo.outbox -> topics outbox.event.<aggregatetype>\n\n", pgWhere, kafkaWhere)
+	fmt.Fprintf(out, "an order service writes orders and their events in the same transactions for %s (Ctrl-C to stop early)\n\n", *duration)
+
+	// The order service and the display run until the duration is over or
+	// the user presses Ctrl-C.
+	wctx, stopWriting := context.WithTimeout(ctx, *duration)
+	defer stopWriting()
+	// The service has its own connection: cancelling it mid-transaction
+	// closes that connection, and conn is still needed for the summary and
+	// the clean-up.
+	svcConn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return fail("connect to postgres: %v", err)
+	}
+	defer svcConn.Close(context.Background())
+	werr := make(chan error, 1)
+	go func() { werr <- orderService(wctx, svcConn, *rate, board) }()
+	display := newDisplay(out)
+	tick := time.NewTicker(250 * time.Millisecond)
+	var pipelineErr error
+loop:
+	for {
+		select {
+		case <-tick.C:
+			display.draw(board)
+		case err := <-werr:
+			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				pipelineErr = fmt.Errorf("order service: %w", err)
+			}
+			break loop
+		case err := <-pdone:
+			pipelineErr = fmt.Errorf("the connector stopped: %v", err)
+			pdone <- err
+			break loop
+		}
+	}
+	// Let Kafka acknowledge what was written, briefly.
+	deadline := time.Now().Add(10 * time.Second)
+	for pipelineErr == nil && board.pending() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		<-tick.C
+		display.draw(board)
+	}
+	tick.Stop()
+	display.draw(board)
+	stopPipeline()
+	if err := <-pdone; err != nil && pipelineErr == nil {
+		pipelineErr = err
+	}
+
+	var confirmed *pglogrepl.LSN
+	conn.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'cdc_demo'`).Scan(&confirmed)
+	board.summary(out, confirmed)
+	if pipelineErr != nil {
+		logMu.Lock()
+		fmt.Fprintf(errOut, "\ndemo: %v\n%s", pipelineErr, logs.String())
+		logMu.Unlock()
+		return 1
+	}
+	fmt.Fprintln(out, "cleaned up: the demo schema, slot and publication are dropped; the throwaway Postgres and the embedded broker are stopped.")
+	return 0
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// orderService creates orders for a few customers and moves them through
+// created -> paid -> shipped, each step one transaction that changes the
+// order row and inserts its outbox event.
+func orderService(ctx context.Context, conn *pgx.Conn, rate int, b *board) error {
+	customers := []string{"alice", "bob", "carol", "dave", "erin"}
+	status := map[string]string{}
+	var open []string
+	next := 1
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	t := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		var id, typ, sql string
+		var payload map[string]any
+		if len(open) < 6 || rng.Intn(3) == 0 {
+			id = fmt.Sprintf("ord-%04d", next)
+			next++
+			cust := customers[rng.Intn(len(customers))]
+			total := float64(rng.Intn(20000)) / 100
+			typ, status[id] = "OrderCreated", "created"
+			sql = fmt.Sprintf(`INSERT INTO cdc_demo.orders VALUES ('%s', '%s', 'created', %.2f)`, id, cust, total)
+			payload = map[string]any{"order": id, "customer": cust, "total": total}
+			open = append(open, id)
+		} else {
+			i := rng.Intn(len(open))
+			id = open[i]
+			switch status[id] {
+			case "created":
+				typ, status[id] = "OrderPaid", "paid"
+			default:
+				typ, status[id] = "OrderShipped", "shipped"
+				open = append(open[:i], open[i+1:]...)
+			}
+			sql = fmt.Sprintf(`UPDATE cdc_demo.orders SET status = '%s' WHERE id = '%s'`, status[id], id)
+			payload = map[string]any{"order": id, "status": status[id]}
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO cdc_demo.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, $2, $3)`, id, typ, payload)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		b.written()
+	}
+}
+
+// board collects what the display shows. delivered runs on franz-go's
+// promise goroutine, so it only appends under a mutex.
+type board struct {
+	mu        sync.Mutex
+	nWritten  int
+	nAcked    int
+	nFailed   int
+	latencies []time.Duration
+	recent    []row
+}
+
+type row struct {
+	topic     string
+	partition int32
+	offset    int64
+	key, typ  string
+	latency   time.Duration
+}
+
+func newBoard() *board { return &board{} }
+
+func (b *board) written() {
+	b.mu.Lock()
+	b.nWritten++
+	b.mu.Unlock()
+}
+
+func (b *board) pending() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.nWritten - b.nAcked
+}
+
+func (b *board) delivered(rec *kgo.Record, err error) {
+	lat := time.Since(rec.Timestamp) // the record's timestamp is the commit time
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		b.nFailed++
+		return
+	}
+	b.nAcked++
+	b.latencies = append(b.latencies, lat)
+	typ := ""
+	for _, h := range rec.Headers {
+		if h.Key == route.HeaderEventType {
+			typ = string(h.Value)
+		}
+	}
+	b.recent = append(b.recent, row{rec.Topic, rec.Partition, rec.Offset, string(rec.Key), typ, lat})
+	if len(b.recent) > 8 {
+		b.recent = b.recent[len(b.recent)-8:]
+	}
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(float64(len(sorted))*p))]
+}
+
+func (b *board) summary(out io.Writer, confirmed *pglogrepl.LSN) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lat := append([]time.Duration(nil), b.latencies...)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	slot := "unknown"
+	if confirmed != nil {
+		slot = confirmed.String()
+	}
+	fmt.Fprintf(out, "\nsummary\n  events written:     %d\n  events delivered:   %d (acknowledged by Kafka)\n", b.nWritten, b.nAcked)
+	if b.nFailed > 0 {
+		fmt.Fprintf(out, "  produce failures:   %d\n", b.nFailed)
+	}
+	fmt.Fprintf(out, "  commit -> ack:      p50 %s, p99 %s\n  slot confirmed at:  %s\n\n",
+		percentile(lat, 0.50).Round(100*time.Microsecond), percentile(lat, 0.99).Round(100*time.Microsecond), slot)
+}
+
+// display redraws a compact table in a terminal, or prints a progress line
+// every two seconds when the output is not a terminal.
+type display struct {
+	out   io.Writer
+	tty   bool
+	lines int
+	last  time.Time
+}
+
+func newDisplay(out io.Writer) *display {
+	f, ok := out.(*os.File)
+	return &display{out: out, tty: ok && isatty.IsTerminal(f.Fd())}
+}
+
+func (d *display) draw(b *board) {
+	b.mu.Lock()
+	written, acked, recent := b.nWritten, b.nAcked, append([]row(nil), b.recent...)
+	b.mu.Unlock()
+	if !d.tty {
+		if time.Since(d.last) >= 2*time.Second {
+			fmt.Fprintf(d.out, "written %d, delivered %d, in flight %d\n", written, acked, written-acked)
+			d.last = time.Now()
+		}
+		return
+	}
+	var s strings.Builder
+	if d.lines > 0 {
+		fmt.Fprintf(&s, "\x1b[%dA\x1b[J", d.lines) // back to the top of the table, clear below
+	}
+	fmt.Fprintf(&s, "written %-6d delivered %-6d in flight %d\n", written, acked, written-acked)
+	fmt.Fprintf(&s, "%-20s %4s %7s  %-9s %-13s %9s\n", "TOPIC", "PART", "OFFSET", "KEY", "EVENT", "COMMIT→ACK")
+	for _, r := range recent {
+		fmt.Fprintf(&s, "%-20s %4d %7d  %-9s %-13s %9s\n", r.topic, r.partition, r.offset, r.key, r.typ, r.latency.Round(100*time.Microsecond))
+	}
+	d.lines = 2 + len(recent)
+	io.WriteString(d.out, s.String())
+}
