@@ -17,6 +17,7 @@ demo:             ## see it work: throwaway Postgres, embedded Kafka, an order s
 	$(GO) run ./cmd/cdc demo
 
 test: vet         ## unit and integration tests (real Postgres, in-process Kafka)
+	@$(GO) run ./scripts/testbackend
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 15s ./internal/decode
 
@@ -28,6 +29,7 @@ test-kafka:       ## integration tests against a real Apache Kafka broker
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
 	echo "test-kafka: Apache Kafka at $$brokers"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) run ./scripts/testbackend; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir \
 	  $(GO) test -tags realkafka -count=1 -timeout 20m ./...
 

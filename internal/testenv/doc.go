@@ -2,11 +2,11 @@
 // with wal_level=logical, and a Kafka-protocol broker.
 //
 // Postgres comes from CDC_TEST_POSTGRES_URL (an existing server, superuser
-// URL) or is started from the local server binaries (initdb, pg_ctl from
-// PATH or /usr/lib/postgresql/*/bin) in a temporary directory on a free
-// loopback port; as root it runs as the postgres (or nobody) user, because
-// Postgres refuses to run as root. Kafka comes from CDC_TEST_KAFKA_BROKERS
-// or is franz-go's in-process kfake.
+// URL), from testcontainers-go when a Docker engine answers, or from the
+// local server binaries via localpg. Kafka comes from CDC_TEST_KAFKA_BROKERS,
+// from testcontainers-go, or is franz-go's in-process kfake. backend.go is
+// the one place that chooses; CDC_TEST_BACKEND=local|testcontainers forces
+// a path, and every run prints the one it used.
 //
 // A missing Postgres is a test failure, not a skip: only -short skips the
 // integration tests, and CI never passes it.

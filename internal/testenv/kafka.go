@@ -28,13 +28,21 @@ var topicSeq atomic.Int64
 // External reports whether CDC_TEST_KAFKA_BROKERS names real brokers.
 func External() bool { return os.Getenv("CDC_TEST_KAFKA_BROKERS") != "" }
 
-// NewKafka returns the external brokers of CDC_TEST_KAFKA_BROKERS or a new
-// in-process kfake cluster with topic auto-creation and 4 partitions a topic.
+// NewKafka returns the external brokers of CDC_TEST_KAFKA_BROKERS, the
+// shared testcontainers broker, or a new in-process kfake cluster with topic
+// auto-creation and 4 partitions a topic (see backend.go).
 func NewKafka(t testing.TB, opts ...kfake.Opt) *Kafka {
 	t.Helper()
 	prefix := fmt.Sprintf("t%d-%d.", time.Now().UnixNano()%1e9, topicSeq.Add(1))
 	if b := os.Getenv("CDC_TEST_KAFKA_BROKERS"); b != "" {
 		return &Kafka{Brokers: strings.Split(b, ","), Prefix: prefix}
+	}
+	if Backend() == backendContainers {
+		brokers, err := sharedContainerKafka()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &Kafka{Brokers: brokers, Prefix: prefix}
 	}
 	return NewFakeKafka(t, opts...)
 }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxcdc/cdc/internal/localpg"
 )
 
 // Postgres is a server the tests may create databases in.
@@ -23,31 +21,29 @@ type Postgres struct {
 	// server.
 	Bin string
 
-	srv *localpg.Server
+	// Via says where the server comes from.
+	Via string
+
+	stop func()
 }
 
 // PostgresFromEnvOrStart returns the server named by CDC_TEST_POSTGRES_URL,
 // or starts one with the given extra settings (name=value).
 func PostgresFromEnvOrStart(settings ...string) (*Postgres, error) {
 	if u := os.Getenv("CDC_TEST_POSTGRES_URL"); u != "" && len(settings) == 0 {
-		return &Postgres{URL: u}, nil
+		return &Postgres{URL: u, Via: "CDC_TEST_POSTGRES_URL"}, nil
 	}
 	return StartPostgres(settings...)
 }
 
-// StartPostgres starts a throwaway server (see localpg.Start).
-func StartPostgres(settings ...string) (*Postgres, error) {
-	srv, err := localpg.Start(settings...)
-	if err != nil {
-		return nil, err
-	}
-	return &Postgres{URL: srv.URL, Bin: srv.Bin, srv: srv}, nil
-}
+// StartPostgres starts a throwaway server with wal_level=logical and the
+// given extra settings (name=value), on the backend Backend chooses.
+func StartPostgres(settings ...string) (*Postgres, error) { return startPostgres(settings...) }
 
 // Stop stops a server this package started.
 func (p *Postgres) Stop() {
-	if p.srv != nil {
-		p.srv.Stop()
+	if p.stop != nil {
+		p.stop()
 	}
 }
 
@@ -167,6 +163,12 @@ func Main(m *testing.M, pg **Postgres) {
 		}
 		defer p.Stop()
 		*pg = p
+		fmt.Fprintf(os.Stderr, "testenv: postgres via %s; kafka via %s\n", p.Via, kafkaVia())
+		defer func() {
+			if containerKafka.stop != nil {
+				containerKafka.stop()
+			}
+		}()
 		return m.Run()
 	}()
 	os.Exit(code)
@@ -182,6 +184,7 @@ func Require(t testing.TB, pg *Postgres) *Postgres {
 	if pg == nil {
 		t.Fatal("no Postgres: testenv.Main did not start one")
 	}
+	t.Logf("postgres via %s; kafka via %s", pg.Via, kafkaVia())
 	return pg
 }
 

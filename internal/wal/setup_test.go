@@ -3,6 +3,7 @@ package wal_test
 import (
 	"context"
 	"errors"
+	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -80,7 +81,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
 			tables: []*outbox.Table{{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "t", Payload: "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
-		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN`, `GRANT SELECT ON outbox TO app_user`},
+		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
 		{name: "publication without the table", sql: []string{outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`},
 			want: "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox"},
@@ -95,7 +96,12 @@ func TestSetupPreconditions(t *testing.T) {
 			testenv.Exec(t, db, tt.sql...)
 			url := db
 			if tt.user != "" {
-				url = strings.Replace(db, "postgres@", tt.user+"@", 1)
+				u, err := neturl.Parse(db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				u.User = neturl.UserPassword(tt.user, "app") // trust auth ignores it; containers check it
+				url = u.String()
 			}
 			tables := tt.tables
 			if tables == nil {
