@@ -14,7 +14,7 @@ build:            ## build bin/cdc
 	$(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./cmd/cdc
 
 demo:             ## see it work: throwaway Postgres, embedded Kafka, an order service
-	$(GO) run ./cmd/cdc demo
+	$(GO) run ./cmd/cdc demo $(DEMO_ARGS)
 
 test: vet         ## unit and integration tests (real Postgres, in-process Kafka)
 	@$(GO) run ./scripts/testbackend
