@@ -33,23 +33,36 @@ type fileConfig struct {
 		AllowAutoTopicCreation *bool         `yaml:"allow_auto_topic_creation"`
 		Linger                 time.Duration `yaml:"linger"`
 	} `yaml:"kafka"`
-	Tables []struct {
-		Name    string `yaml:"name"`
-		Topic   string `yaml:"topic"`
-		Columns struct {
-			ID            string `yaml:"id"`
-			AggregateType string `yaml:"aggregate_type"`
-			AggregateID   string `yaml:"aggregate_id"`
-			Type          string `yaml:"type"`
-			Payload       string `yaml:"payload"`
-		} `yaml:"columns"`
-	} `yaml:"tables"`
+	Tables          []fileTable   `yaml:"tables"`
 	MaxInFlight     int           `yaml:"max_in_flight"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	Log             struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
 	} `yaml:"log"`
+}
+
+// fileTable is one entry of tables: an outbox table, or a logical decoding
+// message prefix.
+type fileTable struct {
+	Name          string `yaml:"name"`
+	MessagePrefix string `yaml:"message_prefix"`
+	// Columns maps fields to columns (or JSON members). An absent key
+	// keeps the default; null or "" leaves the field unmapped.
+	Columns    map[string]*string `yaml:"columns"`
+	Additional []struct {
+		Column    string `yaml:"column"`
+		Placement string `yaml:"placement"`
+		As        string `yaml:"as"`
+	} `yaml:"additional"`
+	Topic                   string            `yaml:"topic"`
+	Key                     string            `yaml:"key"`
+	Format                  string            `yaml:"format"`
+	Headers                 map[string]string `yaml:"headers"`
+	CloudEventsSource       string            `yaml:"cloudevents_source"`
+	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
+	OnInvalid               string            `yaml:"on_invalid"`
+	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
 }
 
 // logConfig is how the process logs.
@@ -132,36 +145,12 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 	}
 	if len(fc.Tables) == 0 {
 		// Debezium's default layout, so that a config-less start works.
-		cfg.Tables = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}}
+		cfg.Tables = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
 	}
 	for i, ft := range fc.Tables {
-		name, err := outbox.ParseTableName(ft.Name)
+		t, err := ft.table()
 		if err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("tables[%d].name: %w", i, err)
-		}
-		t := &outbox.Table{Name: name, Topic: ft.Topic, Columns: outbox.DefaultColumns}
-		if t.Topic == "" {
-			t.Topic = outbox.DefaultTopic
-		}
-		for _, c := range []struct {
-			key  string
-			val  string
-			dest *string
-		}{
-			{"id", ft.Columns.ID, &t.Columns.ID},
-			{"aggregate_type", ft.Columns.AggregateType, &t.Columns.AggregateType},
-			{"aggregate_id", ft.Columns.AggregateID, &t.Columns.AggregateID},
-			{"type", ft.Columns.Type, &t.Columns.Type},
-			{"payload", ft.Columns.Payload, &t.Columns.Payload},
-		} {
-			if c.val == "" {
-				continue
-			}
-			id, err := outbox.ParseIdent(c.val)
-			if err != nil {
-				return pipeline.Config{}, logConfig{}, fmt.Errorf("tables[%d].columns.%s: %w", i, c.key, err)
-			}
-			*c.dest = id
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("tables[%d]: %w", i, err)
 		}
 		cfg.Tables = append(cfg.Tables, t)
 	}
@@ -169,4 +158,64 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 		return pipeline.Config{}, logConfig{}, err
 	}
 	return cfg, lc, nil
+}
+
+func (ft fileTable) table() (*outbox.Table, error) {
+	t := &outbox.Table{
+		MessagePrefix:     ft.MessagePrefix,
+		Topic:             ft.Topic,
+		Key:               ft.Key,
+		Format:            ft.Format,
+		Headers:           ft.Headers,
+		CloudEventsSource: ft.CloudEventsSource,
+		Tombstone:         ft.TombstoneOnEmptyPayload,
+		OnInvalid:         ft.OnInvalid,
+		DeadLetterTopic:   ft.DeadLetterTopic,
+	}
+	isMessage := ft.MessagePrefix != ""
+	switch {
+	case isMessage && ft.Name != "":
+		return nil, fmt.Errorf("set name (a table) or message_prefix (logical decoding messages), not both")
+	case isMessage:
+		t.Columns = outbox.DefaultMessageFields
+	case ft.Name == "":
+		return nil, fmt.Errorf("name is required (or message_prefix for logical decoding messages)")
+	default:
+		name, err := outbox.ParseTableName(ft.Name)
+		if err != nil {
+			return nil, fmt.Errorf("name: %w", err)
+		}
+		t.Name, t.Columns = name, outbox.DefaultColumns
+	}
+	// ident reads a column as written in SQL; JSON members are taken as
+	// they are.
+	ident := func(s string) (string, error) {
+		if isMessage {
+			return s, nil
+		}
+		return outbox.ParseIdent(s)
+	}
+	for key, val := range ft.Columns {
+		f, ok := outbox.FieldByName(key)
+		if !ok {
+			return nil, fmt.Errorf("columns.%s: unknown field; use %s", key, strings.Join(outbox.FieldNames[:], ", "))
+		}
+		if val == nil || *val == "" {
+			t.Columns[f] = ""
+			continue
+		}
+		c, err := ident(*val)
+		if err != nil {
+			return nil, fmt.Errorf("columns.%s: %w", key, err)
+		}
+		t.Columns[f] = c
+	}
+	for i, a := range ft.Additional {
+		c, err := ident(a.Column)
+		if err != nil {
+			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
+		}
+		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	}
+	return t, nil
 }

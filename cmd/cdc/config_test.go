@@ -63,7 +63,7 @@ tables:
     columns:
       aggregate_type: '"aggregateType"'
       aggregate_id: '"aggregateId"'
-      type: '"eventType"'
+      event_type: '"eventType"'
   - name: event_outbox
 max_in_flight: 500
 shutdown_timeout: 5s
@@ -85,7 +85,8 @@ log:
 		t.Errorf("kafka = %+v", cfg.Kafka)
 	}
 	t0 := cfg.Tables[0]
-	want := outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "eventType", Payload: "payload"}
+	want := outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId",
+		outbox.FieldEventType: "eventType", outbox.FieldPayload: "payload"}
 	if t0.Name != (outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}) || t0.Columns != want || t0.Topic != "{aggregate_type}.events" {
 		t.Errorf("tables[0] = %+v", t0)
 	}
@@ -108,10 +109,18 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"no brokers", "postgres: {url: 'postgres://u@h/d'}\n", "CDC_KAFKA_BROKERS"},
 		{"no url", "kafka: {brokers: [k:1]}\n", "CDC_POSTGRES_URL"},
 		{"bad slot", "postgres: {url: 'postgres://u@h/d', slot: Bad-Slot}\nkafka: {brokers: [k:1]}\n", "postgres.slot \"Bad-Slot\""},
-		{"bad table", base + "tables: [{name: 'a.b.c'}]\n", "tables[0].name"},
-		{"bad column", base + "tables: [{name: outbox, columns: {id: '\"x'}}]\n", "tables[0].columns.id"},
+		{"bad table", base + "tables: [{name: 'a.b.c'}]\n", "tables[0]: name"},
+		{"bad column", base + "tables: [{name: outbox, columns: {id: '\"x'}}]\n", "tables[0]: columns.id"},
+		{"unknown field", base + "tables: [{name: outbox, columns: {kind: x}}]\n", "columns.kind: unknown field"},
+		{"name and prefix", base + "tables: [{name: outbox, message_prefix: p}]\n", "not both"},
+		{"bad format", base + "tables: [{name: outbox, format: avro}]\n", "format \"avro\""},
+		{"bad policy", base + "tables: [{name: outbox, on_invalid: skip}]\n", "on_invalid \"skip\""},
+		{"bad placement", base + "tables: [{name: outbox, additional: [{column: a, placement: body}]}]\n", "placement \"body\""},
+		{"unknown header", base + "tables: [{name: outbox, headers: {idd: x}}]\n", "unknown header \"idd\""},
+		{"unmapped field in template", base + "tables: [{name: outbox, topic: '{tenant}'}]\n", "not mapped"},
 		{"bad template", base + "tables: [{name: outbox, topic: 'x.{nope}'}]\n", "unknown placeholder"},
 		{"duplicate table", base + "tables: [{name: outbox}, {name: public.outbox}]\n", "configured twice"},
+		{"no payload", base + "tables: [{name: outbox, columns: {payload: null}}]\n", "payload field must be mapped"},
 		{"bad log level", base + "log: {level: loud}\n", "log.level"},
 		{"bad status interval", "postgres: {url: 'postgres://u@h/d', status_interval: 90s}\nkafka: {brokers: [k:1]}\n", "status_interval"},
 	}
@@ -122,6 +131,41 @@ func TestLoadConfigErrors(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestLoadConfigRouting(t *testing.T) {
+	p := writeConfig(t, `
+postgres: {url: 'postgres://u@h/d'}
+kafka: {brokers: [k:1]}
+tables:
+  - name: command_outbox
+    columns: {aggregate_type: null, aggregate_id: "", event_type: command_type}
+    topic: commands
+    key: "{column:correlation_key}"
+    format: cloudevents-structured
+    tombstone_on_empty_payload: true
+    on_invalid: dead-letter
+    dead_letter_topic: commands.dlq
+  - message_prefix: outbox
+    columns: {id: eventId}
+    additional: [{column: group_id, placement: header, as: x-group-id}]
+    headers: {id: x-event-id, commit_lsn: ""}
+`)
+	cfg, _, err := loadConfig(p, env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Tables[0]
+	if c.Columns[outbox.FieldAggregateType] != "" || c.Columns[outbox.FieldAggregateID] != "" || c.Columns[outbox.FieldEventType] != "command_type" ||
+		c.Topic != "commands" || c.Format != outbox.FormatCloudEventsStructured || !c.Tombstone || c.OnInvalid != outbox.OnInvalidDeadLetter ||
+		c.DeadLetterTopic != "commands.dlq" || len(c.Extra) != 1 || c.Extra[0] != "correlation_key" {
+		t.Errorf("tables[0] = %+v", c)
+	}
+	m := cfg.Tables[1]
+	if !m.IsMessage() || m.Columns[outbox.FieldID] != "eventId" || m.Columns[outbox.FieldPayload] != "payload" ||
+		m.Headers["id"] != "x-event-id" || m.Headers["commit_lsn"] != "" || m.Additional[0].As != "x-group-id" || !cfg.Postgres.Messages {
+		t.Errorf("tables[1] = %+v, messages %v", m, cfg.Postgres.Messages)
 	}
 }
 

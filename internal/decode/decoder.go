@@ -1,7 +1,9 @@
 package decode
 
 import (
+	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
@@ -20,52 +22,98 @@ const (
 	KindBegin
 	// KindEvent carries one outbox event of the open transaction.
 	KindEvent
+	// KindInvalid carries an event that cannot be decoded as configured;
+	// Message.Invalid says why and Event holds what could be read. The
+	// pipeline applies the source's on_invalid policy.
+	KindInvalid
+	// KindIgnoredMessage is a logical decoding message the connector does
+	// not take: non-transactional, or with a prefix no source names.
+	KindIgnoredMessage
 	// KindCommit closes the open transaction; Message.EndLSN is set.
 	KindCommit
 )
 
 // Message is the result of decoding one pgoutput message.
 type Message struct {
-	Kind   Kind
-	Event  outbox.Event  // KindEvent
-	EndLSN pglogrepl.LSN // KindCommit: end of the commit record
-	XID    uint32        // KindBegin, KindCommit
-	Commit pglogrepl.LSN // KindBegin, KindCommit: LSN of the commit record
+	Kind    Kind
+	Event   outbox.Event       // KindEvent, KindInvalid
+	Invalid *outbox.EventError // KindInvalid
+	EndLSN  pglogrepl.LSN      // KindCommit: end of the commit record
+	XID     uint32             // KindBegin, KindCommit
+	Commit  pglogrepl.LSN      // KindBegin, KindCommit: LSN of the commit record
 }
 
-// Type OIDs the decoder treats specially (pg_type.dat).
+// Type OIDs the decoder reads specially (pg_type.dat).
 const (
-	oidBytea = 17
+	oidBool        = 16
+	oidBytea       = 17
+	oidInt8        = 20
+	oidInt2        = 21
+	oidInt4        = 23
+	oidOID         = 26
+	oidJSON        = 114
+	oidFloat4      = 700
+	oidFloat8      = 701
+	oidTimestamp   = 1114
+	oidTimestamptz = 1184
+	oidNumeric     = 1700
+	oidJSONB       = 3802
 )
+
+func kindOf(oid uint32) outbox.Kind {
+	switch oid {
+	case oidJSON, oidJSONB:
+		return outbox.KindJSON
+	case oidInt2, oidInt4, oidInt8, oidOID, oidFloat4, oidFloat8, oidNumeric:
+		return outbox.KindNumber
+	case oidBool:
+		return outbox.KindBool
+	case oidBytea:
+		return outbox.KindBytes
+	case oidTimestamp, oidTimestamptz:
+		return outbox.KindTimestamp
+	}
+	return outbox.KindText
+}
+
+// column is where one needed value sits in a tuple, and how to read it.
+type column struct {
+	idx  int // -1: unmapped
+	kind outbox.Kind
+}
 
 // relation is a cached Relation message of a configured table, reduced to
 // what decoding an INSERT needs.
 type relation struct {
-	table *outbox.Table
-	// index of each mapped column in the tuple, in the order of
-	// outbox.Columns.Names.
-	idx          [5]int
-	payloadBytea bool
+	table  *outbox.Table
+	fields [outbox.NumFields]column
+	extra  []column
 }
 
 // Decoder decodes one replication session's pgoutput stream. It is not safe
 // for concurrent use; the replication loop owns it.
 type Decoder struct {
-	tables map[outbox.TableName]*outbox.Table
-	rels   map[uint32]*relation // nil entry: a table we do not stream
-	begin  Begin
-	inTx   bool
-	vals   []tupleValue
+	tables   map[outbox.TableName]*outbox.Table
+	messages map[string]*outbox.Table
+	rels     map[uint32]*relation // nil entry: a table we do not stream
+	begin    Begin
+	inTx     bool
+	vals     []tupleValue
 }
 
-// New returns a Decoder for the given outbox tables.
-func New(tables []*outbox.Table) *Decoder {
+// New returns a Decoder for the given sources.
+func New(sources []*outbox.Table) *Decoder {
 	d := &Decoder{
-		tables: make(map[outbox.TableName]*outbox.Table, len(tables)),
-		rels:   make(map[uint32]*relation),
+		tables:   map[outbox.TableName]*outbox.Table{},
+		messages: map[string]*outbox.Table{},
+		rels:     map[uint32]*relation{},
 	}
-	for _, t := range tables {
-		d.tables[t.Name] = t
+	for _, t := range sources {
+		if t.IsMessage() {
+			d.messages[t.MessagePrefix] = t
+		} else {
+			d.tables[t.Name] = t
+		}
 	}
 	return d
 }
@@ -107,7 +155,9 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 		}
 	case msgInsert:
 		m, err = d.insert(r)
-	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate, msgMessage:
+	case msgMessage:
+		m, err = d.message(r)
+	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
 		// Not events. The publication publishes inserts only, so updates,
 		// deletes and truncates arrive only from a publication changed by
 		// hand; they never cancel an INSERT already in the WAL.
@@ -129,24 +179,39 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 		d.rels[rel.ID] = nil
 		return nil
 	}
-	c := &relation{table: t}
-	for i, want := range t.Columns.Names() {
-		c.idx[i] = -1
+	find := func(name string) (column, error) {
 		for j, col := range rel.Columns {
-			if col.Name == want {
-				c.idx[i] = j
-				if want == t.Columns.Payload {
-					c.payloadBytea = col.TypeOID == oidBytea
-				}
-				break
+			if col.Name == name {
+				return column{idx: j, kind: kindOf(col.TypeOID)}, nil
 			}
 		}
-		if c.idx[i] < 0 {
-			return fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix tables[].columns or the table", t.Name, outbox.QuoteIdent(want))
+		return column{}, fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix the config or the table", t.Name, outbox.QuoteIdent(name))
+	}
+	c := &relation{table: t, extra: make([]column, len(t.Extra))}
+	for f, name := range t.Columns {
+		c.fields[f] = column{idx: -1}
+		if name == "" {
+			continue
 		}
+		col, err := find(name)
+		if err != nil {
+			return err
+		}
+		c.fields[f] = col
+	}
+	for i, name := range t.Extra {
+		col, err := find(name)
+		if err != nil {
+			return err
+		}
+		c.extra[i] = col
 	}
 	d.rels[rel.ID] = c
 	return nil
+}
+
+func (d *Decoder) event(t *outbox.Table) outbox.Event {
+	return outbox.Event{Table: t, CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, XID: d.begin.XID}
 }
 
 func (d *Decoder) insert(r *reader) (Message, error) {
@@ -171,42 +236,130 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	if r.err != nil {
 		return Message{}, nil
 	}
-	var fields [5][]byte
-	for i, j := range rel.idx {
-		if j >= len(d.vals) {
-			return Message{}, fmt.Errorf("INSERT into %s has %d columns, relation has more", rel.table.Name, len(d.vals))
+	ev := d.event(rel.table)
+	ev.Extra = make([]outbox.Value, len(rel.extra))
+	var bad error
+	read := func(c column) (outbox.Value, error) {
+		if c.idx < 0 {
+			return outbox.Value{}, nil
 		}
-		v := d.vals[j]
+		if c.idx >= len(d.vals) {
+			return outbox.Value{}, fmt.Errorf("INSERT into %s has %d columns, relation has more", rel.table.Name, len(d.vals))
+		}
+		v := d.vals[c.idx]
 		switch v.kind {
 		case colNull:
-			fields[i] = nil
+			return outbox.Value{Kind: c.kind}, nil
 		case colText:
-			if i == 4 && rel.payloadBytea {
+			if c.kind == outbox.KindBytes {
 				b, err := decodeByteaHex(v.data)
-				if err != nil {
-					return Message{}, fmt.Errorf("payload of %s: %w", rel.table.Name, err)
+				if err != nil && bad == nil {
+					bad = err
 				}
-				fields[i] = b
-			} else {
-				fields[i] = clone(v.data)
+				return outbox.Value{B: b, Kind: c.kind}, nil
 			}
+			return outbox.Value{B: clone(v.data), Kind: c.kind}, nil
 		default:
 			// Protocol 1 without the binary option sends text; an
 			// unchanged-TOAST marker cannot appear in an INSERT.
-			return Message{}, fmt.Errorf("INSERT into %s: unexpected column kind %q", rel.table.Name, v.kind)
+			return outbox.Value{}, fmt.Errorf("INSERT into %s: unexpected column kind %q", rel.table.Name, v.kind)
 		}
 	}
-	return Message{Kind: KindEvent, XID: d.begin.XID, Commit: d.begin.FinalLSN, Event: outbox.Event{
-		Table:         rel.table,
-		ID:            fields[0],
-		AggregateType: fields[1],
-		AggregateID:   fields[2],
-		Type:          fields[3],
-		Payload:       fields[4],
-		CommitLSN:     d.begin.FinalLSN,
-		CommitTime:    d.begin.CommitTime,
-		XID:           d.begin.XID,
-	}}, nil
+	for f, c := range rel.fields {
+		v, err := read(c)
+		if err != nil {
+			return Message{}, err
+		}
+		ev.Fields[f] = v
+	}
+	for i, c := range rel.extra {
+		v, err := read(c)
+		if err != nil {
+			return Message{}, err
+		}
+		ev.Extra[i] = v
+	}
+	if bad != nil {
+		return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "a bytea value does not decode: %v", bad), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+	}
+	return Message{Kind: KindEvent, Event: ev, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+}
+
+// message decodes a logical decoding message (pg_logical_emit_message).
+// Only transactional messages with a configured prefix are events: they
+// arrive between their transaction's BEGIN and COMMIT, in order with its
+// rows. Non-transactional ones arrive at once, outside any transaction,
+// and would not be atomic with it.
+func (d *Decoder) message(r *reader) (Message, error) {
+	flags := r.uint8()
+	r.uint64() // the message's own LSN
+	prefix := r.cstring()
+	content := r.bytes(int(int32(r.uint32())))
+	if r.err != nil {
+		return Message{}, nil
+	}
+	t, ok := d.messages[prefix]
+	if !ok || flags&1 == 0 {
+		return Message{Kind: KindIgnoredMessage}, nil
+	}
+	if !d.inTx {
+		return Message{}, fmt.Errorf("transactional message with prefix %q outside a transaction", prefix)
+	}
+	ev := d.event(t)
+	ev.Raw = clone(content)
+	ev.Extra = make([]outbox.Value, len(t.Extra))
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(content, &doc); err != nil {
+		return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "message content is not a JSON object: %v", err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+	}
+	for f, name := range t.Columns {
+		if name == "" {
+			continue
+		}
+		v, err := jsonValue(doc[name], outbox.Field(f) == outbox.FieldPayload)
+		if err != nil {
+			return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "member %q: %v", name, err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+		}
+		if outbox.Field(f) == outbox.FieldTimestamp && v.Kind == outbox.KindText {
+			v.Kind = outbox.KindTimestamp
+		}
+		ev.Fields[f] = v
+	}
+	for i, name := range t.Extra {
+		v, err := jsonValue(doc[name], false)
+		if err != nil {
+			return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "member %q: %v", name, err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+		}
+		ev.Extra[i] = v
+	}
+	return Message{Kind: KindEvent, Event: ev, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+}
+
+// jsonValue turns a JSON member into a Value: strings are unquoted text,
+// numbers and booleans keep their literal, objects and arrays stay JSON. A
+// payload is always kept as the JSON document, whatever its type.
+func jsonValue(raw json.RawMessage, payload bool) (outbox.Value, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return outbox.Value{}, nil
+	}
+	if payload {
+		return outbox.Value{B: clone(raw), Kind: outbox.KindJSON}, nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return outbox.Value{}, err
+		}
+		return outbox.Value{B: []byte(s), Kind: outbox.KindText}, nil
+	case '{', '[':
+		return outbox.Value{B: clone(raw), Kind: outbox.KindJSON}, nil
+	case 't', 'f':
+		return outbox.Value{B: clone(raw), Kind: outbox.KindBool}, nil
+	default:
+		return outbox.Value{B: clone(raw), Kind: outbox.KindNumber}, nil
+	}
 }
 
 // clone copies b, keeping the difference between empty and nil (NULL).

@@ -68,9 +68,8 @@ func insertMsg(rel uint32, vals ...*string) []byte {
 func s(v string) *string { return &v }
 
 const (
-	oidText  = 25
-	oidUUID  = 2950
-	oidJSONB = 3802
+	oidText = 25
+	oidUUID = 2950
 )
 
 var outboxCols = []col{
@@ -81,6 +80,8 @@ var outboxCols = []col{
 func testTable() *outbox.Table {
 	return &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
 }
+
+func field(ev outbox.Event, f outbox.Field) string { return string(ev.Fields[f].B) }
 
 func mustDecode(t *testing.T, d *Decoder, data []byte) Message {
 	t.Helper()
@@ -113,14 +114,11 @@ func TestDecodeTransaction(t *testing.T) {
 		in[i] = 0
 	}
 	ev := m.Event
-	want := outbox.Event{
-		Table: tbl, ID: []byte("6f1c"), AggregateType: []byte("order"), AggregateID: []byte("o-1"),
-		Type: []byte("OrderCreated"), Payload: []byte(payload), CommitLSN: 0x1000, CommitTime: ts, XID: 42,
-	}
-	if ev.Table != want.Table || !bytes.Equal(ev.ID, want.ID) || !bytes.Equal(ev.AggregateType, want.AggregateType) ||
-		!bytes.Equal(ev.AggregateID, want.AggregateID) || !bytes.Equal(ev.Type, want.Type) ||
-		!bytes.Equal(ev.Payload, want.Payload) || ev.CommitLSN != want.CommitLSN || !ev.CommitTime.Equal(ts) || ev.XID != 42 {
-		t.Fatalf("event = %+v\nwant    %+v", ev, want)
+	if ev.Table != tbl || field(ev, outbox.FieldID) != "6f1c" || field(ev, outbox.FieldAggregateType) != "order" ||
+		field(ev, outbox.FieldAggregateID) != "o-1" || field(ev, outbox.FieldEventType) != "OrderCreated" ||
+		field(ev, outbox.FieldPayload) != payload || ev.Fields[outbox.FieldPayload].Kind != outbox.KindJSON ||
+		ev.CommitLSN != 0x1000 || !ev.CommitTime.Equal(ts) || ev.XID != 42 || !ev.Fields[outbox.FieldTimestamp].Null() {
+		t.Fatalf("event = %+v", ev)
 	}
 	c := mustDecode(t, d, commitMsg(0x1000, 0x1030, ts))
 	if c.Kind != KindCommit || c.EndLSN != pglogrepl.LSN(0x1030) || c.Commit != 0x1000 || c.XID != 42 {
@@ -152,17 +150,20 @@ func TestDecodeValues(t *testing.T) {
 			mustDecode(t, d, beginMsg(1, 1, pgEpoch))
 			mustDecode(t, d, relationMsg(1, "public", "outbox", cols...))
 			m, err := d.Decode(insertMsg(1, s("i"), s("t"), s("a"), s("e"), tt.payload))
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to mention %q", err, tt.wantErr)
-				}
-				return
-			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(m.Event.Payload, tt.wantPayload) || (m.Event.Payload == nil) != (tt.wantPayload == nil) {
-				t.Fatalf("payload = %q (nil=%v), want %q (nil=%v)", m.Event.Payload, m.Event.Payload == nil, tt.wantPayload, tt.wantPayload == nil)
+			if tt.wantErr != "" {
+				// A value that does not decode is a poison event, for the
+				// source's on_invalid policy, not a stream error.
+				if m.Kind != KindInvalid || m.Invalid == nil || !strings.Contains(m.Invalid.Error(), tt.wantErr) {
+					t.Fatalf("kind %v, invalid %v; want KindInvalid mentioning %q", m.Kind, m.Invalid, tt.wantErr)
+				}
+				return
+			}
+			got := m.Event.Fields[outbox.FieldPayload].B
+			if !bytes.Equal(got, tt.wantPayload) || (got == nil) != (tt.wantPayload == nil) {
+				t.Fatalf("payload = %q (nil=%v), want %q (nil=%v)", got, got == nil, tt.wantPayload, tt.wantPayload == nil)
 			}
 		})
 	}
@@ -171,20 +172,24 @@ func TestDecodeValues(t *testing.T) {
 func TestDecodeMappingAndTables(t *testing.T) {
 	camel := &outbox.Table{
 		Name:    outbox.TableName{Schema: "tenant", Name: "OutboxEvent"},
-		Columns: outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "eventType", Payload: "payload"},
-		Topic:   "x",
+		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId",
+			outbox.FieldEventType: "eventType", outbox.FieldPayload: "payload", outbox.FieldTenant: "tenantId"},
+		Extra: []string{"status"},
+		Topic: "x",
 	}
 	d := New([]*outbox.Table{testTable(), camel})
 	mustDecode(t, d, beginMsg(1, 7, pgEpoch))
 	// Column order differs from the mapping order, and there are extra columns.
 	mustDecode(t, d, relationMsg(2, "tenant", "OutboxEvent",
 		col{"tenantId", oidText}, col{"payload", oidJSONB}, col{"eventType", oidText},
-		col{"aggregateId", oidText}, col{"aggregateType", oidText}, col{"id", oidText}))
+		col{"aggregateId", oidText}, col{"aggregateType", oidText}, col{"id", oidText}, col{"status", oidText}))
 	mustDecode(t, d, relationMsg(3, "public", "orders", col{"id", oidText}))
-	m := mustDecode(t, d, insertMsg(2, s("t1"), s("{}"), s("kitchen.task.claimed"), s("task-9"), s("Task"), s("cuid1")))
-	if m.Kind != KindEvent || m.Event.Table != camel || string(m.Event.ID) != "cuid1" || string(m.Event.AggregateType) != "Task" ||
-		string(m.Event.AggregateID) != "task-9" || string(m.Event.Type) != "kitchen.task.claimed" || string(m.Event.Payload) != "{}" {
-		t.Fatalf("event = %+v", m.Event)
+	m := mustDecode(t, d, insertMsg(2, s("t1"), s("{}"), s("kitchen.task.claimed"), s("task-9"), s("Task"), s("cuid1"), s("pending")))
+	ev := m.Event
+	if m.Kind != KindEvent || ev.Table != camel || field(ev, outbox.FieldID) != "cuid1" || field(ev, outbox.FieldAggregateType) != "Task" ||
+		field(ev, outbox.FieldAggregateID) != "task-9" || field(ev, outbox.FieldEventType) != "kitchen.task.claimed" ||
+		field(ev, outbox.FieldPayload) != "{}" || field(ev, outbox.FieldTenant) != "t1" || len(ev.Extra) != 1 || string(ev.Extra[0].B) != "pending" {
+		t.Fatalf("event = %+v", ev)
 	}
 	if m := mustDecode(t, d, insertMsg(3, s("x"))); m.Kind != KindOther {
 		t.Fatalf("insert into a table that is not an outbox: kind %v, want KindOther", m.Kind)
@@ -206,6 +211,7 @@ func TestDecodeErrors(t *testing.T) {
 		want string
 	}{
 		{"mapped column missing", [][]byte{relationMsg(1, "public", "outbox", outboxCols[:4]...)}, `no column payload`},
+		{"message outside transaction", [][]byte{messageMsg(true, "outbox", `{}`)}, "outside a transaction"},
 		{"insert before relation", [][]byte{beginMsg(1, 1, pgEpoch), insertMsg(9, s("x"))}, "before its Relation"},
 		{"insert outside transaction", [][]byte{relationMsg(1, "public", "outbox", outboxCols...), insertMsg(1, s("a"), s("b"), s("c"), s("d"), s("e"))}, "outside a transaction"},
 		{"nested begin", [][]byte{beginMsg(1, 1, pgEpoch), beginMsg(2, 2, pgEpoch)}, "inside transaction"},
@@ -217,7 +223,7 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := New([]*outbox.Table{testTable()})
+			d := New([]*outbox.Table{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
 			var err error
 			for _, b := range tt.msgs {
 				if _, err = d.Decode(b); err != nil {
@@ -231,6 +237,77 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
+func messageMsg(transactional bool, prefix, content string) []byte {
+	m := &msg{}
+	flags := byte(0)
+	if transactional {
+		flags = 1
+	}
+	m.u8('M').u8(flags).u64(0x2000).str(prefix).u32(uint32(len(content)))
+	m.WriteString(content)
+	return m.Bytes()
+}
+
+func TestDecodeTypedValues(t *testing.T) {
+	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "event_outbox"},
+		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldPayload: "payload", outbox.FieldTimestamp: "created_at", outbox.FieldVersion: "v"},
+		Extra:   []string{"flag", "blob"}}
+	d := New([]*outbox.Table{tbl})
+	mustDecode(t, d, beginMsg(1, 1, pgEpoch))
+	mustDecode(t, d, relationMsg(5, "public", "event_outbox",
+		col{"id", oidInt4}, col{"payload", oidJSONB}, col{"created_at", oidTimestamptz}, col{"v", oidNumeric},
+		col{"flag", oidBool}, col{"blob", oidBytea}))
+	m := mustDecode(t, d, insertMsg(5, s("42"), s(`[1]`), s("2026-11-22 10:00:00.5+00"), s("1.5"), s("t"), s(`\x6869`)))
+	ev := m.Event
+	want := []struct {
+		v    outbox.Value
+		b    string
+		kind outbox.Kind
+	}{
+		{ev.Fields[outbox.FieldID], "42", outbox.KindNumber},
+		{ev.Fields[outbox.FieldPayload], "[1]", outbox.KindJSON},
+		{ev.Fields[outbox.FieldTimestamp], "2026-11-22 10:00:00.5+00", outbox.KindTimestamp},
+		{ev.Fields[outbox.FieldVersion], "1.5", outbox.KindNumber},
+		{ev.Extra[0], "t", outbox.KindBool},
+		{ev.Extra[1], "hi", outbox.KindBytes},
+	}
+	for i, w := range want {
+		if string(w.v.B) != w.b || w.v.Kind != w.kind {
+			t.Errorf("value %d = %q kind %d, want %q kind %d", i, w.v.B, w.v.Kind, w.b, w.kind)
+		}
+	}
+}
+
+func TestDecodeLogicalMessages(t *testing.T) {
+	src := &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, Extra: []string{"group_id"}}
+	d := New([]*outbox.Table{testTable(), src})
+	mustDecode(t, d, beginMsg(0x3000, 9, pgEpoch))
+	content := `{"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"Paid","payload":{"total":12.5,"items":["a"]},"version":2,"group_id":"g-1","timestamp":"2026-11-22T10:00:00Z"}`
+	m := mustDecode(t, d, messageMsg(true, "outbox", content))
+	ev := m.Event
+	if m.Kind != KindEvent || ev.Table != src || field(ev, outbox.FieldID) != "e1" || field(ev, outbox.FieldAggregateID) != "o-1" ||
+		field(ev, outbox.FieldPayload) != `{"total":12.5,"items":["a"]}` || ev.Fields[outbox.FieldPayload].Kind != outbox.KindJSON ||
+		field(ev, outbox.FieldVersion) != "2" || ev.Fields[outbox.FieldVersion].Kind != outbox.KindNumber ||
+		ev.Fields[outbox.FieldTimestamp].Kind != outbox.KindTimestamp || string(ev.Extra[0].B) != "g-1" ||
+		string(ev.Raw) != content || ev.CommitLSN != 0x3000 || !ev.Fields[outbox.FieldTenant].Null() {
+		t.Fatalf("event = %+v", ev)
+	}
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		kind Kind
+	}{
+		{"non-transactional", messageMsg(false, "outbox", content), KindIgnoredMessage},
+		{"unknown prefix", messageMsg(true, "audit", content), KindIgnoredMessage},
+		{"not JSON", messageMsg(true, "outbox", `not json`), KindInvalid},
+		{"JSON but not an object", messageMsg(true, "outbox", `[1,2]`), KindInvalid},
+	} {
+		if m := mustDecode(t, d, tc.msg); m.Kind != tc.kind {
+			t.Errorf("%s: kind %v, want %v", tc.name, m.Kind, tc.kind)
+		}
+	}
+}
+
 // FuzzDecode feeds arbitrary bytes after a valid prefix; the decoder must
 // return an error or a message, never panic or over-allocate.
 func FuzzDecode(f *testing.F) {
@@ -239,8 +316,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(insertMsg(1, s("a"), s("b"), s("c"), s("d"), s(`{"x": 1}`)))
 	f.Add(commitMsg(1, 2, pgEpoch))
 	f.Add([]byte{'R', 0, 0, 0, 1, 0, 0, 'd', 0xff, 0xff})
+	f.Add(messageMsg(true, "outbox", `{"id":"1","payload":{}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d := New([]*outbox.Table{testTable()})
+		d := New([]*outbox.Table{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
 		_, _ = d.Decode(beginMsg(1, 1, pgEpoch))
 		_, _ = d.Decode(relationMsg(1, "public", "outbox", outboxCols...))
 		m, err := d.Decode(data)

@@ -7,70 +7,261 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// Columns maps the outbox fields to the table's column names (catalog form).
-type Columns struct {
-	ID            string // default "id"
-	AggregateType string // default "aggregatetype"
-	AggregateID   string // default "aggregateid"
-	Type          string // default "type"
-	Payload       string // default "payload"
+// Field is one mappable outbox field.
+type Field int
+
+// The mappable fields, in a fixed order.
+const (
+	FieldID Field = iota
+	FieldAggregateType
+	FieldAggregateID
+	FieldEventType
+	FieldPayload
+	FieldTimestamp
+	FieldVersion
+	FieldTenant
+	FieldTraceparent
+	NumFields
+)
+
+// FieldNames are the names of the fields in config files and templates.
+var FieldNames = [NumFields]string{"id", "aggregate_type", "aggregate_id", "event_type", "payload", "timestamp", "version", "tenant", "traceparent"}
+
+// FieldByName returns the field called name.
+func FieldByName(name string) (Field, bool) {
+	for f, n := range FieldNames {
+		if n == name {
+			return Field(f), true
+		}
+	}
+	return 0, false
 }
+
+func (f Field) String() string { return FieldNames[f] }
+
+// Columns maps each field to a column (for a table) or a JSON member name
+// (for a logical message), in catalog form. "" leaves the field unmapped.
+type Columns [NumFields]string
 
 // DefaultColumns is Debezium's Outbox Event Router convention.
 var DefaultColumns = Columns{
-	ID:            "id",
-	AggregateType: "aggregatetype",
-	AggregateID:   "aggregateid",
-	Type:          "type",
-	Payload:       "payload",
+	FieldID:            "id",
+	FieldAggregateType: "aggregatetype",
+	FieldAggregateID:   "aggregateid",
+	FieldEventType:     "type",
+	FieldPayload:       "payload",
 }
 
-// Names lists the mapped columns in a fixed order, for catalog checks.
+// DefaultMessageFields are the JSON members read from a logical decoding
+// message when the config names none.
+var DefaultMessageFields = Columns{
+	FieldID:            "id",
+	FieldAggregateType: "aggregate_type",
+	FieldAggregateID:   "aggregate_id",
+	FieldEventType:     "event_type",
+	FieldPayload:       "payload",
+	FieldTimestamp:     "timestamp",
+	FieldVersion:       "version",
+	FieldTenant:        "tenant",
+	FieldTraceparent:   "traceparent",
+}
+
+// Names lists the mapped column names.
 func (c Columns) Names() []string {
-	return []string{c.ID, c.AggregateType, c.AggregateID, c.Type, c.Payload}
-}
-
-// DefaultTopic is the topic template Debezium's EventRouter uses.
-const DefaultTopic = "outbox.event.{aggregate_type}"
-
-// Table is one configured outbox table.
-type Table struct {
-	Name    TableName
-	Columns Columns
-	// Topic is a template; see route.Compile for the placeholders.
-	Topic string
-}
-
-// Validate reports a configuration error in t.
-func (t *Table) Validate() error {
-	if t.Name.Name == "" {
-		return fmt.Errorf("outbox table: name is required")
-	}
-	for _, c := range t.Columns.Names() {
-		if c == "" {
-			return fmt.Errorf("outbox table %s: every column of the mapping must be set (id, aggregate_type, aggregate_id, type, payload)", t.Name)
+	var n []string
+	for _, name := range c {
+		if name != "" {
+			n = append(n, name)
 		}
 	}
+	return n
+}
+
+// Defaults of the routing options.
+const (
+	DefaultTopic           = "outbox.event.{aggregate_type}"
+	DefaultKey             = "{aggregate_id}"
+	DefaultDeadLetterTopic = "outbox.dead-letter"
+)
+
+// Value formats.
+const (
+	FormatPayload               = "payload"
+	FormatEnvelope              = "envelope"
+	FormatCloudEventsBinary     = "cloudevents-binary"
+	FormatCloudEventsStructured = "cloudevents-structured"
+)
+
+// Invalid-event policies.
+const (
+	OnInvalidFail       = "fail"
+	OnInvalidDeadLetter = "dead-letter"
+)
+
+// Placements of an additional column.
+const (
+	PlaceHeader   = "header"
+	PlaceEnvelope = "envelope"
+)
+
+// Additional places one more column in the record.
+type Additional struct {
+	Column    string // catalog form (table) or JSON member (message)
+	Placement string // PlaceHeader or PlaceEnvelope
+	As        string // header or envelope field name; default: Column
+}
+
+// Table is one configured source of events: an outbox table, or (when
+// MessagePrefix is set) transactional logical decoding messages with that
+// prefix. The routing options are plain data; route compiles them.
+type Table struct {
+	Name          TableName // the table; zero for a message source
+	MessagePrefix string    // the pg_logical_emit_message prefix; "" for a table
+	Columns       Columns
+
+	Additional []Additional
+	// Extra lists the columns, besides the mapped fields, that Additional
+	// and {column:NAME} placeholders need; the decoder extracts them into
+	// Event.Extra in this order. Filled by Resolve.
+	Extra []string
+
+	Topic string // template; DefaultTopic
+	Key   string // template; DefaultKey
+	// Format is one of the Format constants; FormatPayload by default.
+	Format string
+	// Headers renames (or with "" turns off) the metadata headers, by
+	// header key: id, event_type, aggregate_type, aggregate_id, commit_lsn,
+	// tenant, version.
+	Headers map[string]string
+	// CloudEventsSource is the template of the CloudEvents source
+	// attribute; default "/{schema}/{table}" or "/messages/{prefix}".
+	CloudEventsSource string
+	// Tombstone sends a NULL or empty payload as a null value (a Kafka
+	// tombstone for the key) instead of an empty value.
+	Tombstone bool
+	// OnInvalid is OnInvalidFail (default) or OnInvalidDeadLetter.
+	OnInvalid       string
+	DeadLetterTopic string
+}
+
+// IsMessage reports whether the source is logical decoding messages.
+func (t *Table) IsMessage() bool { return t.MessagePrefix != "" }
+
+// String names the source in messages: the table, or message prefix "p".
+func (t *Table) String() string {
+	if t.IsMessage() {
+		return fmt.Sprintf("message prefix %q", t.MessagePrefix)
+	}
+	return t.Name.String()
+}
+
+// AddExtra records that column must be extracted, once, and returns its
+// index in Event.Extra.
+func (t *Table) AddExtra(column string) int {
+	for i, c := range t.Extra {
+		if c == column {
+			return i
+		}
+	}
+	t.Extra = append(t.Extra, column)
+	return len(t.Extra) - 1
+}
+
+// Needed lists every column the decoder must find: mapped fields and
+// extras.
+func (t *Table) Needed() []string {
+	return append(t.Columns.Names(), t.Extra...)
+}
+
+// Validate reports a configuration error in t and fills defaults.
+func (t *Table) Validate() error {
+	if t.Name.Name == "" && t.MessagePrefix == "" {
+		return fmt.Errorf("outbox source: set a table name or a message prefix")
+	}
+	if t.Columns[FieldPayload] == "" {
+		return fmt.Errorf("%s: the payload field must be mapped", t)
+	}
 	if t.Topic == "" {
-		return fmt.Errorf("outbox table %s: topic is required", t.Name)
+		t.Topic = DefaultTopic
+	}
+	if t.Key == "" {
+		t.Key = DefaultKey
+	}
+	switch t.Format {
+	case "":
+		t.Format = FormatPayload
+	case FormatPayload, FormatEnvelope, FormatCloudEventsBinary, FormatCloudEventsStructured:
+	default:
+		return fmt.Errorf("%s: format %q: use payload, envelope, cloudevents-binary or cloudevents-structured", t, t.Format)
+	}
+	switch t.OnInvalid {
+	case "":
+		t.OnInvalid = OnInvalidFail
+	case OnInvalidFail, OnInvalidDeadLetter:
+	default:
+		return fmt.Errorf("%s: on_invalid %q: use fail or dead-letter", t, t.OnInvalid)
+	}
+	if t.DeadLetterTopic == "" {
+		t.DeadLetterTopic = DefaultDeadLetterTopic
+	}
+	if t.CloudEventsSource == "" {
+		if t.IsMessage() {
+			t.CloudEventsSource = "/messages/{prefix}"
+		} else {
+			t.CloudEventsSource = "/{schema}/{table}"
+		}
+	}
+	for i, a := range t.Additional {
+		if a.Column == "" {
+			return fmt.Errorf("%s: additional[%d]: column is required", t, i)
+		}
+		if a.Placement != PlaceHeader && a.Placement != PlaceEnvelope {
+			return fmt.Errorf("%s: additional[%d] (%s): placement %q: use header or envelope", t, i, a.Column, a.Placement)
+		}
+		if a.As == "" {
+			t.Additional[i].As = a.Column
+		}
+		t.AddExtra(a.Column)
 	}
 	return nil
 }
 
-// Event is one row inserted into an outbox table, with the position and time
-// of the transaction that committed it.
-//
-// The transaction's end LSN is not part of the Event: pgoutput sends it in the
-// COMMIT message, after the rows, and events are produced as soon as they are
-// decoded. The checkpoint tracker attaches it to the transaction instead.
-type Event struct {
-	Table *Table
+// Kind says how a value's bytes read: it comes from the column's type, or
+// from the JSON type of a message member.
+type Kind uint8
 
-	ID            []byte
-	AggregateType []byte
-	AggregateID   []byte
-	Type          []byte
-	Payload       []byte
+const (
+	KindText      Kind = iota // a string
+	KindJSON                  // a JSON document (json, jsonb)
+	KindNumber                // a JSON-compatible number (int, float, numeric)
+	KindBool                  // "true" or "false"
+	KindBytes                 // raw bytes (bytea)
+	KindTimestamp             // a timestamp in Postgres' ISO output or RFC 3339
+)
+
+// Value is one extracted value. B is nil for SQL NULL (or a missing or
+// null JSON member) and never aliases the replication buffer.
+type Value struct {
+	B    []byte
+	Kind Kind
+}
+
+// Null reports whether the value is NULL.
+func (v Value) Null() bool { return v.B == nil }
+
+// Event is one outbox row, or one logical decoding message, with the
+// position and time of the transaction that committed it.
+//
+// The transaction's end LSN is not part of the Event: pgoutput sends it in
+// the COMMIT message, after the rows, and events are produced as soon as
+// they are decoded. The checkpoint tracker attaches it to the transaction.
+type Event struct {
+	Table  *Table
+	Fields [NumFields]Value
+	Extra  []Value // Table.Extra's columns, in that order
+	// Raw is the whole message content of a logical decoding message, kept
+	// for the dead-letter topic.
+	Raw []byte
 
 	// CommitLSN is the LSN of the transaction's commit record (pgoutput
 	// Begin.FinalLSN). Several events share it; it is not a unique id.
@@ -79,17 +270,28 @@ type Event struct {
 	XID        uint32
 }
 
+// Field returns the value of field f.
+func (e *Event) Field(f Field) Value { return e.Fields[f] }
+
+// ID returns the event id as text, for messages.
+func (e *Event) ID() string { return string(e.Fields[FieldID].B) }
+
 // EventError says that one event cannot be delivered as configured. It is a
-// poison event: retrying cannot help, so the connector stops on it rather
-// than skip it.
+// poison event: retrying cannot help, so the connector stops on it (or,
+// with on_invalid: dead-letter, sends it to the dead-letter topic).
 type EventError struct {
-	Table     TableName
+	Table     string
 	EventID   string
 	CommitLSN pglogrepl.LSN
 	Reason    string
 }
 
 func (e *EventError) Error() string {
-	return fmt.Sprintf("outbox event id=%q in table %s (commit lsn %s): %s; nothing past this transaction is confirmed, so fix the row or the configuration and restart to resume here",
+	return fmt.Sprintf("outbox event id=%q from %s (commit lsn %s): %s; nothing past this transaction is confirmed, so fix the row or the configuration and restart to resume here (or set on_invalid: dead-letter)",
 		e.EventID, e.Table, e.CommitLSN, e.Reason)
+}
+
+// Invalid returns the EventError for ev.
+func Invalid(ev *Event, format string, args ...any) *EventError {
+	return &EventError{Table: ev.Table.String(), EventID: ev.ID(), CommitLSN: ev.CommitLSN, Reason: fmt.Sprintf(format, args...)}
 }

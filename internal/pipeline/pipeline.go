@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -47,24 +48,31 @@ func (c *Config) Validate() error {
 	if len(c.Tables) == 0 {
 		return errors.New("tables is empty; configure at least one outbox table")
 	}
-	seen := map[outbox.TableName]bool{}
+	seen := map[string]bool{}
 	for _, t := range c.Tables {
 		if err := t.Validate(); err != nil {
 			return err
 		}
-		if seen[t.Name] {
-			return fmt.Errorf("outbox table %s is configured twice", t.Name)
+		if seen[t.String()] {
+			return fmt.Errorf("%s is configured twice", t)
 		}
-		seen[t.Name] = true
-		if _, err := route.Compile(t.Topic); err != nil {
-			return fmt.Errorf("outbox table %s: %w", t.Name, err)
+		seen[t.String()] = true
+		if t.IsMessage() {
+			c.Postgres.Messages = true
 		}
+	}
+	// Compiling the templates also records the extra columns they need.
+	if _, err := route.New(c.Tables); err != nil {
+		return err
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = 10_000
 	}
 	if c.MaxInFlight < 1 {
 		return fmt.Errorf("max_in_flight must be positive")
+	}
+	if c.Kafka.MaxMessageBytes == 0 {
+		c.Kafka.MaxMessageBytes = sink.DefaultMaxMessageBytes
 	}
 	if c.Kafka.MaxBufferedRecords == 0 {
 		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
@@ -96,6 +104,10 @@ type Pipeline struct {
 	// OnSession, if set, is called with each session's tracker, so tests
 	// and the demo can watch positions. It must not block.
 	OnSession func(*checkpoint.Tracker)
+	// IgnoredMessages counts logical decoding messages that were not
+	// events (non-transactional, or an unknown prefix); DeadLettered counts
+	// events sent to a dead-letter topic.
+	IgnoredMessages, DeadLettered atomic.Int64
 	// OnDelivered, if set, is called with each record and Kafka's answer,
 	// after the tracker has counted it. On success the record's partition
 	// and offset are set. It runs on franz-go's promise goroutine and must
@@ -195,13 +207,30 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 		switch m.Kind {
 		case decode.KindBegin:
 			tx = tracker.Begin()
-		case decode.KindEvent:
-			rec, err := p.router.Record(&m.Event)
+		case decode.KindEvent, decode.KindInvalid:
+			ev := &m.Event
+			var rec *kgo.Record
+			var err error
+			if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
+				err = m.Invalid
+			} else {
+				rec, err = p.router.Record(ev)
+			}
+			if err == nil && recordSize(rec) > int(p.cfg.Kafka.MaxMessageBytes) {
+				err = outbox.Invalid(ev, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", recordSize(rec), p.cfg.Kafka.MaxMessageBytes)
+			}
 			if err != nil {
-				return err
+				// A poison event: stop, or send it to the dead-letter topic
+				// and count it done only once that write is acked.
+				if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+					return err
+				}
+				rec = p.router.DeadLetter(ev, nil, err.Error())
+				p.DeadLettered.Add(1)
+				p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", err)
 			}
 			if p.log.IsTrace() {
-				p.log.Trace("event", "table", m.Event.Table.Name.String(), "id", string(m.Event.ID), "topic", rec.Topic, "lsn", m.Event.CommitLSN.String())
+				p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 			}
 			ackTx := tx
 			tracker.Track(ackTx)
@@ -211,6 +240,8 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 					p.OnDelivered(rec, err)
 				}
 			})
+		case decode.KindIgnoredMessage:
+			p.IgnoredMessages.Add(1)
 		case decode.KindCommit:
 			tracker.Commit(tx, m.EndLSN)
 			tx = nil
@@ -239,6 +270,17 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 		return nil
 	}
 	return runErr
+}
+
+// recordSize estimates a record's size in a batch: franz-go fails a record
+// over ProducerBatchMaxBytes on its own, so checking first lets an
+// oversized event take the invalid-event policy instead.
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 128 // record and batch framing
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
 }
 
 // stallAfter is how long Kafka may leave events unacknowledged before the

@@ -1,68 +1,216 @@
 package route
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
 
-func event(tbl *outbox.Table) *outbox.Event {
-	return &outbox.Event{
-		Table: tbl, ID: []byte("e-1"), AggregateType: []byte("order"), AggregateID: []byte("o-7"),
-		Type: []byte("OrderPaid"), Payload: []byte(`{"total": 12}`), CommitLSN: 0x16B3748, CommitTime: time.Unix(1700000000, 0),
+var commitTime = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+func table(mod func(*outbox.Table)) *outbox.Table {
+	t := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
+	if mod != nil {
+		mod(t)
 	}
+	if err := t.Validate(); err != nil {
+		panic(err)
+	}
+	return t
 }
 
-func TestRecord(t *testing.T) {
-	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
+func text(s string) outbox.Value { return outbox.Value{B: []byte(s), Kind: outbox.KindText} }
+
+func event(t *outbox.Table) *outbox.Event {
+	ev := &outbox.Event{Table: t, CommitLSN: 0x16B3748, CommitTime: commitTime, Extra: make([]outbox.Value, len(t.Extra))}
+	ev.Fields[outbox.FieldID] = text("e-1")
+	ev.Fields[outbox.FieldAggregateType] = text("order")
+	ev.Fields[outbox.FieldAggregateID] = text("o-7")
+	ev.Fields[outbox.FieldEventType] = text("OrderPaid")
+	ev.Fields[outbox.FieldPayload] = outbox.Value{B: []byte(`{"total": 12, "nested": {"a": [1, "ü✓"]}}`), Kind: outbox.KindJSON}
+	return ev
+}
+
+func record(t *testing.T, tbl *outbox.Table, ev *outbox.Event) *kgo.Record {
+	t.Helper()
 	r, err := New([]*outbox.Table{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := r.Record(event(tbl))
+	if ev == nil {
+		ev = event(tbl)
+	}
+	rec, err := r.Record(ev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Topic != "outbox.event.order" || string(rec.Key) != "o-7" || string(rec.Value) != `{"total": 12}` || !rec.Timestamp.Equal(time.Unix(1700000000, 0)) {
-		t.Fatalf("record = %+v", rec)
-	}
-	want := map[string]string{"id": "e-1", "event_type": "OrderPaid", "aggregate_type": "order", "commit_lsn": "0/16B3748"}
-	if len(rec.Headers) != len(want) {
-		t.Fatalf("headers = %v", rec.Headers)
-	}
+	return rec
+}
+
+func headers(rec *kgo.Record) map[string]string {
+	m := map[string]string{}
 	for _, h := range rec.Headers {
-		if want[h.Key] != string(h.Value) {
-			t.Errorf("header %s = %q, want %q", h.Key, h.Value, want[h.Key])
+		m[h.Key] = string(h.Value)
+	}
+	return m
+}
+
+func wantHeaders(t *testing.T, rec *kgo.Record, want map[string]string) {
+	t.Helper()
+	got := headers(rec)
+	if len(got) != len(want) || len(rec.Headers) != len(want) {
+		t.Errorf("headers = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
 		}
 	}
+}
 
+func TestPayloadFormat(t *testing.T) {
+	rec := record(t, table(nil), nil)
+	if rec.Topic != "outbox.event.order" || string(rec.Key) != "o-7" || string(rec.Value) != `{"total": 12, "nested": {"a": [1, "ü✓"]}}` || !rec.Timestamp.Equal(commitTime) {
+		t.Fatalf("record = %+v", rec)
+	}
+	wantHeaders(t, rec, map[string]string{"id": "e-1", "event_type": "OrderPaid", "aggregate_type": "order", "commit_lsn": "0/16B3748"})
+
+	tbl := table(nil)
 	ev := event(tbl)
-	ev.Payload = nil
-	rec, err = r.Record(ev)
-	if err != nil || rec.Value == nil || len(rec.Value) != 0 {
-		t.Fatalf("NULL payload: value %v (nil=%v), err %v; want an empty, non-null value", rec.Value, rec.Value == nil, err)
+	ev.Fields[outbox.FieldPayload] = outbox.Value{Kind: outbox.KindJSON}
+	if rec := record(t, tbl, ev); rec.Value == nil || len(rec.Value) != 0 {
+		t.Fatalf("NULL payload: value %v (nil=%v); want an empty, non-null value", rec.Value, rec.Value == nil)
+	}
+}
+
+func TestTombstone(t *testing.T) {
+	tbl := table(func(t *outbox.Table) { t.Tombstone = true; t.Format = outbox.FormatEnvelope })
+	for _, payload := range []outbox.Value{{Kind: outbox.KindJSON}, {B: []byte{}, Kind: outbox.KindText}} {
+		ev := event(tbl)
+		ev.Fields[outbox.FieldPayload] = payload
+		if rec := record(t, tbl, ev); rec.Value != nil || string(rec.Key) != "o-7" {
+			t.Fatalf("payload %q: value %q, key %q; want a tombstone (null value) for the key", payload.B, rec.Value, rec.Key)
+		}
+	}
+	if rec := record(t, tbl, nil); rec.Value == nil {
+		t.Fatal("a non-empty payload became a tombstone")
+	}
+}
+
+// TestSeed004Envelope produces seed 004's envelope and x- headers exactly.
+func TestSeed004Envelope(t *testing.T) {
+	tbl := table(func(t *outbox.Table) {
+		t.Name = outbox.TableName{Schema: "public", Name: "event_outbox"}
+		t.Columns = outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregate_type", outbox.FieldAggregateID: "aggregate_id",
+			outbox.FieldEventType: "event_type", outbox.FieldPayload: "payload", outbox.FieldTimestamp: "created_at"}
+		t.Topic, t.Key, t.Format = "holdco.events", "{aggregate_id}", outbox.FormatEnvelope
+		t.Headers = map[string]string{"id": "x-event-id", "aggregate_type": "x-aggregate-type", "aggregate_id": "x-aggregate-id", "event_type": "x-event-type", "commit_lsn": ""}
+		t.Additional = []outbox.Additional{
+			{Column: "group_id", Placement: outbox.PlaceHeader, As: "x-group-id"},
+			{Column: "subsidiary_id", Placement: outbox.PlaceHeader, As: "x-subsidiary-id"},
+			{Column: "group_id", Placement: outbox.PlaceEnvelope},
+			{Column: "subsidiary_id", Placement: outbox.PlaceEnvelope},
+		}
+	})
+	ev := event(tbl)
+	ev.Fields[outbox.FieldID] = text("9b2c")
+	ev.Fields[outbox.FieldEventType] = text("created")
+	ev.Fields[outbox.FieldTimestamp] = outbox.Value{B: []byte("2025-12-21 22:30:00+00"), Kind: outbox.KindTimestamp}
+	ev.Extra[0] = text("g-1")
+	ev.Extra[1] = outbox.Value{Kind: outbox.KindText} // NULL subsidiary
+	rec := record(t, tbl, ev)
+	want := `{"event_id":"9b2c","occurred_at":"2025-12-21T22:30:00Z","aggregate_type":"order","aggregate_id":"o-7","event_type":"created","group_id":"g-1","subsidiary_id":null,"payload":{"total": 12, "nested": {"a": [1, "ü✓"]}}}`
+	if string(rec.Value) != want {
+		t.Fatalf("envelope =\n%s\nwant\n%s", rec.Value, want)
+	}
+	wantHeaders(t, rec, map[string]string{"x-event-id": "9b2c", "x-aggregate-type": "order", "x-aggregate-id": "o-7", "x-event-type": "created", "x-group-id": "g-1"})
+}
+
+func TestEnvelopeTypes(t *testing.T) {
+	tbl := table(func(t *outbox.Table) {
+		t.Format = outbox.FormatEnvelope
+		t.Columns[outbox.FieldVersion] = "v"
+		t.Additional = []outbox.Additional{{Column: "n", Placement: outbox.PlaceEnvelope}, {Column: "b", Placement: outbox.PlaceEnvelope},
+			{Column: "raw", Placement: outbox.PlaceEnvelope}, {Column: "nan", Placement: outbox.PlaceEnvelope}}
+	})
+	ev := event(tbl)
+	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte("17"), Kind: outbox.KindNumber} // SERIAL id stays a number
+	ev.Fields[outbox.FieldVersion] = outbox.Value{B: []byte("2"), Kind: outbox.KindNumber}
+	ev.Fields[outbox.FieldPayload] = text(`plain "text"`) // a text payload is a JSON string, escaped
+	ev.Extra = []outbox.Value{{B: []byte("1.50"), Kind: outbox.KindNumber}, {B: []byte("f"), Kind: outbox.KindBool},
+		{B: []byte{0, 1}, Kind: outbox.KindBytes}, {B: []byte("NaN"), Kind: outbox.KindNumber}}
+	rec := record(t, tbl, ev)
+	var got map[string]any
+	if err := json.Unmarshal(rec.Value, &got); err != nil {
+		t.Fatalf("envelope is not JSON: %v\n%s", err, rec.Value)
+	}
+	want := map[string]any{"event_id": 17.0, "version": 2.0, "n": 1.5, "b": false, "raw": "AAE=", "nan": "NaN", "payload": `plain "text"`,
+		"occurred_at": "2026-11-22T10:00:00Z"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %#v, want %#v", k, got[k], v)
+		}
+	}
+}
+
+func TestCloudEvents(t *testing.T) {
+	mod := func(format string) func(*outbox.Table) {
+		return func(t *outbox.Table) {
+			t.Format = format
+			t.CloudEventsSource = "/shop/{aggregate_type}"
+			t.Columns[outbox.FieldTraceparent] = "traceparent"
+		}
+	}
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+	bin := table(mod(outbox.FormatCloudEventsBinary))
+	ev := event(bin)
+	ev.Fields[outbox.FieldTraceparent] = text(tp)
+	rec := record(t, bin, ev)
+	if string(rec.Value) != `{"total": 12, "nested": {"a": [1, "ü✓"]}}` {
+		t.Fatalf("binary mode value = %s; want the payload", rec.Value)
+	}
+	wantHeaders(t, rec, map[string]string{"ce_specversion": "1.0", "ce_id": "e-1", "ce_source": "/shop/order", "ce_type": "OrderPaid",
+		"ce_time": "2026-11-22T10:00:00Z", "ce_subject": "o-7", "content-type": "application/json", "traceparent": tp,
+		"id": "e-1", "event_type": "OrderPaid", "aggregate_type": "order", "commit_lsn": "0/16B3748"})
+
+	st := table(mod(outbox.FormatCloudEventsStructured))
+	ev = event(st)
+	rec = record(t, st, ev)
+	want := `{"specversion":"1.0","id":"e-1","source":"/shop/order","type":"OrderPaid","subject":"o-7","time":"2026-11-22T10:00:00Z","datacontenttype":"application/json","data":{"total": 12, "nested": {"a": [1, "ü✓"]}}}`
+	if string(rec.Value) != want || headers(rec)["content-type"] != "application/cloudevents+json; charset=UTF-8" {
+		t.Fatalf("structured =\n%s\nwant\n%s\nheaders %v", rec.Value, want, headers(rec))
+	}
+	ev.Fields[outbox.FieldPayload] = outbox.Value{B: []byte{0xff}, Kind: outbox.KindBytes}
+	if rec = record(t, st, ev); !strings.Contains(string(rec.Value), `"datacontenttype":"application/octet-stream","data_base64":"/w=="`) {
+		t.Fatalf("bytes payload in structured mode: %s", rec.Value)
 	}
 }
 
 func TestTemplates(t *testing.T) {
-	tbl := &outbox.Table{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}}
 	tests := []struct {
 		tmpl, want, wantErr string
 	}{
 		{tmpl: "outbox.event.{aggregate_type}", want: "outbox.event.order"},
 		{tmpl: "{aggregate_type}.{event_type}", want: "order.OrderPaid"},
-		{tmpl: "{schema}-{table}", want: "tenant-OutboxEvent"},
+		{tmpl: "{schema}-{table}", want: "public-outbox"},
 		{tmpl: "commands", want: "commands"},
+		{tmpl: "{column:tenantId}.events", want: "acme.events"},
 		{tmpl: "x.{nope}", wantErr: "unknown placeholder"},
+		{tmpl: "x.{tenant}", wantErr: "not mapped"},
+		{tmpl: "x.{prefix}", wantErr: "unknown placeholder"},
 		{tmpl: "x.{aggregate_type", wantErr: "unclosed"},
-		{tmpl: "", wantErr: "empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.tmpl, func(t *testing.T) {
-			c, err := Compile(tt.tmpl)
+			tbl := table(nil)
+			c, err := Compile(tt.tmpl, tbl)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("Compile err = %v, want %q", err, tt.wantErr)
@@ -72,7 +220,11 @@ func TestTemplates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.Expand(event(tbl))
+			ev := event(tbl)
+			if len(tbl.Extra) == 1 {
+				ev.Extra = []outbox.Value{text("acme")}
+			}
+			got, err := c.Expand(ev)
 			if err != nil || got != tt.want {
 				t.Fatalf("Expand = %q, %v; want %q", got, err, tt.want)
 			}
@@ -80,20 +232,36 @@ func TestTemplates(t *testing.T) {
 	}
 }
 
+func TestKeyFromColumn(t *testing.T) {
+	// Seed 003's command_outbox has no aggregate columns.
+	tbl := table(func(t *outbox.Table) {
+		t.Name.Name = "command_outbox"
+		t.Columns = outbox.Columns{outbox.FieldID: "id", outbox.FieldEventType: "command_type", outbox.FieldPayload: "payload"}
+		t.Topic, t.Key = "commands", "{column:correlation_key}"
+	})
+	ev := event(tbl)
+	ev.Extra = []outbox.Value{text("c-9")}
+	rec := record(t, tbl, ev)
+	if rec.Topic != "commands" || string(rec.Key) != "c-9" {
+		t.Fatalf("record = %s key %s", rec.Topic, rec.Key)
+	}
+	wantHeaders(t, rec, map[string]string{"id": "e-1", "event_type": "OrderPaid", "commit_lsn": "0/16B3748"})
+}
+
 func TestPoisonEvents(t *testing.T) {
-	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
-	r, _ := New([]*outbox.Table{tbl})
 	tests := []struct {
 		name   string
 		mutate func(*outbox.Event)
 		want   string
 	}{
-		{"illegal topic character", func(e *outbox.Event) { e.AggregateType = []byte("order/v2") }, `contains '/'`},
-		{"topic too long", func(e *outbox.Event) { e.AggregateType = []byte(strings.Repeat("a", 250)) }, "249"},
-		{"NULL aggregate type", func(e *outbox.Event) { e.AggregateType = nil }, "NULL"},
-		{"NULL key", func(e *outbox.Event) { e.AggregateID = nil }, "record key"},
-		{"NULL id", func(e *outbox.Event) { e.ID = nil }, "event id"},
+		{"illegal topic character", func(e *outbox.Event) { e.Fields[outbox.FieldAggregateType] = text("order/v2") }, `contains '/'`},
+		{"topic too long", func(e *outbox.Event) { e.Fields[outbox.FieldAggregateType] = text(strings.Repeat("a", 250)) }, "249"},
+		{"NULL aggregate type", func(e *outbox.Event) { e.Fields[outbox.FieldAggregateType] = outbox.Value{} }, "{aggregate_type} is NULL"},
+		{"NULL key", func(e *outbox.Event) { e.Fields[outbox.FieldAggregateID] = outbox.Value{} }, "record key"},
+		{"NULL id", func(e *outbox.Event) { e.Fields[outbox.FieldID] = outbox.Value{} }, "event id is NULL"},
 	}
+	tbl := table(nil)
+	r, _ := New([]*outbox.Table{tbl})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ev := event(tbl)
@@ -104,5 +272,40 @@ func TestPoisonEvents(t *testing.T) {
 				t.Fatalf("err = %v; want an *outbox.EventError mentioning %q and the LSN", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestDeadLetter(t *testing.T) {
+	tbl := table(func(t *outbox.Table) { t.OnInvalid = outbox.OnInvalidDeadLetter; t.DeadLetterTopic = "dlq" })
+	r, _ := New([]*outbox.Table{tbl})
+	ev := event(tbl)
+	ev.Fields[outbox.FieldAggregateType] = text("bad/type")
+	dl := r.DeadLetter(ev, nil, "illegal topic")
+	if dl.Topic != "dlq" || string(dl.Key) != "o-7" || string(dl.Value) != string(ev.Fields[outbox.FieldPayload].B) {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	wantHeaders(t, dl, map[string]string{"dead_letter_error": "illegal topic", "dead_letter_source": "public.outbox",
+		"dead_letter_commit_lsn": "0/16B3748", "dead_letter_event_id": "e-1"})
+	msg := &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, OnInvalid: outbox.OnInvalidDeadLetter}
+	msg.Validate()
+	r, _ = New([]*outbox.Table{msg})
+	mev := &outbox.Event{Table: msg, Raw: []byte("not json")}
+	if dl := r.DeadLetter(mev, nil, "bad"); string(dl.Value) != "not json" || headers(dl)["dead_letter_source"] != `message prefix "outbox"` {
+		t.Fatalf("message dead letter = %+v", dl)
+	}
+}
+
+func TestParseTimestamp(t *testing.T) {
+	for in, want := range map[string]string{
+		"2026-11-22 10:00:00+00":        "2026-11-22T10:00:00Z",
+		"2026-11-22 10:00:00.123456+00": "2026-11-22T10:00:00.123456Z",
+		"2026-11-22 12:00:00+05:30":     "2026-11-22T06:30:00Z",
+		"2026-11-22 10:00:00":           "2026-11-22T10:00:00Z",
+		"2026-11-22T10:00:00Z":          "2026-11-22T10:00:00Z",
+	} {
+		got, ok := ParseTimestamp(in)
+		if !ok || got.UTC().Format(time.RFC3339Nano) != want {
+			t.Errorf("ParseTimestamp(%q) = %v, %v; want %s", in, got, ok, want)
+		}
 	}
 }

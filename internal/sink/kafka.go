@@ -52,6 +52,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// DefaultMaxMessageBytes is Kafka's default message.max.bytes.
+const DefaultMaxMessageBytes = 1_000_012
+
 // Kafka is an idempotent franz-go producer.
 type Kafka struct {
 	cl *kgo.Client
@@ -68,7 +71,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		cfg.ClientID = "outbox-cdc"
 	}
 	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = 1_000_012
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.MaxBufferedRecords == 0 {
 		cfg.MaxBufferedRecords = 100_000

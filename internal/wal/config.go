@@ -22,6 +22,9 @@ type Config struct {
 	// confirmed position, and so the longest confirm lag once Kafka has
 	// acked. Default 1s. Must stay well below wal_sender_timeout.
 	StatusInterval time.Duration
+	// Messages asks pgoutput for logical decoding messages
+	// (pg_logical_emit_message); set when a message source is configured.
+	Messages bool
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

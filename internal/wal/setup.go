@@ -51,6 +51,16 @@ func prepare(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot
 		return SlotState{}, setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
 	}
 
+	if cfg.Messages {
+		var version int
+		if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+			return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
+		}
+		if version < 140000 {
+			return SlotState{}, setupErrorf("logical decoding messages as an outbox need PostgreSQL 14 or later (pgoutput's messages option); this server is %d", version)
+		}
+	}
+
 	var user, db string
 	var replication bool
 	err = conn.QueryRow(ctx, `SELECT current_user, current_database(), rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &db, &replication)
@@ -61,11 +71,17 @@ func prepare(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot
 		return SlotState{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", outbox.QuoteIdent(user), outbox.QuoteIdent(user))
 	}
 
+	var tablesOnly []*outbox.Table
 	for _, t := range tables {
+		if t.IsMessage() {
+			continue
+		}
+		tablesOnly = append(tablesOnly, t)
 		if err := checkTable(ctx, conn, db, t); err != nil {
 			return SlotState{}, err
 		}
 	}
+	tables = tablesOnly
 	if err := ensurePublication(ctx, conn, cfg.Publication, tables, dryRun, log); err != nil {
 		return SlotState{}, err
 	}
@@ -89,7 +105,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table)
 	if len(cols) == 0 {
 		return setupErrorf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t.Name, outbox.QuoteIdent(db))
 	}
-	for _, want := range t.Columns.Names() {
+	for _, want := range t.Needed() {
 		found := false
 		for _, c := range cols {
 			if c == want {
@@ -98,7 +114,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table)
 			}
 		}
 		if !found {
-			return setupErrorf("outbox table %s has no column %s; map an existing column in tables[].columns (columns: %s)", t.Name, outbox.QuoteIdent(want), strings.Join(cols, ", "))
+			return setupErrorf("outbox table %s has no column %s; map an existing column in tables[].columns, additional or the templates (columns: %s)", t.Name, outbox.QuoteIdent(want), strings.Join(cols, ", "))
 		}
 	}
 	return nil
@@ -116,6 +132,11 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			names[i] = t.Name.String()
 		}
 		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", name, strings.Join(names, ", "))
+		if len(names) == 0 {
+			// Only logical decoding messages: they need a publication
+			// to stream, but not any table in it.
+			sql = fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", name)
+		}
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			return setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
 		}

@@ -79,7 +79,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
 			want: "has no column payload"},
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
-			tables: []*outbox.Table{{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: outbox.Columns{ID: "id", AggregateType: "aggregateType", AggregateID: "aggregateId", Type: "t", Payload: "p"}}},
+			tables: []*outbox.Table{{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId", outbox.FieldEventType: "t", outbox.FieldPayload: "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},

@@ -54,6 +54,12 @@ func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger)
 		return nil, fmt.Errorf("parse postgres.url: %s", redact(err))
 	}
 	pcfg.RuntimeParams["replication"] = "database"
+	// pgoutput renders column values with the walsender's settings: pin
+	// the formats the decoder and router read.
+	pcfg.RuntimeParams["TimeZone"] = "UTC"
+	pcfg.RuntimeParams["DateStyle"] = "ISO, YMD"
+	pcfg.RuntimeParams["bytea_output"] = "hex"
+	pcfg.RuntimeParams["extra_float_digits"] = "3"
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
@@ -62,9 +68,11 @@ func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger)
 		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
 	}
 	// LSN 0 means "the slot's confirmed_flush_lsn" (INVARIANTS 6).
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)},
-	})
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)}
+	if cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, startError(cfg.Slot, err)
