@@ -171,7 +171,7 @@ func TestDecodeValues(t *testing.T) {
 
 func TestDecodeMappingAndTables(t *testing.T) {
 	camel := &outbox.Table{
-		Name:    outbox.TableName{Schema: "tenant", Name: "OutboxEvent"},
+		Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"},
 		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId",
 			outbox.FieldEventType: "eventType", outbox.FieldPayload: "payload", outbox.FieldTenant: "tenantId"},
 		Extra: []string{"status"},
