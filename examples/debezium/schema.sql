@@ -1,0 +1,8 @@
+-- Debezium Outbox Event Router's default layout.
+CREATE TABLE outbox (
+  id uuid PRIMARY KEY,
+  aggregatetype varchar(255) NOT NULL,
+  aggregateid varchar(255) NOT NULL,
+  type varchar(255) NOT NULL,
+  payload jsonb
+);
