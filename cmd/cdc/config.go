@@ -32,6 +32,8 @@ type fileConfig struct {
 		MaxMessageBytes        int32         `yaml:"max_message_bytes"`
 		AllowAutoTopicCreation *bool         `yaml:"allow_auto_topic_creation"`
 		Linger                 time.Duration `yaml:"linger"`
+		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
+		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
 	} `yaml:"kafka"`
 	Tables          []fileTable   `yaml:"tables"`
 	MaxInFlight     int           `yaml:"max_in_flight"`
@@ -140,8 +142,9 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 			AllowAutoTopicCreation: autoCreate,
 			Linger:                 fc.Kafka.Linger,
 		},
-		MaxInFlight:     fc.MaxInFlight,
-		ShutdownTimeout: fc.ShutdownTimeout,
+		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
+		MaxInFlight:               fc.MaxInFlight,
+		ShutdownTimeout:           fc.ShutdownTimeout,
 	}
 	if len(fc.Tables) == 0 {
 		// Debezium's default layout, so that a config-less start works.

@@ -708,3 +708,68 @@ func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
 		return true
 	})
 }
+
+// TestDeadLetterPolicy: with on_invalid: dead-letter, a poison event goes to
+// the dead-letter topic as its original bytes with headers saying why, the
+// stream goes on, and the slot passes the event only once Kafka acked the
+// dead-letter record.
+func TestDeadLetterPolicy(t *testing.T) {
+	k := testenv.NewFakeKafka(t)
+	e := newEnv(t, k)
+	dlq := k.Prefix + "outbox.dead-letter"
+	e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
+	e.cfg.Tables[0].DeadLetterTopic = dlq
+	e.cfg.Tables = append(e.cfg.Tables, &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields,
+		Topic: k.Prefix + outbox.DefaultTopic, OnInvalid: outbox.OnInvalidDeadLetter, DeadLetterTopic: dlq})
+	// Hold dead-letter writes until the test has looked at the slot.
+	h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlq, Err: kerr.NotLeaderForPartition, Count: -1})
+	r := e.start(t)
+	conn := connect(t, e.db)
+
+	before := testenv.CurrentWAL(t, e.db)
+	poison, xid := insertEventTx(t, conn, "bad/type", "k-1", "Poison", `'{"keep": "these bytes"}'`)
+	poisonCommit := testenv.CommitLSN(t, e.db, xid, before)
+	if _, err := conn.Exec(context.Background(), `SELECT pg_logical_emit_message(true, 'outbox', 'not json')`); err != nil {
+		t.Fatal(err)
+	}
+	good := insertEvent(t, conn, "k-1", "Good")
+
+	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c.WaitFor(t, time.Minute, "the good event after the poison one", func(recs []*kgo.Record) bool { return ids(recs)[good] > 0 })
+	testenv.Eventually(t, 30*time.Second, "the dead-letter write to be attempted", func() bool { return h.Hits() > 0 })
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > poisonCommit {
+		t.Fatalf("confirmed_flush_lsn %s passed the poison event (commit %s) before its dead-letter record was acked", pos, poisonCommit)
+	}
+	h.Remove()
+	c.WaitFor(t, time.Minute, "two dead-letter records", func(recs []*kgo.Record) bool {
+		n := 0
+		for _, r := range recs {
+			if r.Topic == dlq {
+				n++
+			}
+		}
+		return n == 2
+	})
+	var dl []*kgo.Record
+	for _, r := range c.Records {
+		if r.Topic == dlq {
+			dl = append(dl, r)
+		}
+	}
+	first, second := dl[0], dl[1]
+	if string(first.Value) != `{"keep": "these bytes"}` || string(first.Key) != "k-1" ||
+		testenv.Header(first, route.HeaderDeadLetterID) != poison || testenv.Header(first, route.HeaderDeadLetterSource) != "public.outbox" ||
+		!strings.Contains(testenv.Header(first, route.HeaderDeadLetterError), "bad/type") ||
+		testenv.Header(first, route.HeaderDeadLetterLSN) != poisonCommit.String() {
+		t.Errorf("dead letter for the row: key %q value %q headers %v", first.Key, first.Value, first.Headers)
+	}
+	if string(second.Value) != "not json" || testenv.Header(second, route.HeaderDeadLetterSource) != `message prefix "outbox"` ||
+		!strings.Contains(testenv.Header(second, route.HeaderDeadLetterError), "not a JSON object") {
+		t.Errorf("dead letter for the message: value %q headers %v", second.Value, second.Headers)
+	}
+	end := testenv.CurrentWAL(t, e.db)
+	testenv.Eventually(t, 30*time.Second, "the slot to pass everything", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
+	if r.tracker.Load().Err() != nil {
+		t.Fatal(r.tracker.Load().Err())
+	}
+}

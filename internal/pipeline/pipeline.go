@@ -25,6 +25,10 @@ type Config struct {
 	Postgres wal.Config
 	Kafka    sink.Config
 	Tables   []*outbox.Table
+	// DeadLetterMaxMessageBytes is the record size limit of the
+	// dead-letter topics; to dead-letter oversized events it must exceed
+	// Kafka.MaxMessageBytes. Default 1,000,012.
+	DeadLetterMaxMessageBytes int32
 	// MaxInFlight is how many events may wait for Kafka's ack before the
 	// replication loop stops reading. Default 10,000.
 	MaxInFlight int
@@ -73,6 +77,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.MaxMessageBytes == 0 {
 		c.Kafka.MaxMessageBytes = sink.DefaultMaxMessageBytes
+	}
+	if c.DeadLetterMaxMessageBytes == 0 {
+		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
+	}
+	c.Kafka.TopicMaxMessageBytes = map[string]int32{}
+	for _, t := range c.Tables {
+		if t.OnInvalid == outbox.OnInvalidDeadLetter {
+			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
+		}
 	}
 	if c.Kafka.MaxBufferedRecords == 0 {
 		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
@@ -266,7 +279,8 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 	}
 	final := stream.Close(context.WithoutCancel(ctx), tracker)
 	if ctx.Err() != nil {
-		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String())
+		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String(),
+			"dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())
 		return nil
 	}
 	return runErr

@@ -22,7 +22,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -207,4 +209,44 @@ func TestRealBrokerStoppedFor30s(t *testing.T) {
 	}
 	end := testenv.CurrentWAL(t, e.db)
 	testenv.Eventually(t, time.Minute, "the slot to confirm everything", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
+}
+
+// TestRealDeadLetterOverMaxMessageBytes: with on_invalid: dead-letter, an
+// event larger than the topic allows goes to the dead-letter topic (which
+// allows more), and streaming goes on.
+func TestRealDeadLetterOverMaxMessageBytes(t *testing.T) {
+	k := realKafka(t)
+	e := newEnv(t, k)
+	topic := k.Prefix + "outbox.event.order"
+	dlq := k.Prefix + "outbox.dead-letter"
+	maxBytes := "10000"
+	resp, err := adminClient(t, k).CreateTopic(context.Background(), 1, 1, map[string]*string{"max.message.bytes": &maxBytes}, topic)
+	if err != nil || resp.Err != nil {
+		t.Fatalf("create topic: %v %v", err, resp.Err)
+	}
+	e.cfg.Kafka.MaxMessageBytes = 10000 // mirrors the topic, so oversized events are caught before sending
+	e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
+	e.cfg.Tables[0].DeadLetterTopic = dlq
+	e.start(t)
+	conn := connect(t, e.db)
+	big, _ := insertEventTx(t, conn, "order", "big-1", "Huge",
+		`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
+	after := insertEvent(t, conn, "big-1", "After")
+	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c.WaitFor(t, time.Minute, "the dead letter and the next event", func(recs []*kgo.Record) bool {
+		dead := false
+		for _, r := range recs {
+			dead = dead || (r.Topic == dlq && testenv.Header(r, route.HeaderDeadLetterID) == big)
+		}
+		return dead && ids(recs)[after] > 0
+	})
+	for _, r := range c.Records {
+		if r.Topic == dlq {
+			if len(r.Value) < 64000 || !strings.Contains(testenv.Header(r, route.HeaderDeadLetterError), "max_message_bytes") {
+				t.Errorf("dead letter: %d bytes, error %q", len(r.Value), testenv.Header(r, route.HeaderDeadLetterError))
+			}
+		}
+	}
+	end := testenv.CurrentWAL(t, e.db)
+	testenv.Eventually(t, 30*time.Second, "the slot to pass everything", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
 }

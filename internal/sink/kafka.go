@@ -22,6 +22,9 @@ type Config struct {
 	// mirroring the broker's message.max.bytes. A record larger than this
 	// fails with MESSAGE_TOO_LARGE. Default 1,000,012 (Kafka's default).
 	MaxMessageBytes int32
+	// TopicMaxMessageBytes overrides MaxMessageBytes for some topics; the
+	// pipeline sets the dead-letter topics' limit here.
+	TopicMaxMessageBytes map[string]int32
 	// AllowAutoTopicCreation asks the broker to create missing topics, as
 	// the Java producer does; the broker's auto.create.topics.enable still
 	// decides. Default true (set by the caller's config loader).
@@ -83,7 +86,14 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		// Idempotence is franz-go's default; acks=all is required by it.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.StopProducerOnDataLossDetected(),
-		kgo.ProducerBatchMaxBytes(cfg.MaxMessageBytes),
+		// A batch never exceeds its topic's limit: the broker checks
+		// max.message.bytes against whole batches.
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if n, ok := cfg.TopicMaxMessageBytes[topic]; ok {
+				return n
+			}
+			return cfg.MaxMessageBytes
+		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(cfg.Linger),
 	}
