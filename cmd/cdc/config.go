@@ -58,6 +58,8 @@ type fileTable struct {
 		As        string `yaml:"as"`
 	} `yaml:"additional"`
 	Topic                   string            `yaml:"topic"`
+	TopicNormalize          []string          `yaml:"topic_normalize"`
+	TopicReplacement        string            `yaml:"topic_replacement"`
 	Key                     string            `yaml:"key"`
 	Format                  string            `yaml:"format"`
 	Headers                 map[string]string `yaml:"headers"`
@@ -174,6 +176,22 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		Tombstone:         ft.TombstoneOnEmptyPayload,
 		OnInvalid:         ft.OnInvalid,
 		DeadLetterTopic:   ft.DeadLetterTopic,
+	}
+	for _, n := range ft.TopicNormalize {
+		switch n {
+		case "lowercase":
+			t.TopicLowercase = true
+		case "replace-illegal":
+			t.TopicReplaceIllegal = ft.TopicReplacement
+			if t.TopicReplaceIllegal == "" {
+				t.TopicReplaceIllegal = "_"
+			}
+		default:
+			return nil, fmt.Errorf("topic_normalize: %q: use lowercase or replace-illegal", n)
+		}
+	}
+	if ft.TopicReplacement != "" && t.TopicReplaceIllegal == "" {
+		return nil, fmt.Errorf("topic_replacement is set but topic_normalize does not include replace-illegal")
 	}
 	isMessage := ft.MessagePrefix != ""
 	switch {

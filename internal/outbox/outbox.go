@@ -126,7 +126,13 @@ type Table struct {
 	Extra []string
 
 	Topic string // template; DefaultTopic
-	Key   string // template; DefaultKey
+	// TopicLowercase and TopicReplaceIllegal are explicit, opt-in
+	// normalisations of the expanded topic name: lower-case it, and
+	// replace each character Kafka does not allow with this string. Off by
+	// default: a topic is never rewritten unless asked.
+	TopicLowercase      bool
+	TopicReplaceIllegal string
+	Key                 string // template; DefaultKey
 	// Format is one of the Format constants; FormatPayload by default.
 	Format string
 	// Headers renames (or with "" turns off) the metadata headers, by
@@ -200,6 +206,11 @@ func (t *Table) Validate() error {
 	case OnInvalidFail, OnInvalidDeadLetter:
 	default:
 		return fmt.Errorf("%s: on_invalid %q: use fail or dead-letter", t, t.OnInvalid)
+	}
+	for _, c := range t.TopicReplaceIllegal {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%s: topic_normalize replacement %q must itself be legal in topic names", t, t.TopicReplaceIllegal)
+		}
 	}
 	if t.DeadLetterTopic == "" {
 		t.DeadLetterTopic = DefaultDeadLetterTopic

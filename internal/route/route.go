@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -142,6 +143,26 @@ func ValidTopic(name string) error {
 	return nil
 }
 
+// normalize applies the normalisations the source turned on, and only
+// those.
+func normalize(topic string, t *outbox.Table) string {
+	if t.TopicLowercase {
+		topic = strings.ToLower(topic)
+	}
+	if t.TopicReplaceIllegal != "" {
+		var b strings.Builder
+		for _, c := range topic {
+			if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' {
+				b.WriteRune(c)
+			} else {
+				b.WriteString(t.TopicReplaceIllegal)
+			}
+		}
+		topic = b.String()
+	}
+	return topic
+}
+
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
 // when ev cannot be delivered as configured.
 func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
@@ -153,6 +174,7 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	if err != nil {
 		return nil, outbox.Invalid(ev, "topic template %q: %v", ev.Table.Topic, err)
 	}
+	topic = normalize(topic, ev.Table)
 	if err := ValidTopic(topic); err != nil {
 		return nil, outbox.Invalid(ev, "%v", err)
 	}

@@ -232,6 +232,22 @@ func TestTemplates(t *testing.T) {
 	}
 }
 
+func TestTopicNormalisationIsOptIn(t *testing.T) {
+	plain := table(nil)
+	ev := event(plain)
+	ev.Fields[outbox.FieldAggregateType] = text("Kitchen Task/v2")
+	r, _ := New([]*outbox.Table{plain})
+	if _, err := r.Record(ev); err == nil {
+		t.Fatal("an illegal topic was accepted without normalisation turned on")
+	}
+	norm := table(func(t *outbox.Table) { t.TopicLowercase = true; t.TopicReplaceIllegal = "_" })
+	ev = event(norm)
+	ev.Fields[outbox.FieldAggregateType] = text("Kitchen Task/v2")
+	if rec := record(t, norm, ev); rec.Topic != "outbox.event.kitchen_task_v2" {
+		t.Fatalf("topic = %q", rec.Topic)
+	}
+}
+
 func TestKeyFromColumn(t *testing.T) {
 	// Seed 003's command_outbox has no aggregate columns.
 	tbl := table(func(t *outbox.Table) {
