@@ -131,7 +131,7 @@ log:
 		writerDone <- nil
 	}()
 
-	c := kafka.NewConsumer(t, "^"+strings.ReplaceAll(kafka.Prefix, ".", `\.`)+".*")
+	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1000)
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -361,7 +361,7 @@ func TestRollbackNeverAppears(t *testing.T) {
 	}
 	after := insertEvent(t, conn, "a-1", "After")
 
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitFor(t, time.Minute, "the event committed after the rollback", func(r []*kgo.Record) bool { return ids(r)[after] > 0 })
 	got := ids(c.Records)
 	if got[before] != 1 || got[after] != 1 || got[rolledBack] != 0 || len(c.Records) != 2 {
@@ -392,7 +392,7 @@ func TestInsertThenDeleteInOneTransaction(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("outbox has %d rows after the delete", n)
 	}
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 	r := c.Records[0]
 	if testenv.Header(r, route.HeaderID) != id || string(r.Key) != "d-1" || string(r.Value) != `{"gone": false}` {
@@ -409,7 +409,7 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 	// Let the connector deliver one event first, so the test also covers
 	// moving on from an acknowledged position.
 	insertEvent(t, conn, "q-1", "First")
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 	start := testenv.SlotPosition(t, e.db, "outbox_cdc")
 
@@ -518,7 +518,7 @@ func TestPoisonEventStops(t *testing.T) {
 	r := e.start(t)
 	conn := connect(t, e.db)
 	ok := insertEvent(t, conn, "p-1", "Fine")
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 
 	before := testenv.CurrentWAL(t, e.db)
@@ -556,7 +556,7 @@ func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		insertEvent(t, conn, fmt.Sprintf("g-%d", i%5), "E")
 	}
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 50)
 	var lastCommit pglogrepl.LSN
 	for _, rec := range c.Records {
@@ -621,7 +621,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	holder.Close(ctx, checkpoint.NewTracker(st.ConfirmedFlush, 1))
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream once the slot is free", func() bool { return r.tracker.Load() != nil })
 	id := insertEvent(t, connect(t, e.db), "u-1", "AfterWait")
-	c := e.kafka.NewConsumer(t, "^"+strings.ReplaceAll(e.kafka.Prefix, ".", `\.`)+".*")
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 	if got := testenv.Header(c.Records[0], route.HeaderID); got != id {
 		t.Fatalf("delivered %s, want %s", got, id)
@@ -697,7 +697,7 @@ func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
 		t.Fatal("the session restarted while Kafka was down")
 	}
 	h.Remove()
-	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c := k.NewConsumer(t, k.AllTopics())
 	c.WaitFor(t, time.Minute, "every stalled event", func(recs []*kgo.Record) bool {
 		got := ids(recs)
 		for _, id := range want {
@@ -734,7 +734,7 @@ func TestDeadLetterPolicy(t *testing.T) {
 	}
 	good := insertEvent(t, conn, "k-1", "Good")
 
-	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c := k.NewConsumer(t, k.AllTopics())
 	c.WaitFor(t, time.Minute, "the good event after the poison one", func(recs []*kgo.Record) bool { return ids(recs)[good] > 0 })
 	testenv.Eventually(t, 30*time.Second, "the dead-letter write to be attempted", func() bool { return h.Hits() > 0 })
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > poisonCommit {

@@ -158,7 +158,7 @@ func TestRealBrokerStoppedFor30s(t *testing.T) {
 		}
 	}
 	write(50, "BeforeStop")
-	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c := k.NewConsumer(t, k.AllTopics())
 	c.WaitCount(t, time.Minute, 50)
 
 	run := func(args ...string) {
@@ -232,7 +232,7 @@ func TestRealDeadLetterOverMaxMessageBytes(t *testing.T) {
 	big, _ := insertEventTx(t, conn, "order", "big-1", "Huge",
 		`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
 	after := insertEvent(t, conn, "big-1", "After")
-	c := k.NewConsumer(t, "^"+strings.ReplaceAll(k.Prefix, ".", `\.`)+".*")
+	c := k.NewConsumer(t, k.AllTopics())
 	c.WaitFor(t, time.Minute, "the dead letter and the next event", func(recs []*kgo.Record) bool {
 		dead := false
 		for _, r := range recs {

@@ -250,13 +250,8 @@ func (tr *tableRoute) envelope(ev *outbox.Event) ([]byte, error) {
 		b = append(b, ':')
 		b = appendJSON(b, v)
 	}
-	for _, f := range []struct {
-		name  string
-		field outbox.Field
-	}{{"event_id", outbox.FieldID}} {
-		if ev.Table.Columns[f.field] != "" {
-			add(f.name, ev.Fields[f.field])
-		}
+	if ev.Table.Columns[outbox.FieldID] != "" {
+		add("event_id", ev.Fields[outbox.FieldID])
 	}
 	add("occurred_at", outbox.Value{B: []byte(occurredAt(ev).UTC().Format(time.RFC3339Nano)), Kind: outbox.KindText})
 	for _, f := range []struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -59,6 +60,9 @@ func NewFakeKafka(t testing.TB, opts ...kfake.Opt) *Kafka {
 	t.Cleanup(c.Close)
 	return &Kafka{Brokers: c.ListenAddrs(), Fake: c, Prefix: fmt.Sprintf("t%d.", topicSeq.Add(1))}
 }
+
+// AllTopics is a regular expression for every topic of this test.
+func (k *Kafka) AllTopics() string { return "^" + regexp.QuoteMeta(k.Prefix) + ".*" }
 
 // Consumer reads topics from their start.
 type Consumer struct {
