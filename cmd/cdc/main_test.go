@@ -80,7 +80,7 @@ func TestKillMidStreamAndRestart(t *testing.T) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	os.WriteFile(config, []byte(fmt.Sprintf(`
+	writeErr := os.WriteFile(config, []byte(fmt.Sprintf(`
 postgres:
   url: %q
   status_interval: 50ms
@@ -92,6 +92,9 @@ tables:
 log:
   level: info
 `, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}")), 0o600)
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
 
 	first := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })

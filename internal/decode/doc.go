@@ -8,10 +8,15 @@
 // schema, and INSERTs refer to it by OID only.
 //
 // Invariants:
-//   - Only INSERTs into configured tables become events. UPDATE, DELETE and
-//     TRUNCATE are never events; the publication only publishes inserts, and
-//     a row deleted later in the same transaction is still delivered because
-//     its INSERT is in the WAL.
+//   - Only INSERTs into configured tables, and transactional logical
+//     decoding messages with a configured prefix, become events. UPDATE,
+//     DELETE and TRUNCATE are never events; the publication only publishes
+//     inserts, and a row deleted later in the same transaction is still
+//     delivered because its INSERT is in the WAL. Other messages are
+//     reported as ignored, never silently.
+//   - A value that cannot be read as configured (a bad bytea, a message that
+//     is not a JSON object) is a KindInvalid message for the source's
+//     on_invalid policy, not a stream error and never a dropped event.
 //   - A configured table whose Relation message lacks a mapped column is an
 //     error, never a silently empty field.
 //   - Values are copied out of the input: the caller's buffer is reused.

@@ -208,7 +208,7 @@ func (t *Table) Validate() error {
 		return fmt.Errorf("%s: on_invalid %q: use fail or dead-letter", t, t.OnInvalid)
 	}
 	for _, c := range t.TopicReplaceIllegal {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		if !LegalTopicChar(c) {
 			return fmt.Errorf("%s: topic_normalize replacement %q must itself be legal in topic names", t, t.TopicReplaceIllegal)
 		}
 	}
@@ -235,6 +235,12 @@ func (t *Table) Validate() error {
 		t.AddExtra(a.Column)
 	}
 	return nil
+}
+
+// LegalTopicChar reports whether Kafka allows c in a topic name:
+// [a-zA-Z0-9._-].
+func LegalTopicChar(c rune) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 // Kind says how a value's bytes read: it comes from the column's type, or
@@ -280,9 +286,6 @@ type Event struct {
 	CommitTime time.Time
 	XID        uint32
 }
-
-// Field returns the value of field f.
-func (e *Event) Field(f Field) Value { return e.Fields[f] }
 
 // ID returns the event id as text, for messages.
 func (e *Event) ID() string { return string(e.Fields[FieldID].B) }

@@ -11,8 +11,11 @@
 //
 // Invariants:
 //   - Fatal and transient errors are told apart in one place (Permanent).
-//   - Nothing is ever skipped to keep going: a poison event stops the
-//     connector with an error naming the table, event id and LSN.
+//   - Nothing is ever skipped to keep going: an invalid event stops the
+//     connector with an error naming the source, event id and LSN, or (with
+//     on_invalid: dead-letter) becomes a dead-letter record that the tracker
+//     counts like any event, so its transaction resolves only after that
+//     record is acked.
 //   - Shutdown stops reading, waits for Kafka's acks up to ShutdownTimeout,
 //     sends a final status update with what was acked, and closes.
 package pipeline

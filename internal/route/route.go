@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -71,9 +73,27 @@ type tableRoute struct {
 	envelopeExtra []placed
 }
 
-// Router turns events into Kafka records.
+// Router turns events into Kafka records. It is not safe for concurrent
+// use: the replication loop owns it.
 type Router struct {
 	routes map[*outbox.Table]*tableRoute
+	// The commit LSN header is the same for every event of a transaction:
+	// format it once per transaction, not once per event. Records only
+	// read the shared bytes.
+	lsn     pglogrepl.LSN
+	lsnText []byte
+}
+
+// commitLSN returns ev's commit LSN as header bytes, e.g. "0/16B3748".
+func (r *Router) commitLSN(ev *outbox.Event) []byte {
+	if r.lsnText == nil || ev.CommitLSN != r.lsn {
+		b := make([]byte, 0, 17)
+		b = strconv.AppendUint(b, uint64(ev.CommitLSN)>>32, 16)
+		b = append(b, '/')
+		b = strconv.AppendUint(b, uint64(ev.CommitLSN)&0xFFFFFFFF, 16)
+		r.lsn, r.lsnText = ev.CommitLSN, bytes.ToUpper(b)
+	}
+	return r.lsnText
 }
 
 // New compiles every source's templates. It adds the columns that
@@ -134,9 +154,8 @@ func ValidTopic(name string) error {
 	if len(name) > 249 {
 		return fmt.Errorf("topic name %.40q... is %d characters; Kafka allows 249", name, len(name))
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+	for _, c := range name {
+		if !outbox.LegalTopicChar(c) {
 			return fmt.Errorf("topic name %q contains %q; Kafka allows only letters, digits, '.', '_' and '-'", name, c)
 		}
 	}
@@ -152,7 +171,7 @@ func normalize(topic string, t *outbox.Table) string {
 	if t.TopicReplaceIllegal != "" {
 		var b strings.Builder
 		for _, c := range topic {
-			if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' {
+			if outbox.LegalTopicChar(c) {
 				b.WriteRune(c)
 			} else {
 				b.WriteString(t.TopicReplaceIllegal)
@@ -186,7 +205,7 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	rec.Headers = make([]kgo.RecordHeader, 0, len(tr.meta)+len(tr.headerExtras)+8)
 	for _, h := range tr.meta {
 		if h.field < 0 {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.name, Value: []byte(ev.CommitLSN.String())})
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.name, Value: r.commitLSN(ev)})
 		} else if v := ev.Fields[h.field]; !v.Null() {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.name, Value: v.B})
 		}
@@ -439,7 +458,7 @@ func (r *Router) DeadLetter(ev *outbox.Event, rec *kgo.Record, reason string) *k
 	dl.Headers = append(dl.Headers,
 		kgo.RecordHeader{Key: HeaderDeadLetterError, Value: []byte(reason)},
 		kgo.RecordHeader{Key: HeaderDeadLetterSource, Value: []byte(ev.Table.String())},
-		kgo.RecordHeader{Key: HeaderDeadLetterLSN, Value: []byte(ev.CommitLSN.String())},
+		kgo.RecordHeader{Key: HeaderDeadLetterLSN, Value: r.commitLSN(ev)},
 		kgo.RecordHeader{Key: HeaderDeadLetterID, Value: []byte(ev.ID())},
 	)
 	return dl

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -308,6 +309,24 @@ func TestDeadLetter(t *testing.T) {
 	mev := &outbox.Event{Table: msg, Raw: []byte("not json")}
 	if dl := r.DeadLetter(mev, nil, "bad"); string(dl.Value) != "not json" || headers(dl)["dead_letter_source"] != `message prefix "outbox"` {
 		t.Fatalf("message dead letter = %+v", dl)
+	}
+}
+
+// TestCommitLSNHeader: the cached text must match pglogrepl's format for
+// every transaction, not only the first.
+func TestCommitLSNHeader(t *testing.T) {
+	tbl := table(nil)
+	r, _ := New([]*outbox.Table{tbl})
+	for _, lsn := range []pglogrepl.LSN{0x16B3748, 0x16B3748, 0x1_0000_00AB, 0, 0xFFFFFFFF_FFFFFFFF, 0x16B3748} {
+		ev := event(tbl)
+		ev.CommitLSN = lsn
+		rec, err := r.Record(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := headers(rec)["commit_lsn"]; got != lsn.String() {
+			t.Errorf("commit_lsn for %d = %q, want %q", uint64(lsn), got, lsn.String())
+		}
 	}
 }
 

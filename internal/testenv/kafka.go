@@ -87,6 +87,17 @@ func (k *Kafka) NewConsumer(t testing.TB, topicRegex string) *Consumer {
 	return &Consumer{cl: cl}
 }
 
+// Settle keeps reading for d, so that records beyond those a test waited
+// for (duplicates, strays) show up in Records before it counts them.
+func (c *Consumer) Settle(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		c.Records = append(c.Records, c.cl.PollFetches(ctx).Records()...)
+		cancel()
+	}
+}
+
 // WaitFor polls until done returns true for the records read so far, or
 // fails the test at the deadline.
 func (c *Consumer) WaitFor(t testing.TB, timeout time.Duration, what string, done func([]*kgo.Record) bool) {

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -54,7 +55,7 @@ var dbSeq atomic.Int64
 func (p *Postgres) NewDatabase(t testing.TB) string {
 	t.Helper()
 	name := fmt.Sprintf("cdc_test_%d_%d", os.Getpid(), dbSeq.Add(1))
-	p.Exec(t, p.URL, "CREATE DATABASE "+name)
+	Exec(t, p.URL, "CREATE DATABASE "+name)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -85,13 +86,20 @@ func (p *Postgres) NewDatabase(t testing.TB) string {
 }
 
 // Exec runs SQL statements on url, failing the test on error.
-func (p *Postgres) Exec(t testing.TB, dbURL string, sql ...string) {
+func Exec(t testing.TB, dbURL string, sql ...string) {
 	t.Helper()
-	Exec(t, dbURL, sql...)
+	withConn(t, dbURL, func(ctx context.Context, conn *pgx.Conn) {
+		for _, q := range sql {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	})
 }
 
-// Exec runs SQL statements on url, failing the test on error.
-func Exec(t testing.TB, dbURL string, sql ...string) {
+// withConn runs fn on a new connection to dbURL, failing the test if it
+// cannot connect.
+func withConn(t testing.TB, dbURL string, fn func(context.Context, *pgx.Conn)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -100,11 +108,7 @@ func Exec(t testing.TB, dbURL string, sql ...string) {
 		t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	for _, s := range sql {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
+	fn(ctx, conn)
 }
 
 // SlotPosition returns the slot's confirmed_flush_lsn, or 0 when the slot
@@ -131,16 +135,11 @@ func CurrentWAL(t testing.TB, dbURL string) pglogrepl.LSN {
 // QueryRow runs one query and scans its row into dest.
 func QueryRow(t testing.TB, dbURL, sql string, args []any, dest ...any) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	withConn(t, dbURL, func(ctx context.Context, conn *pgx.Conn) {
+		if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	})
 }
 
 // Main is the body of a TestMain for packages with integration tests: it
@@ -149,8 +148,8 @@ func QueryRow(t testing.TB, dbURL, sql string, args []any, dest ...any) {
 func Main(m *testing.M, pg **Postgres) {
 	code := func() int {
 		// Parse flags so that testing.Short works before m.Run.
-		if !flagParsed() {
-			parseFlags()
+		if !flag.Parsed() {
+			flag.Parse()
 		}
 		if testing.Short() {
 			fmt.Fprintln(os.Stderr, "testenv: -short: integration tests skipped")

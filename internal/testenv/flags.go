@@ -1,6 +1,0 @@
-package testenv
-
-import "flag"
-
-func flagParsed() bool { return flag.Parsed() }
-func parseFlags()      { flag.Parse() }
