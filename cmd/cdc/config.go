@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -75,9 +76,11 @@ type logConfig struct {
 	JSON  bool
 }
 
-// loadConfig reads the YAML file at path ("" for none), applies the
+// loadConfig reads the YAML file at path ("" for none) and applies the
 // environment (CDC_POSTGRES_URL, CDC_KAFKA_BROKERS, CDC_LOG_LEVEL,
-// CDC_LOG_FORMAT override the file), fills defaults and validates.
+// CDC_LOG_FORMAT override the file). It reports what is wrong with the file
+// itself; the packages' own validation, with the defaults, runs once in
+// pipeline.New.
 func loadConfig(path string, getenv func(string) string) (pipeline.Config, logConfig, error) {
 	var fc fileConfig
 	if path != "" {
@@ -159,9 +162,6 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 		}
 		cfg.Tables = append(cfg.Tables, t)
 	}
-	if err := cfg.Validate(); err != nil {
-		return pipeline.Config{}, logConfig{}, err
-	}
 	return cfg, lc, nil
 }
 
@@ -214,7 +214,7 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		if isMessage {
 			return s, nil
 		}
-		return outbox.ParseIdent(s)
+		return pgident.Parse(s)
 	}
 	for key, val := range ft.Columns {
 		f, ok := outbox.FieldByName(key)

@@ -7,8 +7,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
 )
+
+// validConfig is what cdc run works with: the file and environment as
+// loadConfig reads them, validated once by pipeline.New.
+func validConfig(path string, getenv func(string) string) (pipeline.Config, logConfig, error) {
+	cfg, lc, err := loadConfig(path, getenv)
+	if err != nil {
+		return pipeline.Config{}, logConfig{}, err
+	}
+	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		return pipeline.Config{}, logConfig{}, err
+	}
+	return p.Config(), lc, nil
+}
 
 func writeConfig(t *testing.T, body string) string {
 	t.Helper()
@@ -28,7 +45,7 @@ func env(kv ...string) func(string) string {
 }
 
 func TestLoadConfigDefaults(t *testing.T) {
-	cfg, lc, err := loadConfig("", env("CDC_POSTGRES_URL", "postgres://u:p@db/app", "CDC_KAFKA_BROKERS", "k1:9092, k2:9092"))
+	cfg, lc, err := validConfig("", env("CDC_POSTGRES_URL", "postgres://u:p@db/app", "CDC_KAFKA_BROKERS", "k1:9092, k2:9092"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +88,7 @@ log:
   level: debug
   format: json
 `)
-	cfg, lc, err := loadConfig(p, env("CDC_POSTGRES_URL", "postgres://env@db/app"))
+	cfg, lc, err := validConfig(p, env("CDC_POSTGRES_URL", "postgres://env@db/app"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +146,7 @@ func TestLoadConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := loadConfig(writeConfig(t, tt.body), env())
+			_, _, err := validConfig(writeConfig(t, tt.body), env())
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
 			}
@@ -155,7 +172,7 @@ tables:
     additional: [{column: group_id, placement: header, as: x-group-id}]
     headers: {id: x-event-id, commit_lsn: ""}
 `)
-	cfg, _, err := loadConfig(p, env())
+	cfg, _, err := validConfig(p, env())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +190,7 @@ tables:
 }
 
 func TestURLPasswordNeverInErrors(t *testing.T) {
-	_, _, err := loadConfig("", env("CDC_POSTGRES_URL", "postgres://u:hunter2@h:notaport/d", "CDC_KAFKA_BROKERS", "k:1"))
+	_, _, err := validConfig("", env("CDC_POSTGRES_URL", "postgres://u:hunter2@h:notaport/d", "CDC_KAFKA_BROKERS", "k:1"))
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("err = %v; want an error without the password", err)
 	}

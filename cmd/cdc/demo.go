@@ -68,25 +68,12 @@ func demo(ctx context.Context, args []string, getenv func(string) string, out, e
 		return 1
 	}
 
-	// Postgres.
-	pgURL := getenv("CDC_DEMO_POSTGRES_URL")
-	pgWhere := "your Postgres (CDC_DEMO_POSTGRES_URL)"
-	if pgURL == "" {
-		fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) ...")
-		// synchronous_commit on: the walsender only sends flushed WAL, so
-		// with it off every commit would wait for the WAL writer (200 ms)
-		// and the latency shown would be Postgres', not the connector's.
-		srv, err := localpg.Start("synchronous_commit=on")
-		if err != nil {
-			if _, ferr := localpg.FindBinaries(); ferr != nil {
-				return fail("PostgreSQL server binaries not found: install postgresql (apt-get install postgresql, or run make setup) or set CDC_DEMO_POSTGRES_URL to a server with wal_level=logical")
-			}
-			return fail("could not start PostgreSQL: %v", err)
-		}
-		defer srv.Stop()
-		pgURL, pgWhere = srv.URL, "a throwaway PostgreSQL in "+srv.Bin
+	pg, err := demoPostgres(getenv, out)
+	if err != nil {
+		return fail("%v", err)
 	}
-	conn, err := pgx.Connect(ctx, pgURL)
+	defer pg.stop()
+	conn, err := pgx.Connect(ctx, pg.addr)
 	if err != nil {
 		return fail("connect to postgres: %v", err)
 	}
@@ -99,111 +86,155 @@ func demo(ctx context.Context, args []string, getenv func(string) string, out, e
 	}
 	defer conn.Exec(context.Background(), demoCleanup)
 
-	// Kafka.
-	var brokers []string
-	kafkaWhere := "your Kafka (CDC_DEMO_KAFKA_BROKERS)"
-	if b := getenv("CDC_DEMO_KAFKA_BROKERS"); b != "" {
-		brokers = strings.Split(b, ",")
-	} else {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
-		if err != nil {
-			return fail("start the embedded Kafka broker: %v", err)
-		}
-		defer c.Close()
-		brokers, kafkaWhere = c.ListenAddrs(), "an embedded Kafka-protocol broker (kfake) at "+strings.Join(c.ListenAddrs(), ",")
-	}
-
-	// The connector, exactly as cdc run would build it.
-	cfg := pipeline.Config{
-		Postgres: wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
-		Kafka:    sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
-		Tables:   []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}},
-	}
-	logs := &strings.Builder{}
-	var logMu sync.Mutex
-	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Name: "cdc", Level: hclog.Warn, Output: lockedWriter{&logMu, logs}}))
+	kafka, err := demoKafka(getenv)
 	if err != nil {
 		return fail("%v", err)
 	}
-	board := newBoard()
-	streaming := make(chan struct{})
-	var once sync.Once
-	p.OnSession = func(*checkpoint.Tracker) { once.Do(func() { close(streaming) }) }
-	p.OnDelivered = board.delivered
-	pctx, stopPipeline := context.WithCancel(context.Background())
-	defer stopPipeline()
-	pdone := make(chan error, 1)
-	go func() { pdone <- p.Run(pctx) }()
-	select {
-	case <-streaming:
-	case err := <-pdone:
-		return fail("the connector stopped: %v", err)
-	case <-ctx.Done():
-		stopPipeline()
-		<-pdone
+	defer kafka.stop()
+
+	board := &board{}
+	connector, err := startDemoConnector(ctx, pg.addr, strings.Split(kafka.addr, ","), board)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer connector.stop()
+	if connector == nil { // Ctrl-C before it streamed
 		return 0
 	}
 
-	fmt.Fprintf(out, "postgres: %s\nkafka:    %s\nconnector: slot cdc_demo streams cdc_demo.outbox -> topics outbox.event.<aggregatetype>\n\n", pgWhere, kafkaWhere)
+	fmt.Fprintf(out, "postgres: %s\nkafka:    %s\nconnector: slot cdc_demo streams cdc_demo.outbox -> topics outbox.event.<aggregatetype>\n\n", pg.where, kafka.where)
 	fmt.Fprintf(out, "an order service writes orders and their events in the same transactions for %s (Ctrl-C to stop early)\n\n", *duration)
 
-	// The order service and the display run until the duration is over or
-	// the user presses Ctrl-C.
-	wctx, stopWriting := context.WithTimeout(ctx, *duration)
-	defer stopWriting()
-	// The service has its own connection: cancelling it mid-transaction
-	// closes that connection, and conn is still needed for the summary and
-	// the clean-up.
-	svcConn, err := pgx.Connect(ctx, pgURL)
+	// The order service has its own connection: cancelling it
+	// mid-transaction closes that connection, and conn is still needed for
+	// the summary and the clean-up.
+	svcConn, err := pgx.Connect(ctx, pg.addr)
 	if err != nil {
 		return fail("connect to postgres: %v", err)
 	}
 	defer svcConn.Close(context.Background())
-	werr := make(chan error, 1)
-	go func() { werr <- orderService(wctx, svcConn, *rate, board) }()
-	display := newDisplay(out)
-	tick := time.NewTicker(250 * time.Millisecond)
-	var pipelineErr error
-loop:
-	for {
-		select {
-		case <-tick.C:
-			display.draw(board)
-		case err := <-werr:
-			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				pipelineErr = fmt.Errorf("order service: %w", err)
-			}
-			break loop
-		case err := <-pdone:
-			pipelineErr = fmt.Errorf("the connector stopped: %v", err)
-			pdone <- err
-			break loop
-		}
-	}
-	// Let Kafka acknowledge what was written, briefly.
-	deadline := time.Now().Add(10 * time.Second)
-	for pipelineErr == nil && board.pending() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-		<-tick.C
-		display.draw(board)
-	}
-	tick.Stop()
-	display.draw(board)
-	stopPipeline()
-	if err := <-pdone; err != nil && pipelineErr == nil {
-		pipelineErr = err
+	wctx, stopWriting := context.WithTimeout(ctx, *duration)
+	defer stopWriting()
+	svc := make(chan error, 1)
+	go func() { svc <- newOrderService(svcConn, board).run(wctx, *rate) }()
+
+	runErr := showUntilDone(ctx, newDisplay(out), board, svc, connector.done)
+	if err := connector.stop(); err != nil && runErr == nil {
+		runErr = err
 	}
 
 	var confirmed *pglogrepl.LSN
 	conn.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'cdc_demo'`).Scan(&confirmed)
 	board.summary(out, confirmed)
-	if pipelineErr != nil {
-		logMu.Lock()
-		fmt.Fprintf(errOut, "\ndemo: %v\n%s", pipelineErr, logs.String())
-		logMu.Unlock()
+	if runErr != nil {
+		fmt.Fprintf(errOut, "\ndemo: %v\n%s", runErr, connector.logs())
 		return 1
 	}
 	fmt.Fprintln(out, "cleaned up: the demo schema, slot and publication are dropped; the throwaway Postgres and the embedded broker are stopped.")
 	return 0
+}
+
+// demoServer is a server the demo uses, and how to take it down.
+type demoServer struct {
+	addr  string // a Postgres URL, or comma-separated brokers
+	where string // what it is, for the banner
+	stop  func()
+}
+
+// demoPostgres starts a throwaway Postgres, or uses CDC_DEMO_POSTGRES_URL.
+func demoPostgres(getenv func(string) string, out io.Writer) (demoServer, error) {
+	if url := getenv("CDC_DEMO_POSTGRES_URL"); url != "" {
+		return demoServer{addr: url, where: "your Postgres (CDC_DEMO_POSTGRES_URL)", stop: func() {}}, nil
+	}
+	fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) ...")
+	// synchronous_commit on: the walsender only sends flushed WAL, so with
+	// it off every commit would wait for the WAL writer (200 ms) and the
+	// latency shown would be Postgres', not the connector's.
+	srv, err := localpg.Start("synchronous_commit=on")
+	if err != nil {
+		if _, ferr := localpg.FindBinaries(); ferr != nil {
+			return demoServer{}, errors.New("PostgreSQL server binaries not found: install postgresql (apt-get install postgresql, or run make setup) or set CDC_DEMO_POSTGRES_URL to a server with wal_level=logical")
+		}
+		return demoServer{}, fmt.Errorf("could not start PostgreSQL: %v", err)
+	}
+	return demoServer{addr: srv.URL, where: "a throwaway PostgreSQL in " + srv.Bin, stop: srv.Stop}, nil
+}
+
+// demoKafka starts an embedded Kafka-protocol broker, or uses
+// CDC_DEMO_KAFKA_BROKERS.
+func demoKafka(getenv func(string) string) (demoServer, error) {
+	if b := getenv("CDC_DEMO_KAFKA_BROKERS"); b != "" {
+		return demoServer{addr: b, where: "your Kafka (CDC_DEMO_KAFKA_BROKERS)", stop: func() {}}, nil
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	if err != nil {
+		return demoServer{}, fmt.Errorf("start the embedded Kafka broker: %v", err)
+	}
+	addrs := strings.Join(c.ListenAddrs(), ",")
+	return demoServer{addr: addrs, where: "an embedded Kafka-protocol broker (kfake) at " + addrs, stop: c.Close}, nil
+}
+
+// demoConnector is the connector, built exactly as cdc run builds it, with
+// its warnings kept for the end.
+type demoConnector struct {
+	done   chan error // Run's result; read once by stop or the display
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	log    strings.Builder
+	err    error
+	ended  bool
+}
+
+// startDemoConnector runs the connector in the background and waits until
+// it streams. It returns nil, nil if ctx ends first.
+func startDemoConnector(ctx context.Context, pgURL string, brokers []string, b *board) (*demoConnector, error) {
+	cfg := pipeline.Config{
+		Postgres: wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
+		Kafka:    sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
+		Tables:   []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
+	}
+	c := &demoConnector{done: make(chan error, 1)}
+	streaming := make(chan struct{})
+	var once sync.Once
+	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Name: "cdc", Level: hclog.Warn, Output: lockedWriter{&c.mu, &c.log}}), pipeline.Options{
+		OnSession:   func(*checkpoint.Tracker) { once.Do(func() { close(streaming) }) },
+		OnDelivered: b.delivered,
+	})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() { c.done <- p.Run(pctx) }()
+	select {
+	case <-streaming:
+		return c, nil
+	case err := <-c.done:
+		cancel()
+		return nil, fmt.Errorf("the connector stopped: %v", err)
+	case <-ctx.Done():
+		cancel()
+		<-c.done
+		return nil, nil
+	}
+}
+
+// stop shuts the connector down once and returns its error.
+func (c *demoConnector) stop() error {
+	if c == nil {
+		return nil
+	}
+	c.cancel()
+	if !c.ended {
+		c.err, c.ended = <-c.done, true
+	}
+	return c.err
+}
+
+func (c *demoConnector) logs() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.log.String()
 }
 
 type lockedWriter struct {
@@ -217,15 +248,56 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// showUntilDone redraws the display until the order service ends (or the
+// connector fails), then gives Kafka up to ten seconds to acknowledge what
+// was written. It returns the first real error.
+func showUntilDone(ctx context.Context, d *display, b *board, svc <-chan error, connector chan error) error {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+writing:
+	for {
+		select {
+		case <-tick.C:
+			d.draw(b)
+		case err := <-svc:
+			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("order service: %w", err)
+			}
+			break writing
+		case err := <-connector:
+			connector <- err // for demoConnector.stop
+			return fmt.Errorf("the connector stopped: %v", err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.pending() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		<-tick.C
+		d.draw(b)
+	}
+	d.draw(b)
+	return nil
+}
+
 // orderService creates orders for a few customers and moves them through
 // created -> paid -> shipped, each step one transaction that changes the
-// order row and inserts its outbox event.
-func orderService(ctx context.Context, conn *pgx.Conn, rate int, b *board) error {
-	customers := []string{"alice", "bob", "carol", "dave", "erin"}
-	status := map[string]string{}
-	var open []string
-	next := 1
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+// order row and inserts its outbox event. It is the code a newcomer copies
+// first, so it writes the way an application should: query parameters,
+// the business change and the event in one transaction.
+type orderService struct {
+	conn   *pgx.Conn
+	board  *board
+	rng    *rand.Rand
+	status map[string]string // order id -> created, paid
+	open   []string          // orders not shipped yet
+	next   int
+}
+
+func newOrderService(conn *pgx.Conn, b *board) *orderService {
+	return &orderService{conn: conn, board: b, rng: rand.New(rand.NewSource(time.Now().UnixNano())), status: map[string]string{}, next: 1}
+}
+
+// run writes rate transactions a second until ctx ends.
+func (o *orderService) run(ctx context.Context, rate int) error {
 	t := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
 	defer t.Stop()
 	for {
@@ -234,42 +306,48 @@ func orderService(ctx context.Context, conn *pgx.Conn, rate int, b *board) error
 			return ctx.Err()
 		case <-t.C:
 		}
-		var id, typ, sql string
-		var payload map[string]any
-		if len(open) < 6 || rng.Intn(3) == 0 {
-			id = fmt.Sprintf("ord-%04d", next)
-			next++
-			cust := customers[rng.Intn(len(customers))]
-			total := float64(rng.Intn(20000)) / 100
-			typ, status[id] = "OrderCreated", "created"
-			sql = fmt.Sprintf(`INSERT INTO cdc_demo.orders VALUES ('%s', '%s', 'created', %.2f)`, id, cust, total)
-			payload = map[string]any{"order": id, "customer": cust, "total": total}
-			open = append(open, id)
-		} else {
-			i := rng.Intn(len(open))
-			id = open[i]
-			switch status[id] {
-			case "created":
-				typ, status[id] = "OrderPaid", "paid"
-			default:
-				typ, status[id] = "OrderShipped", "shipped"
-				open = append(open[:i], open[i+1:]...)
-			}
-			sql = fmt.Sprintf(`UPDATE cdc_demo.orders SET status = '%s' WHERE id = '%s'`, status[id], id)
-			payload = map[string]any{"order": id, "status": status[id]}
-		}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sql); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO cdc_demo.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, $2, $3)`, id, typ, payload)
-			return err
-		})
-		if err != nil {
+		if err := pgx.BeginFunc(ctx, o.conn, o.step); err != nil {
 			return err
 		}
-		b.written()
+		o.board.written()
 	}
+}
+
+// step is one business transaction: create an order, or move one on.
+func (o *orderService) step(tx pgx.Tx) error {
+	ctx := context.Background()
+	customers := []string{"alice", "bob", "carol", "dave", "erin"}
+	var id, typ string
+	var payload map[string]any
+	if len(o.open) < 6 || o.rng.Intn(3) == 0 {
+		id = fmt.Sprintf("ord-%04d", o.next)
+		o.next++
+		cust := customers[o.rng.Intn(len(customers))]
+		total := float64(o.rng.Intn(20000)) / 100
+		if _, err := tx.Exec(ctx, `INSERT INTO cdc_demo.orders (id, customer, status, total) VALUES ($1, $2, 'created', $3)`, id, cust, total); err != nil {
+			return err
+		}
+		typ, payload = "OrderCreated", map[string]any{"order": id, "customer": cust, "total": total}
+		o.status[id] = "created"
+		o.open = append(o.open, id)
+	} else {
+		i := o.rng.Intn(len(o.open))
+		id = o.open[i]
+		if o.status[id] == "created" {
+			typ, o.status[id] = "OrderPaid", "paid"
+		} else {
+			typ = "OrderShipped"
+			delete(o.status, id)
+			o.open = append(o.open[:i], o.open[i+1:]...)
+		}
+		status := strings.ToLower(strings.TrimPrefix(typ, "Order"))
+		if _, err := tx.Exec(ctx, `UPDATE cdc_demo.orders SET status = $1 WHERE id = $2`, status, id); err != nil {
+			return err
+		}
+		payload = map[string]any{"order": id, "status": status}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO cdc_demo.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, $2, $3)`, id, typ, payload)
+	return err
 }
 
 // board collects what the display shows. delivered runs on franz-go's
@@ -290,8 +368,6 @@ type row struct {
 	key, typ  string
 	latency   time.Duration
 }
-
-func newBoard() *board { return &board{} }
 
 func (b *board) written() {
 	b.mu.Lock()

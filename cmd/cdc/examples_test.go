@@ -51,7 +51,9 @@ func TestExamples(t *testing.T) {
 			db := p.NewDatabase(t)
 			testenv.Exec(t, db, read("schema.sql"))
 			kafka := testenv.NewKafka(t)
-			cfg, _, err := loadConfig(cfgPath, func(k string) string {
+			// validConfig fills the default topics that get the prefix;
+			// pipeline.New validates the changed tables again.
+			cfg, _, err := validConfig(cfgPath, func(k string) string {
 				return map[string]string{"CDC_POSTGRES_URL": db, "CDC_KAFKA_BROKERS": strings.Join(kafka.Brokers, ",")}[k]
 			})
 			if err != nil {
@@ -63,12 +65,12 @@ func TestExamples(t *testing.T) {
 				tbl.DeadLetterTopic = kafka.Prefix + tbl.DeadLetterTopic
 			}
 			cfg.Postgres.StatusInterval = 50 * time.Millisecond
-			pl, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}))
+			trackers := make(chan *checkpoint.Tracker, 4)
+			pl, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}),
+				pipeline.Options{OnSession: func(tr *checkpoint.Tracker) { trackers <- tr }})
 			if err != nil {
 				t.Fatal(err)
 			}
-			trackers := make(chan *checkpoint.Tracker, 4)
-			pl.OnSession = func(tr *checkpoint.Tracker) { trackers <- tr }
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- pl.Run(ctx) }()

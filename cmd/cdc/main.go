@@ -13,8 +13,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/outboxcdc/cdc/internal/pipeline"
-	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -79,15 +77,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Output:     stderr,
 	})
 
-	if cmd == "check" {
-		return check(ctx, cfg, *offline, log, stderr)
-	}
-
-	p, err := pipeline.New(cfg, log)
+	p, err := pipeline.New(cfg, log, pipeline.Options{})
 	if err != nil {
 		fmt.Fprintf(stderr, "cdc: %v\n", err)
 		return 2
 	}
+	if cmd == "check" {
+		return check(ctx, p, *offline, stderr)
+	}
+	cfg = p.Config()
 	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
 	if err := p.Run(ctx); err != nil {
 		log.Error("stopped on a fatal error", "error", err)
@@ -96,27 +94,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return 0
 }
 
-// check validates cfg and, unless offline, the server-side preconditions,
-// without creating anything.
-func check(ctx context.Context, cfg pipeline.Config, offline bool, log hclog.Logger, out io.Writer) int {
+// check reports on p's validated config and, unless offline, the
+// server-side preconditions, without creating anything.
+func check(ctx context.Context, p *pipeline.Pipeline, offline bool, out io.Writer) int {
+	cfg := p.Config()
 	if offline {
 		fmt.Fprintf(out, "config OK: %d outbox table(s), slot %s, publication %s\n", len(cfg.Tables), cfg.Postgres.Slot, cfg.Postgres.Publication)
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := wal.Check(ctx, cfg.Postgres, cfg.Tables); err != nil {
-		fmt.Fprintf(out, "cdc: postgres: %v\n", err)
-		return 1
-	}
-	k, err := sink.New(cfg.Kafka, log.Named("kafka"))
-	if err != nil {
-		fmt.Fprintf(out, "cdc: kafka: %v\n", err)
-		return 1
-	}
-	defer k.Close()
-	if err := k.Ping(ctx); err != nil {
-		fmt.Fprintf(out, "cdc: kafka: %v; check kafka.brokers\n", err)
+	if err := p.Check(ctx); err != nil {
+		fmt.Fprintf(out, "cdc: %v\n", err)
 		return 1
 	}
 	fmt.Fprintln(out, "postgres and kafka OK")

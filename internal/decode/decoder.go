@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
 // Kind says what a decoded message means to the pipeline.
@@ -185,7 +186,7 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 				return column{idx: j, kind: kindOf(col.TypeOID)}, nil
 			}
 		}
-		return column{}, fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix the config or the table", t.Name, outbox.QuoteIdent(name))
+		return column{}, fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix the config or the table", t.Name, pgident.Quote(name))
 	}
 	c := &relation{table: t, extra: make([]column, len(t.Extra))}
 	for f, name := range t.Columns {
@@ -210,8 +211,21 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 	return nil
 }
 
-func (d *Decoder) event(t *outbox.Table) outbox.Event {
+// newEvent starts an event of the open transaction from source t.
+func (d *Decoder) newEvent(t *outbox.Table) outbox.Event {
 	return outbox.Event{Table: t, CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, XID: d.begin.XID}
+}
+
+// eventMessage is the KindEvent message for ev.
+func (d *Decoder) eventMessage(ev outbox.Event) Message {
+	return Message{Kind: KindEvent, Event: ev, XID: d.begin.XID, Commit: d.begin.FinalLSN}
+}
+
+// invalidMessage is the KindInvalid message for ev, saying why.
+func (d *Decoder) invalidMessage(ev outbox.Event, format string, args ...any) Message {
+	m := d.eventMessage(ev)
+	m.Kind, m.Invalid = KindInvalid, outbox.Invalid(&ev, format, args...)
+	return m
 }
 
 func (d *Decoder) insert(r *reader) (Message, error) {
@@ -236,7 +250,7 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	if r.err != nil {
 		return Message{}, nil
 	}
-	ev := d.event(rel.table)
+	ev := d.newEvent(rel.table)
 	ev.Extra = make([]outbox.Value, len(rel.extra))
 	var bad error
 	read := func(c column) (outbox.Value, error) {
@@ -280,9 +294,9 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 		ev.Extra[i] = v
 	}
 	if bad != nil {
-		return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "a bytea value does not decode: %v", bad), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+		return d.invalidMessage(ev, "a bytea value does not decode: %v", bad), nil
 	}
-	return Message{Kind: KindEvent, Event: ev, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+	return d.eventMessage(ev), nil
 }
 
 // message decodes a logical decoding message (pg_logical_emit_message).
@@ -305,12 +319,12 @@ func (d *Decoder) message(r *reader) (Message, error) {
 	if !d.inTx {
 		return Message{}, fmt.Errorf("transactional message with prefix %q outside a transaction", prefix)
 	}
-	ev := d.event(t)
+	ev := d.newEvent(t)
 	ev.Raw = clone(content)
 	ev.Extra = make([]outbox.Value, len(t.Extra))
 	var doc map[string]json.RawMessage
 	if err := json.Unmarshal(content, &doc); err != nil {
-		return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "message content is not a JSON object: %v", err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+		return d.invalidMessage(ev, "message content is not a JSON object: %v", err), nil
 	}
 	for f, name := range t.Columns {
 		if name == "" {
@@ -318,7 +332,7 @@ func (d *Decoder) message(r *reader) (Message, error) {
 		}
 		v, err := jsonValue(doc[name], outbox.Field(f) == outbox.FieldPayload)
 		if err != nil {
-			return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "member %q: %v", name, err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+			return d.invalidMessage(ev, "member %q: %v", name, err), nil
 		}
 		if outbox.Field(f) == outbox.FieldTimestamp && v.Kind == outbox.KindText {
 			v.Kind = outbox.KindTimestamp
@@ -328,11 +342,11 @@ func (d *Decoder) message(r *reader) (Message, error) {
 	for i, name := range t.Extra {
 		v, err := jsonValue(doc[name], false)
 		if err != nil {
-			return Message{Kind: KindInvalid, Event: ev, Invalid: outbox.Invalid(&ev, "member %q: %v", name, err), XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+			return d.invalidMessage(ev, "member %q: %v", name, err), nil
 		}
 		ev.Extra[i] = v
 	}
-	return Message{Kind: KindEvent, Event: ev, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
+	return d.eventMessage(ev), nil
 }
 
 // jsonValue turns a JSON member into a Value: strings are unquoted text,

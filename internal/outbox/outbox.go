@@ -5,7 +5,28 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxcdc/cdc/internal/pgident"
 )
+
+// TableName is a schema-qualified table name as Postgres stores it in the
+// catalog: Schema and Name are already case-folded or unquoted.
+type TableName struct {
+	Schema string
+	Name   string
+}
+
+// String returns the name quoted for SQL, e.g. public.outbox or
+// tenant."OutboxEvent".
+func (t TableName) String() string { return pgident.Qualified(t.Schema, t.Name) }
+
+// ParseTableName parses a table name the way a user writes it in SQL:
+// "outbox", "public.outbox", `tenant."OutboxEvent"`. Unquoted parts fold to
+// lower case; the schema defaults to public.
+func ParseTableName(s string) (TableName, error) {
+	schema, name, err := pgident.ParseQualified(s)
+	return TableName{Schema: schema, Name: name}, err
+}
 
 // Field is one mappable outbox field.
 type Field int
@@ -113,17 +134,16 @@ type Additional struct {
 
 // Table is one configured source of events: an outbox table, or (when
 // MessagePrefix is set) transactional logical decoding messages with that
-// prefix. The routing options are plain data; route compiles them.
+// prefix. The routing options are plain data that route reads.
+//
+// Validate fills the defaults and the derived fields below; after it a Table
+// is read-only, and the pipeline shares it between stages.
 type Table struct {
 	Name          TableName // the table; zero for a message source
 	MessagePrefix string    // the pg_logical_emit_message prefix; "" for a table
 	Columns       Columns
 
 	Additional []Additional
-	// Extra lists the columns, besides the mapped fields, that Additional
-	// and {column:NAME} placeholders need; the decoder extracts them into
-	// Event.Extra in this order. Filled by Resolve.
-	Extra []string
 
 	Topic string // template; DefaultTopic
 	// TopicLowercase and TopicReplaceIllegal are explicit, opt-in
@@ -148,6 +168,16 @@ type Table struct {
 	// OnInvalid is OnInvalidFail (default) or OnInvalidDeadLetter.
 	OnInvalid       string
 	DeadLetterTopic string
+
+	// Derived by Validate. Extra lists the columns, besides the mapped
+	// fields, that Additional and {column:NAME} placeholders need, each
+	// once; the decoder extracts them into Event.Extra in this order.
+	// TopicTemplate, KeyTemplate and SourceTemplate are Topic, Key and
+	// CloudEventsSource parsed.
+	Extra          []string
+	TopicTemplate  Template
+	KeyTemplate    Template
+	SourceTemplate Template
 }
 
 // IsMessage reports whether the source is logical decoding messages.
@@ -161,13 +191,19 @@ func (t *Table) String() string {
 	return t.Name.String()
 }
 
-// AddExtra records that column must be extracted, once, and returns its
-// index in Event.Extra.
-func (t *Table) AddExtra(column string) int {
+// ExtraIndex returns column's index in Extra (and so in Event.Extra), or -1.
+func (t *Table) ExtraIndex(column string) int {
 	for i, c := range t.Extra {
 		if c == column {
 			return i
 		}
+	}
+	return -1
+}
+
+func (t *Table) addExtra(column string) int {
+	if i := t.ExtraIndex(column); i >= 0 {
+		return i
 	}
 	t.Extra = append(t.Extra, column)
 	return len(t.Extra) - 1
@@ -179,8 +215,10 @@ func (t *Table) Needed() []string {
 	return append(t.Columns.Names(), t.Extra...)
 }
 
-// Validate reports a configuration error in t and fills defaults.
+// Validate reports a configuration error in t, fills defaults and derives
+// Extra and the parsed templates. It is idempotent.
 func (t *Table) Validate() error {
+	t.Extra = nil
 	if t.Name.Name == "" && t.MessagePrefix == "" {
 		return fmt.Errorf("outbox source: set a table name or a message prefix")
 	}
@@ -232,7 +270,17 @@ func (t *Table) Validate() error {
 		if a.As == "" {
 			t.Additional[i].As = a.Column
 		}
-		t.AddExtra(a.Column)
+		t.addExtra(a.Column)
+	}
+	var err error
+	if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {
+		return fmt.Errorf("%s: topic: %w", t, err)
+	}
+	if t.KeyTemplate, err = t.parseTemplate(t.Key); err != nil {
+		return fmt.Errorf("%s: key: %w", t, err)
+	}
+	if t.SourceTemplate, err = t.parseTemplate(t.CloudEventsSource); err != nil {
+		return fmt.Errorf("%s: cloudevents_source: %w", t, err)
 	}
 	return nil
 }

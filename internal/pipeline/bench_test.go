@@ -102,20 +102,17 @@ func connectorRate(b *testing.B, db string, beforeLast pglogrepl.LSN, events int
 	kafka := testenv.NewKafka(b)
 	e := &env{db: db, kafka: kafka}
 	e.cfg = newEnvConfig(db, kafka)
-	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}))
-	if err != nil {
-		b.Fatal(err)
-	}
 	if v := os.Getenv("CDC_BENCH_LINGER"); v != "" {
+		var err error
 		if e.cfg.Kafka.Linger, err = time.ParseDuration(v); err != nil {
-			b.Fatal(err)
-		}
-		if p, err = pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn})); err != nil {
 			b.Fatal(err)
 		}
 	}
 	trackers := make(chan *checkpoint.Tracker, 1)
-	p.OnSession = func(tr *checkpoint.Tracker) { trackers <- tr }
+	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(tr *checkpoint.Tracker) { trackers <- tr }})
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 

@@ -105,13 +105,14 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 	if level == hclog.NoLevel {
 		level = hclog.Warn
 	}
-	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: logOut}))
+	r := &running{done: make(chan error, 1)}
+	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: logOut}), pipeline.Options{
+		KafkaOpts: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
+		OnSession: func(tr *checkpoint.Tracker) { r.tracker.Store(tr) },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.KafkaOpts = []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}
-	r := &running{done: make(chan error, 1)}
-	p.OnSession = func(tr *checkpoint.Tracker) { r.tracker.Store(tr) }
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- p.Run(ctx) }()
@@ -605,7 +606,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	if err := e.cfg.Postgres.Validate(); err != nil { // fills the slot and publication defaults
 		t.Fatal(err)
 	}
-	st, err := wal.Setup(ctx, e.cfg.Postgres, e.cfg.Tables, true, hclog.NewNullLogger())
+	st, err := wal.Setup(ctx, e.cfg.Postgres, []wal.Table{{Schema: "public", Name: "outbox", Columns: []string{"id"}}}, true, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -771,6 +772,14 @@ func TestDeadLetterPolicy(t *testing.T) {
 		!strings.Contains(testenv.Header(first, route.HeaderDeadLetterError), "bad/type") ||
 		testenv.Header(first, route.HeaderDeadLetterLSN) != poisonCommit.String() {
 		t.Errorf("dead letter for the row: key %q value %q headers %v", first.Key, first.Value, first.Headers)
+	}
+	// The headers the record would have had come along (docs/config.md,
+	// "Invalid events").
+	for h, want := range map[string]string{route.HeaderID: poison, route.HeaderEventType: "Poison",
+		route.HeaderAggregateType: "bad/type", route.HeaderCommitLSN: poisonCommit.String()} {
+		if got := testenv.Header(first, h); got != want {
+			t.Errorf("dead letter header %s = %q, want the original %q", h, got, want)
+		}
 	}
 	if string(second.Value) != "not json" || testenv.Header(second, route.HeaderDeadLetterSource) != `message prefix "outbox"` ||
 		!strings.Contains(testenv.Header(second, route.HeaderDeadLetterError), "not a JSON object") {

@@ -41,17 +41,15 @@ type Config struct {
 	RetryBackoffMax time.Duration
 }
 
-// Validate fills defaults and reports the first configuration error.
+// Validate fills defaults and reports the first configuration error. Each
+// stage's config validates itself and owns its defaults; Validate adds the
+// rules that tie stages together. New calls it: call it yourself only to
+// check a config without building a pipeline.
 func (c *Config) Validate() error {
-	if err := c.Postgres.Validate(); err != nil {
-		return err
-	}
-	if err := c.Kafka.Validate(); err != nil {
-		return err
-	}
 	if len(c.Tables) == 0 {
 		return errors.New("tables is empty; configure at least one outbox table")
 	}
+	c.Postgres.Messages = false
 	seen := map[string]bool{}
 	for _, t := range c.Tables {
 		if err := t.Validate(); err != nil {
@@ -65,8 +63,7 @@ func (c *Config) Validate() error {
 			c.Postgres.Messages = true
 		}
 	}
-	// Compiling the templates also records the extra columns they need.
-	if _, err := route.New(c.Tables); err != nil {
+	if err := c.Postgres.Validate(); err != nil {
 		return err
 	}
 	if c.MaxInFlight == 0 {
@@ -75,8 +72,17 @@ func (c *Config) Validate() error {
 	if c.MaxInFlight < 1 {
 		return fmt.Errorf("max_in_flight must be positive")
 	}
-	if c.Kafka.MaxMessageBytes == 0 {
-		c.Kafka.MaxMessageBytes = sink.DefaultMaxMessageBytes
+	if c.Kafka.MaxBufferedRecords == 0 {
+		// franz-go's Produce blocks when its buffer is full, which would
+		// block the replication loop and its status updates: keep the
+		// buffer above the in-flight limit.
+		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
+		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
 	}
 	if c.DeadLetterMaxMessageBytes == 0 {
 		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
@@ -86,14 +92,6 @@ func (c *Config) Validate() error {
 		if t.OnInvalid == outbox.OnInvalidDeadLetter {
 			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
 		}
-	}
-	if c.Kafka.MaxBufferedRecords == 0 {
-		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
-	}
-	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
-		// franz-go's Produce blocks when its buffer is full, which would
-		// block the replication loop and its status updates.
-		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
@@ -107,20 +105,27 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Pipeline streams outbox events from one slot to Kafka.
-type Pipeline struct {
-	cfg    Config
-	log    hclog.Logger
-	router *route.Router
-	// KafkaOpts are extra franz-go options, appended last. Tests use them.
+// walTables lists the outbox tables (not message sources) with the columns
+// the decoder reads from each, for wal's checks.
+func (c *Config) walTables() []wal.Table {
+	var ts []wal.Table
+	for _, t := range c.Tables {
+		if !t.IsMessage() {
+			ts = append(ts, wal.Table{Schema: t.Name.Schema, Name: t.Name.Name, Columns: t.Needed()})
+		}
+	}
+	return ts
+}
+
+// Options are hooks for tests and the demo; the zero value is what cdc run
+// uses.
+type Options struct {
+	// KafkaOpts are extra franz-go options, appended last.
 	KafkaOpts []kgo.Opt
-	// OnSession, if set, is called with each session's tracker, so tests
-	// and the demo can watch positions. It must not block.
+	// OnSession, if set, is called with each session's tracker once the
+	// session streams, so that tests and the demo can watch positions. It
+	// must not block.
 	OnSession func(*checkpoint.Tracker)
-	// IgnoredMessages counts logical decoding messages that were not
-	// events (non-transactional, or an unknown prefix); DeadLettered counts
-	// events sent to a dead-letter topic.
-	IgnoredMessages, DeadLettered atomic.Int64
 	// OnDelivered, if set, is called with each record and Kafka's answer,
 	// after the tracker has counted it. On success the record's partition
 	// and offset are set. It runs on franz-go's promise goroutine and must
@@ -128,8 +133,21 @@ type Pipeline struct {
 	OnDelivered func(rec *kgo.Record, err error)
 }
 
-// New validates cfg and returns a Pipeline.
-func New(cfg Config, log hclog.Logger) (*Pipeline, error) {
+// Pipeline streams outbox events from one slot to Kafka.
+type Pipeline struct {
+	cfg    Config
+	opts   Options
+	log    hclog.Logger
+	router *route.Router
+	// IgnoredMessages counts logical decoding messages that were not
+	// events (non-transactional, or an unknown prefix); DeadLettered counts
+	// events sent to a dead-letter topic.
+	IgnoredMessages, DeadLettered atomic.Int64
+}
+
+// New validates cfg, which it then owns, and returns a Pipeline. It
+// connects to nothing.
+func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -137,7 +155,27 @@ func New(cfg Config, log hclog.Logger) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Pipeline{cfg: cfg, log: log, router: r}, nil
+	return &Pipeline{cfg: cfg, opts: opts, log: log, router: r}, nil
+}
+
+// Config returns the validated configuration, defaults filled in.
+func (p *Pipeline) Config() Config { return p.cfg }
+
+// Check checks Postgres' and Kafka's preconditions without creating or
+// streaming anything.
+func (p *Pipeline) Check(ctx context.Context) error {
+	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.walTables()); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	defer k.Close()
+	if err := k.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka: %w; check kafka.brokers", err)
+	}
+	return nil
 }
 
 // Run streams until ctx is done, then shuts down cleanly and returns nil;
@@ -148,7 +186,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	backoff := p.cfg.RetryBackoff
 	for {
 		started := time.Now()
-		err := p.session(ctx, first)
+		err := p.runSession(ctx, first)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -179,13 +217,13 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 }
 
-// session runs one replication session.
-func (p *Pipeline) session(ctx context.Context, first bool) error {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.Tables, first, p.log)
+// runSession sets up, runs and shuts down one replication session.
+func (p *Pipeline) runSession(ctx context.Context, first bool) error {
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), first, p.log)
 	if err != nil {
 		return err
 	}
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.KafkaOpts...)
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
 	if err != nil {
 		return err
 	}
@@ -201,89 +239,133 @@ func (p *Pipeline) session(ctx context.Context, first bool) error {
 	if err != nil {
 		return err
 	}
-	tracker := checkpoint.NewTracker(slot.ConfirmedFlush, p.cfg.MaxInFlight)
-	if p.OnSession != nil {
-		p.OnSession(tracker)
+	s := &session{
+		p:       p,
+		kafka:   k,
+		tracker: checkpoint.NewTracker(slot.ConfirmedFlush, p.cfg.MaxInFlight),
+		dec:     decode.New(p.cfg.Tables),
 	}
-	dec := decode.New(p.cfg.Tables)
-
-	// Follow one event: the stream hands its bytes to handle, the decoder
-	// turns them into an Event, the router into a Record, the sink sends
-	// it, and its ack lands in the tracker, which the stream reads before
-	// its next receive.
-	var tx *checkpoint.Txn
-	handle := func(_ pglogrepl.LSN, data []byte) error {
-		m, err := dec.Decode(data)
-		if err != nil {
-			return &decodeError{err}
-		}
-		switch m.Kind {
-		case decode.KindBegin:
-			tx = tracker.Begin()
-		case decode.KindEvent, decode.KindInvalid:
-			ev := &m.Event
-			var rec *kgo.Record
-			var err error
-			if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
-				err = m.Invalid
-			} else {
-				rec, err = p.router.Record(ev)
-			}
-			if err == nil && recordSize(rec) > int(p.cfg.Kafka.MaxMessageBytes) {
-				err = outbox.Invalid(ev, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", recordSize(rec), p.cfg.Kafka.MaxMessageBytes)
-			}
-			if err != nil {
-				// A poison event: stop, or send it to the dead-letter topic
-				// and count it done only once that write is acked.
-				if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
-					return err
-				}
-				rec = p.router.DeadLetter(ev, nil, err.Error())
-				p.DeadLettered.Add(1)
-				p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", err)
-			}
-			if p.log.IsTrace() {
-				p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
-			}
-			ackTx := tx
-			tracker.Track(ackTx)
-			k.Produce(rec, func(err error) {
-				tracker.Ack(ackTx, err)
-				if p.OnDelivered != nil {
-					p.OnDelivered(rec, err)
-				}
-			})
-		case decode.KindIgnoredMessage:
-			p.IgnoredMessages.Add(1)
-		case decode.KindCommit:
-			tracker.Commit(tx, m.EndLSN)
-			tx = nil
-		}
-		return nil
+	if p.opts.OnSession != nil {
+		p.opts.OnSession(s.tracker)
 	}
 
 	watchDone := make(chan struct{})
 	defer close(watchDone)
-	go p.watchKafka(tracker, watchDone)
+	go p.watchKafka(s.tracker, watchDone)
 
-	runErr := stream.Run(ctx, handle, tracker)
+	runErr := stream.Run(ctx, s.handle, s.tracker)
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
 		// flight, then confirm what it acked.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
 		if err := k.Flush(fctx); err != nil {
 			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
-				"in_flight", tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
+				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
 		}
 		cancel()
 	}
-	final := stream.Close(context.WithoutCancel(ctx), tracker)
+	final := stream.Close(context.WithoutCancel(ctx), s.tracker)
 	if ctx.Err() != nil {
 		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String(),
 			"dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())
 		return nil
 	}
 	return runErr
+}
+
+// session is one replication session: one replication connection, one
+// Kafka client, one decoder and one tracker. Its methods follow one event
+// as docs/design.md draws it: the stream hands its bytes to handle, the
+// decoder turns them into an Event, event has the router make a Record (or
+// deadLetter a dead-letter record), produce sends it, and its ack lands in
+// the tracker, which the stream reads before its next receive. Everything
+// but the ack callback runs on the stream's goroutine.
+type session struct {
+	p       *Pipeline
+	kafka   *sink.Kafka
+	tracker *checkpoint.Tracker
+	dec     *decode.Decoder
+	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
+}
+
+// handle takes one pgoutput message from the stream.
+func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
+	m, err := s.dec.Decode(data)
+	if err != nil {
+		return &decodeError{err}
+	}
+	switch m.Kind {
+	case decode.KindBegin:
+		s.tx = s.tracker.Begin()
+	case decode.KindEvent, decode.KindInvalid:
+		return s.event(&m)
+	case decode.KindIgnoredMessage:
+		s.p.IgnoredMessages.Add(1)
+	case decode.KindCommit:
+		s.tracker.Commit(s.tx, m.EndLSN)
+		s.tx = nil
+	}
+	return nil
+}
+
+// event routes one event and produces its record, or applies the source's
+// on_invalid policy when it cannot be delivered as configured.
+func (s *session) event(m *decode.Message) error {
+	ev := &m.Event
+	rec, err := s.record(m)
+	if err != nil {
+		if rec, err = s.deadLetter(ev, err); err != nil {
+			return err
+		}
+	}
+	if s.p.log.IsTrace() {
+		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
+	}
+	s.produce(rec)
+	return nil
+}
+
+// record builds m's Kafka record: an *outbox.EventError when m is invalid,
+// or the record does not fit kafka.max_message_bytes.
+func (s *session) record(m *decode.Message) (*kgo.Record, error) {
+	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
+		return nil, m.Invalid
+	}
+	rec, err := s.p.router.Record(&m.Event)
+	if err != nil {
+		return nil, err
+	}
+	if n, limit := recordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
+		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, limit)
+	}
+	return rec, nil
+}
+
+// deadLetter applies on_invalid to an event that cannot be delivered: with
+// fail it returns cause, which stops the connector; with dead-letter it
+// returns the dead-letter record, which is tracked like any event, so that
+// its transaction is confirmed only once Kafka acked it.
+func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
+	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+		return nil, cause
+	}
+	rec := s.p.router.DeadLetter(ev, cause.Error())
+	s.p.DeadLettered.Add(1)
+	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
+	return rec, nil
+}
+
+// produce counts rec in flight in the open transaction and sends it; the
+// ack comes back to the tracker on franz-go's goroutine.
+func (s *session) produce(rec *kgo.Record) {
+	tx, onDelivered := s.tx, s.p.opts.OnDelivered
+	s.tracker.Track(tx)
+	s.kafka.Produce(rec, func(err error) {
+		s.tracker.Ack(tx, err)
+		if onDelivered != nil {
+			onDelivered(rec, err)
+		}
+	})
 }
 
 // recordSize estimates a record's size in a batch: franz-go fails a record

@@ -2,12 +2,9 @@ package route
 
 import (
 	"bytes"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -55,7 +52,7 @@ const (
 
 type metaHeader struct {
 	name  string
-	field outbox.Field
+	field outbox.Field // -1: the commit LSN
 }
 
 type placed struct {
@@ -63,11 +60,8 @@ type placed struct {
 	name  string
 }
 
-// tableRoute is one source's compiled routing.
+// tableRoute is one source's routing, resolved from its (validated) table.
 type tableRoute struct {
-	t             *outbox.Table
-	topic, key    Template
-	ceSource      Template
 	meta          []metaHeader
 	headerExtras  []placed
 	envelopeExtra []placed
@@ -96,23 +90,13 @@ func (r *Router) commitLSN(ev *outbox.Event) []byte {
 	return r.lsnText
 }
 
-// New compiles every source's templates. It adds the columns that
-// {column:NAME} placeholders and additional placements need to each
-// source's Extra, so call it before decoding or checking tables.
+// New resolves each source's headers. The tables must have been validated
+// (outbox.Table.Validate), which parsed their templates; New only reads
+// them.
 func New(tables []*outbox.Table) (*Router, error) {
 	r := &Router{routes: make(map[*outbox.Table]*tableRoute, len(tables))}
 	for _, t := range tables {
-		tr := &tableRoute{t: t}
-		var err error
-		if tr.topic, err = Compile(t.Topic, t); err != nil {
-			return nil, fmt.Errorf("%s: topic: %w", t, err)
-		}
-		if tr.key, err = Compile(t.Key, t); err != nil {
-			return nil, fmt.Errorf("%s: key: %w", t, err)
-		}
-		if tr.ceSource, err = Compile(t.CloudEventsSource, t); err != nil {
-			return nil, fmt.Errorf("%s: cloudevents_source: %w", t, err)
-		}
+		tr := &tableRoute{}
 		for k := range t.Headers {
 			known := false
 			for _, h := range defaultHeaders {
@@ -133,7 +117,10 @@ func New(tables []*outbox.Table) (*Router, error) {
 			tr.meta = append(tr.meta, metaHeader{name: name, field: h.field})
 		}
 		for _, a := range t.Additional {
-			p := placed{extra: t.AddExtra(a.Column), name: a.As}
+			p := placed{extra: t.ExtraIndex(a.Column), name: a.As}
+			if p.extra < 0 {
+				return nil, fmt.Errorf("%s: additional column %s is not among the extracted columns; validate the table first", t, a.Column)
+			}
 			if a.Placement == outbox.PlaceHeader {
 				tr.headerExtras = append(tr.headerExtras, p)
 			} else {
@@ -182,6 +169,41 @@ func normalize(topic string, t *outbox.Table) string {
 	return topic
 }
 
+// topic expands and checks ev's topic.
+func (r *Router) topic(ev *outbox.Event) (string, error) {
+	topic, err := expand(ev.Table.TopicTemplate, ev)
+	if err != nil {
+		return "", outbox.Invalid(ev, "topic template %q: %v", ev.Table.Topic, err)
+	}
+	topic = normalize(topic, ev.Table)
+	if err := ValidTopic(topic); err != nil {
+		return "", outbox.Invalid(ev, "%v", err)
+	}
+	return topic, nil
+}
+
+// headers returns ev's metadata, additional and trace headers, with room
+// for spare more.
+func (r *Router) headers(tr *tableRoute, ev *outbox.Event, spare int) []kgo.RecordHeader {
+	h := make([]kgo.RecordHeader, 0, len(tr.meta)+len(tr.headerExtras)+1+spare)
+	for _, m := range tr.meta {
+		if m.field < 0 {
+			h = append(h, kgo.RecordHeader{Key: m.name, Value: r.commitLSN(ev)})
+		} else if v := ev.Fields[m.field]; !v.Null() {
+			h = append(h, kgo.RecordHeader{Key: m.name, Value: v.B})
+		}
+	}
+	for _, p := range tr.headerExtras {
+		if v := ev.Extra[p.extra]; !v.Null() {
+			h = append(h, kgo.RecordHeader{Key: p.name, Value: v.B})
+		}
+	}
+	if v := ev.Fields[outbox.FieldTraceparent]; !v.Null() {
+		h = append(h, kgo.RecordHeader{Key: HeaderTraceparent, Value: v.B})
+	}
+	return h
+}
+
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
 // when ev cannot be delivered as configured.
 func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
@@ -189,35 +211,16 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	if ev.Fields[outbox.FieldID].Null() && ev.Table.Columns[outbox.FieldID] != "" {
 		return nil, outbox.Invalid(ev, "the event id is NULL")
 	}
-	topic, err := tr.topic.Expand(ev)
+	topic, err := r.topic(ev)
 	if err != nil {
-		return nil, outbox.Invalid(ev, "topic template %q: %v", ev.Table.Topic, err)
+		return nil, err
 	}
-	topic = normalize(topic, ev.Table)
-	if err := ValidTopic(topic); err != nil {
-		return nil, outbox.Invalid(ev, "%v", err)
-	}
-	key, err := tr.key.Expand(ev)
+	key, err := expand(ev.Table.KeyTemplate, ev)
 	if err != nil {
 		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Table.Key, err)
 	}
 	rec := &kgo.Record{Topic: topic, Key: []byte(key), Timestamp: ev.CommitTime}
-	rec.Headers = make([]kgo.RecordHeader, 0, len(tr.meta)+len(tr.headerExtras)+8)
-	for _, h := range tr.meta {
-		if h.field < 0 {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.name, Value: r.commitLSN(ev)})
-		} else if v := ev.Fields[h.field]; !v.Null() {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.name, Value: v.B})
-		}
-	}
-	for _, p := range tr.headerExtras {
-		if v := ev.Extra[p.extra]; !v.Null() {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: p.name, Value: v.B})
-		}
-	}
-	if v := ev.Fields[outbox.FieldTraceparent]; !v.Null() {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderTraceparent, Value: v.B})
-	}
+	rec.Headers = r.headers(tr, ev, 8)
 
 	payload := ev.Fields[outbox.FieldPayload]
 	if ev.Table.Tombstone && len(payload.B) == 0 {
@@ -226,11 +229,11 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	}
 	switch ev.Table.Format {
 	case outbox.FormatEnvelope:
-		rec.Value, err = tr.envelope(ev)
+		rec.Value, err = envelope(tr, ev)
 	case outbox.FormatCloudEventsBinary:
-		err = tr.cloudEventsBinary(ev, rec)
+		err = cloudEventsBinary(ev, rec)
 	case outbox.FormatCloudEventsStructured:
-		err = tr.cloudEventsStructured(ev, rec)
+		err = cloudEventsStructured(ev, rec)
 	default:
 		rec.Value = payload.B
 		if rec.Value == nil {
@@ -245,201 +248,13 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	return rec, nil
 }
 
-// occurredAt is the event's timestamp field, or the commit time.
-func occurredAt(ev *outbox.Event) time.Time {
-	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
-		if t, ok := ParseTimestamp(string(v.B)); ok {
-			return t
-		}
-	}
-	return ev.CommitTime
-}
-
-// envelope is seed 004's shape: metadata and the payload embedded as JSON.
-func (tr *tableRoute) envelope(ev *outbox.Event) ([]byte, error) {
-	b := make([]byte, 0, 256+len(ev.Fields[outbox.FieldPayload].B))
-	b = append(b, '{')
-	first := true
-	add := func(name string, v outbox.Value) {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = strconv.AppendQuote(b, name)
-		b = append(b, ':')
-		b = appendJSON(b, v)
-	}
-	if ev.Table.Columns[outbox.FieldID] != "" {
-		add("event_id", ev.Fields[outbox.FieldID])
-	}
-	add("occurred_at", outbox.Value{B: []byte(occurredAt(ev).UTC().Format(time.RFC3339Nano)), Kind: outbox.KindText})
-	for _, f := range []struct {
-		name  string
-		field outbox.Field
-	}{
-		{"aggregate_type", outbox.FieldAggregateType}, {"aggregate_id", outbox.FieldAggregateID},
-		{"event_type", outbox.FieldEventType}, {"version", outbox.FieldVersion}, {"tenant", outbox.FieldTenant},
-	} {
-		if ev.Table.Columns[f.field] != "" {
-			add(f.name, ev.Fields[f.field])
-		}
-	}
-	for _, p := range tr.envelopeExtra {
-		add(p.name, ev.Extra[p.extra])
-	}
-	add("payload", ev.Fields[outbox.FieldPayload])
-	b = append(b, '}')
-	if !json.Valid(b) {
-		return nil, fmt.Errorf("the payload is declared JSON but is not valid JSON")
-	}
-	return b, nil
-}
-
-// ceAttributes are the CloudEvents attributes from the mapping.
-func (tr *tableRoute) ceAttributes(ev *outbox.Event) (id, source, typ, subject, tm string, err error) {
-	if ev.Fields[outbox.FieldID].Null() {
-		return "", "", "", "", "", fmt.Errorf("CloudEvents needs an id: map the id field")
-	}
-	if ev.Fields[outbox.FieldEventType].Null() {
-		return "", "", "", "", "", fmt.Errorf("CloudEvents needs a type: the event type is NULL or not mapped")
-	}
-	if source, err = tr.ceSource.Expand(ev); err != nil {
-		return "", "", "", "", "", fmt.Errorf("cloudevents_source: %v", err)
-	}
-	if v := ev.Fields[outbox.FieldAggregateID]; !v.Null() {
-		subject = string(v.B)
-	}
-	return ev.ID(), source, string(ev.Fields[outbox.FieldEventType].B), subject, occurredAt(ev).UTC().Format(time.RFC3339Nano), nil
-}
-
-func contentType(k outbox.Kind) string {
-	switch k {
-	case outbox.KindJSON:
-		return "application/json"
-	case outbox.KindBytes:
-		return "application/octet-stream"
-	default:
-		return "text/plain; charset=utf-8"
-	}
-}
-
-// cloudEventsBinary follows the CloudEvents Kafka protocol binding, binary
-// mode: attributes in ce_ headers, the payload as the value.
-func (tr *tableRoute) cloudEventsBinary(ev *outbox.Event, rec *kgo.Record) error {
-	id, source, typ, subject, tm, err := tr.ceAttributes(ev)
-	if err != nil {
-		return err
-	}
-	payload := ev.Fields[outbox.FieldPayload]
-	h := []kgo.RecordHeader{
-		{Key: "ce_specversion", Value: []byte("1.0")},
-		{Key: "ce_id", Value: []byte(id)},
-		{Key: "ce_source", Value: []byte(source)},
-		{Key: "ce_type", Value: []byte(typ)},
-		{Key: "ce_time", Value: []byte(tm)},
-	}
-	if subject != "" {
-		h = append(h, kgo.RecordHeader{Key: "ce_subject", Value: []byte(subject)})
-	}
-	h = append(h, kgo.RecordHeader{Key: "content-type", Value: []byte(contentType(payload.Kind))})
-	rec.Headers = append(h, rec.Headers...)
-	rec.Value = payload.B
-	if rec.Value == nil {
-		rec.Value = []byte{}
-	}
-	return nil
-}
-
-// cloudEventsStructured follows the Kafka protocol binding, structured
-// mode: the whole event as application/cloudevents+json.
-func (tr *tableRoute) cloudEventsStructured(ev *outbox.Event, rec *kgo.Record) error {
-	id, source, typ, subject, tm, err := tr.ceAttributes(ev)
-	if err != nil {
-		return err
-	}
-	payload := ev.Fields[outbox.FieldPayload]
-	b := []byte(`{"specversion":"1.0","id":`)
-	b = strconv.AppendQuote(b, id)
-	b = append(b, `,"source":`...)
-	b = strconv.AppendQuote(b, source)
-	b = append(b, `,"type":`...)
-	b = strconv.AppendQuote(b, typ)
-	if subject != "" {
-		b = append(b, `,"subject":`...)
-		b = strconv.AppendQuote(b, subject)
-	}
-	b = append(b, `,"time":`...)
-	b = strconv.AppendQuote(b, tm)
-	b = append(b, `,"datacontenttype":`...)
-	b = strconv.AppendQuote(b, contentType(payload.Kind))
-	switch {
-	case payload.Null():
-	case payload.Kind == outbox.KindBytes:
-		b = append(b, `,"data_base64":`...)
-		b = strconv.AppendQuote(b, base64.StdEncoding.EncodeToString(payload.B))
-	default:
-		b = append(b, `,"data":`...)
-		b = appendJSON(b, payload)
-	}
-	b = append(b, '}')
-	if !json.Valid(b) {
-		return fmt.Errorf("the payload is declared JSON but is not valid JSON")
-	}
-	rec.Headers = append([]kgo.RecordHeader{{Key: "content-type", Value: []byte("application/cloudevents+json; charset=UTF-8")}}, rec.Headers...)
-	rec.Value = b
-	return nil
-}
-
-// appendJSON writes v as a JSON value by its kind: JSON stays a document
-// (never a string holding JSON), numbers and booleans stay literals, bytes
-// become base64, timestamps RFC 3339, the rest strings.
-func appendJSON(b []byte, v outbox.Value) []byte {
-	if v.Null() {
-		return append(b, "null"...)
-	}
-	switch v.Kind {
-	case outbox.KindJSON:
-		return append(b, v.B...)
-	case outbox.KindNumber:
-		if json.Valid(v.B) { // numeric's NaN and Infinity are not JSON
-			return append(b, v.B...)
-		}
-	case outbox.KindBool:
-		switch string(v.B) {
-		case "t", "true":
-			return append(b, "true"...)
-		case "f", "false":
-			return append(b, "false"...)
-		}
-	case outbox.KindBytes:
-		return strconv.AppendQuote(b, base64.StdEncoding.EncodeToString(v.B))
-	case outbox.KindTimestamp:
-		if t, ok := ParseTimestamp(string(v.B)); ok {
-			return strconv.AppendQuote(b, t.UTC().Format(time.RFC3339Nano))
-		}
-	}
-	s, _ := json.Marshal(string(v.B)) // valid UTF-8 escaping, unlike AppendQuote
-	return append(b, s...)
-}
-
-// ParseTimestamp reads Postgres' ISO timestamp output ("2026-11-22
-// 10:00:00.123+00", without zone meaning UTC) or RFC 3339.
-func ParseTimestamp(s string) (time.Time, bool) {
-	for _, layout := range []string{
-		"2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999Z07",
-		"2006-01-02 15:04:05.999999999", time.RFC3339Nano,
-	} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t, true
-		}
-	}
-	return time.Time{}, false
-}
-
 // DeadLetter builds the dead-letter record for ev: the original bytes (the
-// payload as stored, or a message's whole content) with the original
-// headers when rec exists, plus headers that say what went wrong where.
-func (r *Router) DeadLetter(ev *outbox.Event, rec *kgo.Record, reason string) *kgo.Record {
+// payload as stored, or a message's whole content) under the original key,
+// with the headers the record would have had, plus headers that say what
+// went wrong where. Whatever made ev invalid, the parts that can still be
+// worked out are kept: a NULL key template leaves the key empty, an illegal
+// topic leaves out dead_letter_topic.
+func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 	value := ev.Fields[outbox.FieldPayload].B
 	if ev.Raw != nil {
 		value = ev.Raw
@@ -448,12 +263,12 @@ func (r *Router) DeadLetter(ev *outbox.Event, rec *kgo.Record, reason string) *k
 		value = []byte{}
 	}
 	dl := &kgo.Record{Topic: ev.Table.DeadLetterTopic, Value: value, Timestamp: ev.CommitTime}
-	if rec != nil {
-		dl.Key = rec.Key
-		dl.Headers = append(dl.Headers, rec.Headers...)
-		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(rec.Topic)})
-	} else if key, err := r.routes[ev.Table].key.Expand(ev); err == nil {
+	if key, err := expand(ev.Table.KeyTemplate, ev); err == nil {
 		dl.Key = []byte(key)
+	}
+	dl.Headers = r.headers(r.routes[ev.Table], ev, 5)
+	if topic, err := r.topic(ev); err == nil {
+		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(topic)})
 	}
 	dl.Headers = append(dl.Headers,
 		kgo.RecordHeader{Key: HeaderDeadLetterError, Value: []byte(reason)},

@@ -210,11 +210,11 @@ func TestTemplates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.tmpl, func(t *testing.T) {
-			tbl := table(nil)
-			c, err := Compile(tt.tmpl, tbl)
+			tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: tt.tmpl}
+			err := tbl.Validate()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("Compile err = %v, want %q", err, tt.wantErr)
+					t.Fatalf("Validate err = %v, want %q", err, tt.wantErr)
 				}
 				return
 			}
@@ -225,7 +225,7 @@ func TestTemplates(t *testing.T) {
 			if len(tbl.Extra) == 1 {
 				ev.Extra = []outbox.Value{text("acme")}
 			}
-			got, err := c.Expand(ev)
+			got, err := expand(tbl.TopicTemplate, ev)
 			if err != nil || got != tt.want {
 				t.Fatalf("Expand = %q, %v; want %q", got, err, tt.want)
 			}
@@ -295,19 +295,38 @@ func TestPoisonEvents(t *testing.T) {
 func TestDeadLetter(t *testing.T) {
 	tbl := table(func(t *outbox.Table) { t.OnInvalid = outbox.OnInvalidDeadLetter; t.DeadLetterTopic = "dlq" })
 	r, _ := New([]*outbox.Table{tbl})
+	// An illegal topic: the original headers are kept, and the topic that
+	// cannot be formed is left out.
 	ev := event(tbl)
 	ev.Fields[outbox.FieldAggregateType] = text("bad/type")
-	dl := r.DeadLetter(ev, nil, "illegal topic")
+	dl := r.DeadLetter(ev, "illegal topic")
 	if dl.Topic != "dlq" || string(dl.Key) != "o-7" || string(dl.Value) != string(ev.Fields[outbox.FieldPayload].B) {
 		t.Fatalf("dead letter = %+v", dl)
 	}
-	wantHeaders(t, dl, map[string]string{"dead_letter_error": "illegal topic", "dead_letter_source": "public.outbox",
+	wantHeaders(t, dl, map[string]string{"id": "e-1", "event_type": "OrderPaid", "aggregate_type": "bad/type", "commit_lsn": "0/16B3748",
+		"dead_letter_error": "illegal topic", "dead_letter_source": "public.outbox",
 		"dead_letter_commit_lsn": "0/16B3748", "dead_letter_event_id": "e-1"})
+
+	// A record that could be built (too large, say): its topic is named.
+	dl = r.DeadLetter(event(tbl), "too large")
+	if got := headers(dl)["dead_letter_topic"]; got != "outbox.event.order" || headers(dl)["id"] != "e-1" {
+		t.Fatalf("dead letter headers = %v; want dead_letter_topic outbox.event.order and the original id", headers(dl))
+	}
+
+	// A NULL key: no key, the headers still there.
+	ev = event(tbl)
+	ev.Fields[outbox.FieldAggregateID] = outbox.Value{}
+	if dl = r.DeadLetter(ev, "no key"); dl.Key != nil || headers(dl)["id"] != "e-1" {
+		t.Fatalf("dead letter with a NULL key = key %q headers %v", dl.Key, headers(dl))
+	}
+
 	msg := &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, OnInvalid: outbox.OnInvalidDeadLetter}
-	msg.Validate()
+	if err := msg.Validate(); err != nil {
+		t.Fatal(err)
+	}
 	r, _ = New([]*outbox.Table{msg})
 	mev := &outbox.Event{Table: msg, Raw: []byte("not json")}
-	if dl := r.DeadLetter(mev, nil, "bad"); string(dl.Value) != "not json" || headers(dl)["dead_letter_source"] != `message prefix "outbox"` {
+	if dl := r.DeadLetter(mev, "bad"); string(dl.Value) != "not json" || headers(dl)["dead_letter_source"] != `message prefix "outbox"` {
 		t.Fatalf("message dead letter = %+v", dl)
 	}
 }

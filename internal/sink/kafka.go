@@ -20,7 +20,8 @@ type Config struct {
 	ClientID string
 	// MaxMessageBytes is the largest record batch the producer builds,
 	// mirroring the broker's message.max.bytes. A record larger than this
-	// fails with MESSAGE_TOO_LARGE. Default 1,000,012 (Kafka's default).
+	// fails with MESSAGE_TOO_LARGE. Default DefaultMaxMessageBytes
+	// (1,000,012, Kafka's default).
 	MaxMessageBytes int32
 	// TopicMaxMessageBytes overrides MaxMessageBytes for some topics; the
 	// pipeline sets the dead-letter topics' limit here.
@@ -35,21 +36,31 @@ type Config struct {
 	// batches. franz-go's own default (10ms) would add 10ms to every
 	// event's latency on a quiet outbox.
 	Linger time.Duration
-	// MaxBufferedRecords bounds the records franz-go holds. The pipeline's
-	// in-flight limit is kept below it so that Produce never blocks.
-	// Default 100,000.
+	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
+	// while it is full. The pipeline sets it to twice its in-flight limit,
+	// so that Produce never blocks the replication loop. Default 10,000.
 	MaxBufferedRecords int
 }
 
-// Validate reports a configuration error.
+// Validate reports a configuration error and fills the defaults. New
+// expects a validated Config.
 func (c *Config) Validate() error {
+	if c.ClientID == "" {
+		c.ClientID = "outbox-cdc"
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxBufferedRecords == 0 {
+		c.MaxBufferedRecords = 10_000
+	}
 	if len(c.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty; list at least one broker as host:port, or set CDC_KAFKA_BROKERS")
 	}
 	if c.Linger < 0 || c.Linger > time.Minute {
 		return fmt.Errorf("kafka.linger %s: use a value from 0 to 1m", c.Linger)
 	}
-	if c.MaxMessageBytes != 0 && (c.MaxMessageBytes < 512 || c.MaxMessageBytes > 1<<30) {
+	if c.MaxMessageBytes < 512 || c.MaxMessageBytes > 1<<30 {
 		return fmt.Errorf("kafka.max_message_bytes = %d; it must be between 512 and 1073741824", c.MaxMessageBytes)
 	}
 	return nil
@@ -63,22 +74,10 @@ type Kafka struct {
 	cl *kgo.Client
 }
 
-// New creates the producer. It does not connect until the first record or
-// Ping. extra options are appended last (tests use them for short
-// timeouts).
+// New creates the producer from a validated cfg. It does not connect until
+// the first record or Ping. extra options are appended last (tests use them
+// for short timeouts).
 func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if cfg.ClientID == "" {
-		cfg.ClientID = "outbox-cdc"
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if cfg.MaxBufferedRecords == 0 {
-		cfg.MaxBufferedRecords = 100_000
-	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),

@@ -33,6 +33,9 @@ func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 func newSink(t *testing.T, c *kfake.Cluster, cfg Config) *Kafka {
 	t.Helper()
 	cfg.Brokers = c.ListenAddrs()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
 	k, err := New(cfg, hclog.NewNullLogger(),
 		kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }), kgo.MetadataMinAge(50*time.Millisecond))
 	if err != nil {

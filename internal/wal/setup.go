@@ -10,8 +10,18 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
 )
+
+// Table is an outbox table the slot streams: its name as the catalog stores
+// it (unquoted), and the columns the decoder reads from it.
+type Table struct {
+	Schema, Name string
+	Columns      []string
+}
+
+// String returns the name quoted for SQL, e.g. tenant."OutboxEvent".
+func (t Table) String() string { return pgident.Qualified(t.Schema, t.Name) }
 
 // SlotState is what Setup found or created.
 type SlotState struct {
@@ -24,19 +34,20 @@ type SlotState struct {
 // Setup checks every precondition of streaming the tables, creates the
 // publication when it is missing, and creates the slot when it is missing
 // and createSlot is set. Every failure a user must fix is a *SetupError that
-// says how.
-func Setup(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot bool, log hclog.Logger) (SlotState, error) {
+// says how. Logical decoding message sources need no table: cfg.Messages
+// covers them.
+func Setup(ctx context.Context, cfg Config, tables []Table, createSlot bool, log hclog.Logger) (SlotState, error) {
 	return prepare(ctx, cfg, tables, createSlot, false, log)
 }
 
 // Check runs Setup's checks without creating anything: a missing
 // publication or slot is fine, one that exists must fit.
-func Check(ctx context.Context, cfg Config, tables []*outbox.Table) error {
+func Check(ctx context.Context, cfg Config, tables []Table) error {
 	_, err := prepare(ctx, cfg, tables, false, true, hclog.NewNullLogger())
 	return err
 }
 
-func prepare(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot, dryRun bool, log hclog.Logger) (SlotState, error) {
+func prepare(ctx context.Context, cfg Config, tables []Table, createSlot, dryRun bool, log hclog.Logger) (SlotState, error) {
 	conn, err := pgx.Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotState{}, fmt.Errorf("connect to postgres: %w", err)
@@ -68,44 +79,38 @@ func prepare(ctx context.Context, cfg Config, tables []*outbox.Table, createSlot
 		return SlotState{}, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !replication {
-		return SlotState{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", outbox.QuoteIdent(user), outbox.QuoteIdent(user))
+		return SlotState{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
 	}
 
-	var tablesOnly []*outbox.Table
 	for _, t := range tables {
-		if t.IsMessage() {
-			continue
-		}
-		tablesOnly = append(tablesOnly, t)
 		if err := checkTable(ctx, conn, db, t); err != nil {
 			return SlotState{}, err
 		}
 	}
-	tables = tablesOnly
 	if err := ensurePublication(ctx, conn, cfg.Publication, tables, dryRun, log); err != nil {
 		return SlotState{}, err
 	}
 	return ensureSlot(ctx, conn, cfg.Slot, db, createSlot, dryRun, log)
 }
 
-func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table) error {
+func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 	var cols []string
 	rows, err := conn.Query(ctx, `
 		SELECT a.attname FROM pg_class c
 		JOIN pg_namespace n ON n.oid = c.relnamespace
 		JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Name.Schema, t.Name.Name)
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Schema, t.Name)
 	if err != nil {
-		return fmt.Errorf("read columns of %s: %w", t.Name, err)
+		return fmt.Errorf("read columns of %s: %w", t, err)
 	}
 	cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("read columns of %s: %w", t.Name, err)
+		return fmt.Errorf("read columns of %s: %w", t, err)
 	}
 	if len(cols) == 0 {
-		return setupErrorf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t.Name, outbox.QuoteIdent(db))
+		return setupErrorf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))
 	}
-	for _, want := range t.Needed() {
+	for _, want := range t.Columns {
 		found := false
 		for _, c := range cols {
 			if c == want {
@@ -114,13 +119,13 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t *outbox.Table)
 			}
 		}
 		if !found {
-			return setupErrorf("outbox table %s has no column %s; map an existing column in tables[].columns, additional or the templates (columns: %s)", t.Name, outbox.QuoteIdent(want), strings.Join(cols, ", "))
+			return setupErrorf("outbox table %s has no column %s; map an existing column in tables[].columns, additional or the templates (columns: %s)", t, pgident.Quote(want), strings.Join(cols, ", "))
 		}
 	}
 	return nil
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []*outbox.Table, dryRun bool, log hclog.Logger) error {
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []Table, dryRun bool, log hclog.Logger) error {
 	var insert bool
 	err := conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, name).Scan(&insert)
 	if errors.Is(err, pgx.ErrNoRows) && dryRun {
@@ -129,7 +134,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if errors.Is(err, pgx.ErrNoRows) {
 		names := make([]string, len(tables))
 		for i, t := range tables {
-			names[i] = t.Name.String()
+			names[i] = t.String()
 		}
 		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", name, strings.Join(names, ", "))
 		if len(names) == 0 {
@@ -153,8 +158,8 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	if err != nil {
 		return fmt.Errorf("read tables of publication %s: %w", name, err)
 	}
-	published, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.TableName, error) {
-		var t outbox.TableName
+	published, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Table, error) {
+		var t Table
 		return t, r.Scan(&t.Schema, &t.Name)
 	})
 	if err != nil {
@@ -163,13 +168,13 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	for _, t := range tables {
 		found := false
 		for _, p := range published {
-			if p == t.Name {
+			if p.Schema == t.Schema && p.Name == t.Name {
 				found = true
 				break
 			}
 		}
 		if !found {
-			return setupErrorf("publication %s exists but does not include outbox table %s; run: ALTER PUBLICATION %s ADD TABLE %s", name, t.Name, name, t.Name)
+			return setupErrorf("publication %s exists but does not include outbox table %s; run: ALTER PUBLICATION %s ADD TABLE %s", name, t, name, t)
 		}
 	}
 	return nil

@@ -11,7 +11,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -23,7 +22,7 @@ func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 const outboxDDL = `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 	aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`
 
-var defaultTable = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}}
+var defaultTable = []wal.Table{{Schema: "public", Name: "outbox", Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
 
 func cfg(url string) wal.Config {
 	c := wal.Config{URL: url}
@@ -33,7 +32,7 @@ func cfg(url string) wal.Config {
 	return c
 }
 
-func setup(t *testing.T, url string, tables []*outbox.Table, create bool) (wal.SlotState, error) {
+func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotState, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -71,7 +70,7 @@ func TestSetupPreconditions(t *testing.T) {
 	tests := []struct {
 		name   string
 		sql    []string
-		tables []*outbox.Table
+		tables []wal.Table
 		user   string // connect as this role instead of the superuser
 		want   string
 	}{
@@ -79,7 +78,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
 			want: "has no column payload"},
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
-			tables: []*outbox.Table{{Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId", outbox.FieldEventType: "t", outbox.FieldPayload: "p"}}},
+			tables: []wal.Table{{Schema: "tenant", Name: "OutboxEvent", Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},

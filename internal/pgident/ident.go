@@ -1,43 +1,41 @@
-package outbox
+// Package pgident parses and quotes SQL identifiers the way PostgreSQL
+// does: unquoted names fold to lower case, "Quoted" ones keep their case,
+// and "" inside quotes is a literal quote. It is a leaf package, so that the
+// stages that talk to Postgres (wal) and the domain types (outbox) share one
+// set of rules without importing each other.
+package pgident
 
 import (
 	"fmt"
 	"strings"
 )
 
-// TableName is a schema-qualified table name as Postgres stores it in the
-// catalog: Schema and Name are already case-folded or unquoted.
-type TableName struct {
-	Schema string
-	Name   string
-}
-
-// String returns the name quoted for SQL, e.g. public.outbox or
+// Qualified returns schema.name quoted for SQL, e.g. public.outbox or
 // tenant."OutboxEvent".
-func (t TableName) String() string { return QuoteIdent(t.Schema) + "." + QuoteIdent(t.Name) }
+func Qualified(schema, name string) string { return Quote(schema) + "." + Quote(name) }
 
-// ParseTableName parses a table name the way a user writes it in SQL:
-// "outbox", "public.outbox", `tenant."OutboxEvent"`. Unquoted parts fold to
-// lower case; the schema defaults to public.
-func ParseTableName(s string) (TableName, error) {
-	parts, err := splitIdents(s)
+// ParseQualified parses a name the way a user writes it in SQL: "outbox",
+// "public.outbox", `tenant."OutboxEvent"`. Unquoted parts fold to lower
+// case; the schema defaults to public.
+func ParseQualified(s string) (schema, name string, err error) {
+	parts, err := split(s)
 	if err != nil {
-		return TableName{}, fmt.Errorf("table name %q: %w", s, err)
+		return "", "", fmt.Errorf("table name %q: %w", s, err)
 	}
 	switch len(parts) {
 	case 1:
-		return TableName{Schema: "public", Name: parts[0]}, nil
+		return "public", parts[0], nil
 	case 2:
-		return TableName{Schema: parts[0], Name: parts[1]}, nil
+		return parts[0], parts[1], nil
 	default:
-		return TableName{}, fmt.Errorf("table name %q: want table or schema.table", s)
+		return "", "", fmt.Errorf("table name %q: want table or schema.table", s)
 	}
 }
 
-// ParseIdent parses one identifier as written in SQL: unquoted folds to lower
+// Parse parses one identifier as written in SQL: unquoted folds to lower
 // case, "Quoted" keeps its case.
-func ParseIdent(s string) (string, error) {
-	parts, err := splitIdents(s)
+func Parse(s string) (string, error) {
+	parts, err := split(s)
 	if err != nil {
 		return "", fmt.Errorf("identifier %q: %w", s, err)
 	}
@@ -47,9 +45,9 @@ func ParseIdent(s string) (string, error) {
 	return parts[0], nil
 }
 
-// QuoteIdent quotes an identifier for SQL unless it is a plain lower-case
+// Quote quotes an identifier for SQL unless it is a plain lower-case
 // name, so that messages show names the way a user would type them.
-func QuoteIdent(s string) string {
+func Quote(s string) string {
 	plain := s != ""
 	for i, r := range s {
 		if !(r >= 'a' && r <= 'z' || r == '_' || (i > 0 && r >= '0' && r <= '9')) {
@@ -63,9 +61,9 @@ func QuoteIdent(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }
 
-// splitIdents splits a dotted SQL identifier path, honouring double quotes
+// split splits a dotted SQL identifier path, honouring double quotes
 // ("" is an escaped quote inside a quoted identifier).
-func splitIdents(s string) ([]string, error) {
+func split(s string) ([]string, error) {
 	var parts []string
 	s = strings.TrimSpace(s)
 	for {
