@@ -3,8 +3,11 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestDocsConfigsValidate loads every YAML block of the README and docs/
@@ -33,4 +36,64 @@ func TestDocsConfigsValidate(t *testing.T) {
 	if n < 2 {
 		t.Fatalf("found %d yaml blocks in the docs", n)
 	}
+}
+
+// TestEveryConfigKeyIsDocumented walks the YAML keys cdc reads and wants
+// each in docs/config.md: as `a.b` anywhere, or by its own name in the
+// section of its top-level key ("## `kafka`").
+func TestEveryConfigKeyIsDocumented(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/config.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	keys := yamlKeys(reflect.TypeOf(fileConfig{}), "")
+	if len(keys) < 30 {
+		t.Fatalf("found only %d config keys: the walk is broken", len(keys))
+	}
+	for _, key := range keys {
+		if !documented(doc, key) {
+			t.Errorf("config key %s is not documented in docs/config.md", key)
+		}
+	}
+}
+
+// yamlKeys lists the dotted paths of every key of a YAML-tagged struct.
+func yamlKeys(typ reflect.Type, prefix string) []string {
+	var keys []string
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		keys = append(keys, prefix+name)
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct && ft != reflect.TypeOf(time.Duration(0)) {
+			keys = append(keys, yamlKeys(ft, prefix+name+".")...)
+		}
+	}
+	return keys
+}
+
+func documented(doc, key string) bool {
+	if strings.Contains(doc, "`"+key+"`") {
+		return true
+	}
+	top, _, nested := strings.Cut(key, ".")
+	if !nested {
+		return false
+	}
+	_, section, ok := strings.Cut(doc, "## `"+top+"`")
+	if !ok {
+		return false
+	}
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+	leaf := key[strings.LastIndex(key, ".")+1:]
+	return strings.Contains(section, "`"+leaf+"`") || strings.Contains(section, "{"+leaf+":") || strings.Contains(section, ", "+leaf+":")
 }
