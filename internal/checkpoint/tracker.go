@@ -16,7 +16,7 @@ type Txn struct {
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
-// safe for concurrent use: the replication loop calls Begin, Add, Commit and
+// safe for concurrent use: the replication loop calls Begin, Track, Commit and
 // the readers; the Kafka client's promise goroutine calls Ack.
 type Tracker struct {
 	maxInFlight int

@@ -1,6 +1,6 @@
 // Package sink produces records to Kafka with franz-go.
 //
-// Invariants (../shared/INVARIANTS.md, "Kafka"):
+// Invariants (docs/design.md, rules 12 to 14):
 //   - The producer is idempotent with acks=all and unlimited retries, so a
 //     partition's records land once and in order; franz-go's data-loss
 //     detection stops the producer rather than continue past a gap.

@@ -2,7 +2,7 @@
 // the server's preconditions, creates the publication and slot, streams
 // pgoutput messages to a handler, and confirms positions to the slot.
 //
-// Invariants (../shared/INVARIANTS.md):
+// Invariants (docs/design.md, "Position rules"):
 //   - One goroutine owns the replication connection. Stream.Run receives and
 //     sends on it; acknowledgements reach it only as values it reads from
 //     Acks before each receive. Close runs on the same goroutine after Run.

@@ -67,7 +67,7 @@ func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
 	}
-	// LSN 0 means "the slot's confirmed_flush_lsn" (INVARIANTS 6).
+	// LSN 0 means "the slot's confirmed_flush_lsn" (docs/design.md, rule 6).
 	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)}
 	if cfg.Messages {
 		args = append(args, "messages 'true'")
@@ -158,7 +158,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				}
 				// Every message before this keepalive has been handled,
 				// so idle here means everything up to its WAL end is
-				// resolved (INVARIANTS 5).
+				// resolved (docs/design.md, rule 5).
 				if acks.Idle() && ka.ServerWALEnd > s.idleEnd {
 					s.idleEnd = ka.ServerWALEnd
 				}
