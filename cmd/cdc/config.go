@@ -36,6 +36,12 @@ type fileConfig struct {
 		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
 		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
 	} `yaml:"kafka"`
+	Checkpoint struct {
+		Topic string `yaml:"topic"`
+	} `yaml:"checkpoint"`
+	Replay struct {
+		Window time.Duration `yaml:"window"`
+	} `yaml:"replay"`
 	Tables          []fileTable   `yaml:"tables"`
 	MaxInFlight     int           `yaml:"max_in_flight"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -150,6 +156,8 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,
 		ShutdownTimeout:           fc.ShutdownTimeout,
+		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},
+		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
 	}
 	if len(fc.Tables) == 0 {
 		// Debezium's default layout, so that a config-less start works.

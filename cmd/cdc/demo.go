@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand"
@@ -55,14 +54,17 @@ SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_
 DROP PUBLICATION IF EXISTS cdc_demo;
 DROP SCHEMA IF EXISTS cdc_demo CASCADE;`
 
-func demo(ctx context.Context, args []string, getenv func(string) string, out, errOut io.Writer) int {
-	fs := flag.NewFlagSet("cdc demo", flag.ContinueOnError)
-	fs.SetOutput(errOut)
+func demoCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("demo", "[--duration 15s] [--rate 25]")
 	duration := fs.Duration("duration", 15*time.Second, "how long the order service writes")
 	rate := fs.Int("rate", 25, "business transactions per second")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := c.parse(fs, args); !ok {
+		return code
 	}
+	return demo(ctx, *duration, *rate, c.getenv, c.stdout, c.stderr)
+}
+
+func demo(ctx context.Context, duration time.Duration, rate int, getenv func(string) string, out, errOut io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(errOut, "demo: "+format+"\n", a...)
 		return 1
@@ -103,7 +105,7 @@ func demo(ctx context.Context, args []string, getenv func(string) string, out, e
 	}
 
 	fmt.Fprintf(out, "postgres: %s\nkafka:    %s\nconnector: slot cdc_demo streams cdc_demo.outbox -> topics outbox.event.<aggregatetype>\n\n", pg.where, kafka.where)
-	fmt.Fprintf(out, "an order service writes orders and their events in the same transactions for %s (Ctrl-C to stop early)\n\n", *duration)
+	fmt.Fprintf(out, "an order service writes orders and their events in the same transactions for %s (Ctrl-C to stop early)\n\n", duration)
 
 	// The order service has its own connection: cancelling it
 	// mid-transaction closes that connection, and conn is still needed for
@@ -113,10 +115,10 @@ func demo(ctx context.Context, args []string, getenv func(string) string, out, e
 		return fail("connect to postgres: %v", err)
 	}
 	defer svcConn.Close(context.Background())
-	wctx, stopWriting := context.WithTimeout(ctx, *duration)
+	wctx, stopWriting := context.WithTimeout(ctx, duration)
 	defer stopWriting()
 	svc := make(chan error, 1)
-	go func() { svc <- newOrderService(svcConn, board).run(wctx, *rate) }()
+	go func() { svc <- newOrderService(svcConn, board).run(wctx, rate) }()
 
 	runErr := showUntilDone(ctx, newDisplay(out), board, svc, connector.done)
 	if err := connector.stop(); err != nil && runErr == nil {

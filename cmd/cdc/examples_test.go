@@ -64,6 +64,7 @@ func TestExamples(t *testing.T) {
 				tbl.Topic = kafka.Prefix + tbl.Topic
 				tbl.DeadLetterTopic = kafka.Prefix + tbl.DeadLetterTopic
 			}
+			cfg.Checkpoint.Topic = kafka.CheckpointTopic()
 			cfg.Postgres.StatusInterval = 50 * time.Millisecond
 			trackers := make(chan *checkpoint.Tracker, 4)
 			pl, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}),

@@ -2,13 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"sort"
+	"strings"
 	"syscall"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -18,17 +20,48 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-const usage = `usage:
-  cdc run   [--config cdc.yaml]            stream outbox inserts to Kafka until SIGINT/SIGTERM
-  cdc check [--config cdc.yaml] [--offline] validate the config; without --offline also
-                                           check Postgres and Kafka without streaming
-  cdc demo  [--duration 15s] [--rate 25]   see it work: a throwaway Postgres, an embedded
-                                           Kafka broker and an order service, all in-process
-  cdc version
+// cli is one invocation: where it reads its environment and writes.
+type cli struct {
+	getenv         func(string) string
+	stdout, stderr io.Writer
+}
 
-The environment overrides the file: CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
-(comma-separated), CDC_LOG_LEVEL, CDC_LOG_FORMAT. See docs/config.md.
-`
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, c *cli, args []string) int
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"run":     {"stream outbox inserts to Kafka until SIGINT/SIGTERM", runCmd},
+		"check":   {"check the config, and Postgres and Kafka, without streaming", checkCmd},
+		"replay":  {"re-send the transactions of an LSN or time range from the replay window", replayCmd},
+		"rewind":  {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
+		"reset":   {"accept a gap the connector refused to stream over", resetCmd},
+		"demo":    {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
+		"version": {"print the version", versionCmd},
+	}
+}
+
+// envHelp lists the environment variables the config commands read.
+const envHelp = `Environment (overrides the config file): CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
+(comma-separated), CDC_LOG_LEVEL, CDC_LOG_FORMAT. See docs/config.md.`
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: cdc <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "\ncdc <command> --help shows a command's flags.\n%s\n", envHelp)
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -36,78 +69,116 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-// run is main without the process: it returns the exit code.
+// run is main without the process: it returns the exit code. 0: done, or a
+// clean shutdown; 1: a fatal error at run time; 2: a usage or config error.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	c := &cli{getenv: getenv, stdout: stdout, stderr: stderr}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		usage(stderr)
 		return 2
 	}
-	cmd, args := args[0], args[1:]
-	if cmd == "demo" {
-		return demo(ctx, args, getenv, stdout, stderr)
-	}
-	fs := flag.NewFlagSet("cdc "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "path of the YAML config file")
-	offline := fs.Bool("offline", false, "check: validate the config without connecting")
-	switch cmd {
-	case "version", "--version":
-		fmt.Fprintln(stderr, "cdc", version)
-		return 0
-	case "run", "check":
+	name, args := args[0], args[1:]
+	switch name {
 	case "help", "-h", "--help":
-		fmt.Fprint(stderr, usage)
+		usage(stdout)
 		return 0
-	default:
-		fmt.Fprintf(stderr, "cdc: unknown command %q\n\n%s", cmd, usage)
+	case "--version":
+		name = "version"
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "cdc: unknown command %q\n\n", name)
+		usage(stderr)
 		return 2
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	return cmd.run(ctx, c, args)
+}
+
+// flagSet is a command's flags, and its synopsis for the usage.
+type flagSet struct {
+	*flag.FlagSet
+	synopsis string
+}
+
+// flags returns the flag set of a command; synopsis follows "cdc name".
+func (c *cli) flags(name, synopsis string) *flagSet {
+	fs := flag.NewFlagSet("cdc "+name, flag.ContinueOnError)
+	// The flag package writes its own error and the usage; parse writes
+	// one line instead, and the usage only when asked for.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flagSet{fs, synopsis}
+}
+
+// printUsage writes fs's usage to w.
+func printUsage(w io.Writer, fs *flagSet) {
+	name := strings.TrimPrefix(fs.Name(), "cdc ")
+	fmt.Fprintf(w, "usage: cdc %s %s\n\n%s.\n", name, fs.synopsis, commands[name].summary)
+	fs.SetOutput(w)
+	if hasFlags(fs.FlagSet) {
+		fmt.Fprintln(w, "\nflags:")
+		fs.PrintDefaults()
 	}
-	cfg, lc, err := loadConfig(*configPath, getenv)
+	fs.SetOutput(io.Discard)
+	if fs.Lookup("config") != nil {
+		fmt.Fprintf(w, "\n%s\n", envHelp)
+	}
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
+
+// parse parses args; ok false means return code: 0 after --help (the usage
+// on stdout), 2 after a usage error (one line on stderr).
+func (c *cli) parse(fs *flagSet, args []string) (code int, ok bool) {
+	err := fs.Parse(args)
+	name := strings.TrimPrefix(fs.Name(), "cdc ")
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(c.stdout, fs)
+		return 0, false
+	case err != nil:
+		return c.usageErr("%s: %v (cdc %s --help lists the flags)", name, err, name), false
+	case fs.NArg() > 0:
+		return c.usageErr("%s: unexpected argument %q (cdc %s --help lists the flags)", name, fs.Arg(0), name), false
+	}
+	return 0, true
+}
+
+// usageErr reports a usage error of a command: exit code 2.
+func (c *cli) usageErr(format string, args ...any) int {
+	fmt.Fprintf(c.stderr, "cdc: "+format+"\n", args...)
+	return 2
+}
+
+// pipeline loads the config at path and builds the pipeline, which
+// validates it. ok false means return code.
+func (c *cli) pipeline(path string) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
+	cfg, lc, err := loadConfig(path, c.getenv)
 	if err != nil {
-		fmt.Fprintf(stderr, "cdc: %v\n", err)
-		return 2
+		return nil, nil, c.usageErr("%v", err), false
 	}
-	log := hclog.New(&hclog.LoggerOptions{
+	log = hclog.New(&hclog.LoggerOptions{
 		Name:       "cdc",
 		Level:      hclog.LevelFromString(lc.Level),
 		JSONFormat: lc.JSON,
-		Output:     stderr,
+		Output:     c.stderr,
 	})
-
-	p, err := pipeline.New(cfg, log, pipeline.Options{})
+	p, err = pipeline.New(cfg, log, pipeline.Options{ConfigFile: path, Version: version})
 	if err != nil {
-		fmt.Fprintf(stderr, "cdc: %v\n", err)
-		return 2
+		return nil, nil, c.usageErr("%v", err), false
 	}
-	if cmd == "check" {
-		return check(ctx, p, *offline, stderr)
-	}
-	cfg = p.Config()
-	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
-	if err := p.Run(ctx); err != nil {
-		log.Error("stopped on a fatal error", "error", err)
-		return 1
-	}
-	return 0
+	return p, log, 0, true
 }
 
-// check reports on p's validated config and, unless offline, the
-// server-side preconditions, without creating anything.
-func check(ctx context.Context, p *pipeline.Pipeline, offline bool, out io.Writer) int {
-	cfg := p.Config()
-	if offline {
-		fmt.Fprintf(out, "config OK: %d outbox table(s), slot %s, publication %s\n", len(cfg.Tables), cfg.Postgres.Slot, cfg.Postgres.Publication)
-		return 0
+func versionCmd(_ context.Context, c *cli, args []string) int {
+	fs := c.flags("version", "")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := p.Check(ctx); err != nil {
-		fmt.Fprintf(out, "cdc: %v\n", err)
-		return 1
-	}
-	fmt.Fprintln(out, "postgres and kafka OK")
+	fmt.Fprintln(c.stdout, "cdc", version)
 	return 0
 }

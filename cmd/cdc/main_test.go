@@ -42,7 +42,13 @@ type proc struct {
 
 func startProc(t *testing.T, config string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "run", "--config", config)
+	return startCmd(t, "run", "--config", config)
+}
+
+// startCmd runs the cdc binary with args.
+func startCmd(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "CDC_TEST_EXEC_MAIN=1")
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -89,9 +95,11 @@ kafka:
 tables:
   - name: outbox
     topic: %s
+checkpoint:
+  topic: %s
 log:
   level: info
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}")), 0o600)
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600)
 	if writeErr != nil {
 		t.Fatal(writeErr)
 	}

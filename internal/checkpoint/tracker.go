@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -10,9 +11,26 @@ import (
 // between Begin and the last Ack of its events; its fields are guarded by
 // the Tracker's mutex.
 type Txn struct {
-	pending   int
-	committed bool
-	end       pglogrepl.LSN
+	pending    int
+	committed  bool
+	end        pglogrepl.LSN
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+}
+
+// Position is the watermark and where it came from.
+type Position struct {
+	// LSN is the watermark: the highest transaction end LSN such that
+	// Kafka has acknowledged every event at or before it, or a keepalive's
+	// WAL end seen while nothing was open or in flight.
+	LSN pglogrepl.LSN
+	// Time is when the WAL had reached LSN: the commit time of the last
+	// resolved transaction, or the keepalive's server time.
+	Time time.Time
+	// CommitLSN and CommitTime are those of the last resolved transaction
+	// (zero before the first).
+	CommitLSN  pglogrepl.LSN
+	CommitTime time.Time
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -22,12 +40,12 @@ type Tracker struct {
 	maxInFlight int
 	changed     chan struct{}
 
-	mu        sync.Mutex
-	txns      []*Txn // open and unresolved transactions, in commit order
-	inFlight  int
-	acked     uint64
-	confirmed pglogrepl.LSN
-	err       error
+	mu       sync.Mutex
+	txns     []*Txn // open and unresolved transactions, in commit order
+	inFlight int
+	acked    uint64
+	pos      Position
+	err      error
 }
 
 // NewTracker returns a Tracker that reports Saturated once maxInFlight
@@ -37,7 +55,7 @@ func NewTracker(start pglogrepl.LSN, maxInFlight int) *Tracker {
 	if maxInFlight < 1 {
 		maxInFlight = 1
 	}
-	return &Tracker{maxInFlight: maxInFlight, confirmed: start, changed: make(chan struct{}, 1)}
+	return &Tracker{maxInFlight: maxInFlight, pos: Position{LSN: start}, changed: make(chan struct{}, 1)}
 }
 
 // Begin opens a transaction. Transactions must be begun in commit order,
@@ -80,12 +98,13 @@ func (t *Tracker) Ack(tx *Txn, err error) {
 	t.notify()
 }
 
-// Commit closes tx at end, the end LSN of its commit record. No Track may
-// follow for tx.
-func (t *Tracker) Commit(tx *Txn, end pglogrepl.LSN) {
+// Commit closes tx: commit is the LSN of its commit record (pgoutput's
+// Begin.FinalLSN), end the end of that record, at the commit time. No Track
+// may follow for tx.
+func (t *Tracker) Commit(tx *Txn, commit, end pglogrepl.LSN, at time.Time) {
 	t.mu.Lock()
 	tx.committed = true
-	tx.end = end
+	tx.end, tx.commitLSN, tx.commitTime = end, commit, at
 	advanced := t.resolveLocked()
 	t.mu.Unlock()
 	if advanced {
@@ -98,8 +117,8 @@ func (t *Tracker) Commit(tx *Txn, end pglogrepl.LSN) {
 func (t *Tracker) resolveLocked() bool {
 	n := 0
 	for n < len(t.txns) && t.txns[n].committed && t.txns[n].pending == 0 {
-		if t.txns[n].end > t.confirmed {
-			t.confirmed = t.txns[n].end
+		if tx := t.txns[n]; tx.end > t.pos.LSN {
+			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime}
 		}
 		t.txns[n] = nil
 		n++
@@ -114,6 +133,27 @@ func (t *Tracker) resolveLocked() bool {
 	return true
 }
 
+// Keepalive takes a keepalive's WAL end: every message before it was
+// handled, so when no transaction is open or in flight nothing up to walEnd
+// is owed to Kafka, and the watermark moves there. A quiet outbox in a busy
+// database then does not retain WAL (docs/design.md, rule 5). Never while a
+// transaction is open or in flight: that would confirm past it.
+func (t *Tracker) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
+	t.mu.Lock()
+	moved := len(t.txns) == 0 && walEnd > t.pos.LSN
+	if moved {
+		t.pos.LSN, t.pos.Time = walEnd, at
+	}
+	t.mu.Unlock()
+	if moved {
+		t.notify()
+	}
+}
+
+// Notify signals Changed: for what wraps the Tracker and changes what the
+// replication loop reads.
+func (t *Tracker) Notify() { t.notify() }
+
 func (t *Tracker) notify() {
 	select {
 	case t.changed <- struct{}{}:
@@ -126,7 +166,14 @@ func (t *Tracker) notify() {
 func (t *Tracker) Confirmed() pglogrepl.LSN {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.confirmed
+	return t.pos.LSN
+}
+
+// Position returns the watermark with its time and last commit.
+func (t *Tracker) Position() Position {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pos
 }
 
 // Idle reports whether no transaction is open and no event is in flight:

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -16,12 +17,12 @@ func TestTrackerOutOfOrderAcks(t *testing.T) {
 	tx1 := tr.Begin()
 	tr.Track(tx1)
 	tr.Track(tx1)
-	tr.Commit(tx1, 200)
+	tr.Commit(tx1, 200-1, 200, time.Time{})
 	tx2 := tr.Begin()
 	tr.Track(tx2)
-	tr.Commit(tx2, 300)
+	tr.Commit(tx2, 300-1, 300, time.Time{})
 	tx3 := tr.Begin()
-	tr.Commit(tx3, 400)
+	tr.Commit(tx3, 400-1, 400, time.Time{})
 
 	steps := []struct {
 		ack  *Txn
@@ -46,14 +47,14 @@ func TestTrackerFailedProduceNeverAdvances(t *testing.T) {
 	tr := NewTracker(0, 1000)
 	tx1 := tr.Begin()
 	tr.Track(tx1)
-	tr.Commit(tx1, 10)
+	tr.Commit(tx1, 10-1, 10, time.Time{})
 	tx2 := tr.Begin()
 	tr.Track(tx2)
 	tr.Track(tx2)
-	tr.Commit(tx2, 20)
+	tr.Commit(tx2, 20-1, 20, time.Time{})
 	tx3 := tr.Begin()
 	tr.Track(tx3)
-	tr.Commit(tx3, 30)
+	tr.Commit(tx3, 30-1, 30, time.Time{})
 
 	boom := errors.New("MESSAGE_TOO_LARGE")
 	tr.Ack(tx1, nil)
@@ -83,7 +84,7 @@ func TestTrackerEmptyTransactionsResolveImmediately(t *testing.T) {
 		if tr.Idle() {
 			t.Fatal("Idle() while a transaction is open")
 		}
-		tr.Commit(tx, end)
+		tr.Commit(tx, end-1, end, time.Time{})
 		if got := tr.Confirmed(); got != end {
 			t.Fatalf("Confirmed() = %s, want %s", got, end)
 		}
@@ -101,7 +102,7 @@ func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("Confirmed() = %s before COMMIT", got)
 	}
-	tr.Commit(tx, 50)
+	tr.Commit(tx, 50-1, 50, time.Time{})
 	if got := tr.Confirmed(); got != 50 {
 		t.Fatalf("Confirmed() = %s, want 0/32", got)
 	}
@@ -146,7 +147,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 			evs = append(evs, ev{i})
 		}
 		events[i] = int64(n)
-		tr.Commit(txs[i], pglogrepl.LSN((i+1)*10))
+		tr.Commit(txs[i], pglogrepl.LSN((i+1)*10-1), pglogrepl.LSN((i+1)*10), time.Time{})
 	}
 	rand.Shuffle(len(evs), func(i, j int) { evs[i], evs[j] = evs[j], evs[i] })
 
@@ -193,5 +194,35 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 	}
 	if tr.InFlight() != 0 || !tr.Idle() {
 		t.Fatalf("after every ack: in flight %d, idle %v", tr.InFlight(), tr.Idle())
+	}
+}
+
+// TestTrackerKeepalive: a keepalive moves the watermark to the server's WAL
+// end only while nothing is open or in flight.
+func TestTrackerKeepalive(t *testing.T) {
+	at := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	tr := NewTracker(100, 10)
+	tr.Keepalive(500, at)
+	if p := tr.Position(); p.LSN != 500 || !p.Time.Equal(at) {
+		t.Fatalf("idle keepalive: position %+v, want 0/1F4 at %s", p, at)
+	}
+	tx := tr.Begin() // open, nothing tracked yet
+	tr.Keepalive(600, at)
+	if got := tr.Confirmed(); got != 500 {
+		t.Fatalf("keepalive with a transaction open moved the watermark to %s", got)
+	}
+	tr.Track(tx)
+	tr.Commit(tx, 650, 700, at.Add(time.Second))
+	tr.Keepalive(800, at) // committed but in flight
+	if got := tr.Confirmed(); got != 500 {
+		t.Fatalf("keepalive with an event in flight moved the watermark to %s", got)
+	}
+	tr.Ack(tx, nil)
+	if p := tr.Position(); p.LSN != 700 || p.CommitLSN != 650 || !p.CommitTime.Equal(at.Add(time.Second)) {
+		t.Fatalf("after the ack: %+v, want the transaction's end 0/2BC, commit 0/28A", p)
+	}
+	tr.Keepalive(800, at.Add(2*time.Second))
+	if p := tr.Position(); p.LSN != 800 || p.CommitLSN != 650 {
+		t.Fatalf("idle again: %+v, want 0/320 with the last commit kept", p)
 	}
 }

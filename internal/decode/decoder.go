@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -42,6 +43,8 @@ type Message struct {
 	EndLSN  pglogrepl.LSN      // KindCommit: end of the commit record
 	XID     uint32             // KindBegin, KindCommit
 	Commit  pglogrepl.LSN      // KindBegin, KindCommit: LSN of the commit record
+	// CommitTime is the transaction's commit time (KindBegin, KindCommit).
+	CommitTime time.Time
 }
 
 // Type OIDs the decoder reads specially (pg_type.dat).
@@ -137,7 +140,7 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 				break
 			}
 			d.begin, d.inTx = b, true
-			m = Message{Kind: KindBegin, XID: b.XID, Commit: b.FinalLSN}
+			m = Message{Kind: KindBegin, XID: b.XID, Commit: b.FinalLSN, CommitTime: b.CommitTime}
 		}
 	case msgCommit:
 		c := parseCommit(r)
@@ -146,7 +149,7 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 				err = fmt.Errorf("COMMIT at %s outside a transaction", c.CommitLSN)
 				break
 			}
-			m = Message{Kind: KindCommit, EndLSN: c.EndLSN, XID: d.begin.XID, Commit: c.CommitLSN}
+			m = Message{Kind: KindCommit, EndLSN: c.EndLSN, XID: d.begin.XID, Commit: c.CommitLSN, CommitTime: c.CommitTime}
 			d.inTx = false
 		}
 	case msgRelation:

@@ -76,6 +76,7 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 		}},
 		RetryBackoff:    100 * time.Millisecond,
 		RetryBackoffMax: time.Second,
+		Checkpoint:      pipeline.CheckpointConfig{Topic: kafka.CheckpointTopic()},
 	}
 }
 
@@ -132,6 +133,19 @@ func (r *running) stop(t *testing.T) error {
 		return err
 	case <-time.After(60 * time.Second):
 		t.Fatal("pipeline did not stop within 60s")
+		return nil
+	}
+}
+
+// waitFatal waits for Run to return on its own.
+func waitFatal(t *testing.T, r *running) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		close(r.done)
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the connector kept running")
 		return nil
 	}
 }
@@ -606,10 +620,8 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	if err := e.cfg.Postgres.Validate(); err != nil { // fills the slot and publication defaults
 		t.Fatal(err)
 	}
-	st, err := wal.Setup(ctx, e.cfg.Postgres, []wal.Table{{Schema: "public", Name: "outbox", Columns: []string{"id"}}}, true, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
+	testenv.Exec(t, e.db, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`)
+	st := wal.SlotState{ConfirmedFlush: testenv.SlotPosition(t, e.db, "outbox_cdc")}
 	holder, err := wal.Open(ctx, e.cfg.Postgres, st.ConfirmedFlush, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)

@@ -9,11 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
-	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -39,7 +37,30 @@ type Config struct {
 	// error; it doubles up to RetryBackoffMax. Defaults 1s and 30s.
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
+	// Checkpoint is where the pipeline keeps its durable progress.
+	Checkpoint CheckpointConfig
+	// Replay keeps WAL for replays and rewinds.
+	Replay ReplayConfig
 }
+
+// CheckpointConfig configures the checkpoint store.
+type CheckpointConfig struct {
+	// Topic is the compacted Kafka topic of the checkpoints, created when
+	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
+	Topic string
+}
+
+// ReplayConfig configures the replay window.
+type ReplayConfig struct {
+	// Window is how far back cdc replay and cdc rewind can reach. The
+	// pipeline keeps a second slot, "<slot>_replay", that far behind, so
+	// Postgres retains that much WAL. Default 0: no window, no second
+	// slot. At least 1s when set.
+	Window time.Duration
+}
+
+// replaySlot is the replay window's slot.
+func (c *Config) replaySlot() string { return c.Postgres.Slot + "_replay" }
 
 // Validate fills defaults and reports the first configuration error. Each
 // stage's config validates itself and owns its defaults; Validate adds the
@@ -102,6 +123,18 @@ func (c *Config) Validate() error {
 	if c.RetryBackoffMax == 0 {
 		c.RetryBackoffMax = 30 * time.Second
 	}
+	if c.Checkpoint.Topic == "" {
+		c.Checkpoint.Topic = checkpoint.DefaultTopic
+	}
+	if err := route.ValidTopic(c.Checkpoint.Topic); err != nil {
+		return fmt.Errorf("checkpoint.topic: %v", err)
+	}
+	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
+		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
+	}
+	if len(c.replaySlot()) > 63 {
+		return fmt.Errorf("postgres.slot %q is too long to name its replay slot %q; use at most 56 characters", c.Postgres.Slot, c.replaySlot())
+	}
 	return nil
 }
 
@@ -131,6 +164,11 @@ type Options struct {
 	// and offset are set. It runs on franz-go's promise goroutine and must
 	// not block.
 	OnDelivered func(rec *kgo.Record, err error)
+	// ConfigFile is the config's path, for the commands error messages
+	// tell the operator to run.
+	ConfigFile string
+	// Version is the connector's version, recorded in checkpoints.
+	Version string
 }
 
 // Pipeline streams outbox events from one slot to Kafka.
@@ -139,10 +177,15 @@ type Pipeline struct {
 	opts   Options
 	log    hclog.Logger
 	router *route.Router
+	// store and progress are set by the first session that streams, and
+	// kept by the later ones.
+	store    *checkpoint.Store
+	progress *checkpoint.Progress
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
-	// events sent to a dead-letter topic.
-	IgnoredMessages, DeadLettered atomic.Int64
+	// events sent to a dead-letter topic; WindowsLost counts replay windows
+	// Postgres invalidated.
+	IgnoredMessages, DeadLettered, WindowsLost atomic.Int64
 }
 
 // New validates cfg, which it then owns, and returns a Pipeline. It
@@ -217,157 +260,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 }
 
-// runSession sets up, runs and shuts down one replication session.
-func (p *Pipeline) runSession(ctx context.Context, first bool) error {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), first, p.log)
-	if err != nil {
-		return err
-	}
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
-	if err != nil {
-		return err
-	}
-	defer k.Close()
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = k.Ping(pingCtx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
-	}
-
-	stream, err := wal.Open(ctx, p.cfg.Postgres, slot.ConfirmedFlush, p.log.Named("wal"))
-	if err != nil {
-		return err
-	}
-	s := &session{
-		p:       p,
-		kafka:   k,
-		tracker: checkpoint.NewTracker(slot.ConfirmedFlush, p.cfg.MaxInFlight),
-		dec:     decode.New(p.cfg.Tables),
-	}
-	if p.opts.OnSession != nil {
-		p.opts.OnSession(s.tracker)
-	}
-
-	watchDone := make(chan struct{})
-	defer close(watchDone)
-	go p.watchKafka(s.tracker, watchDone)
-
-	runErr := stream.Run(ctx, s.handle, s.tracker)
-	if ctx.Err() != nil {
-		// Shutdown: stop reading (done), let Kafka answer what is in
-		// flight, then confirm what it acked.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
-		if err := k.Flush(fctx); err != nil {
-			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
-				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
-		}
-		cancel()
-	}
-	final := stream.Close(context.WithoutCancel(ctx), s.tracker)
-	if ctx.Err() != nil {
-		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String(),
-			"dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())
-		return nil
-	}
-	return runErr
-}
-
-// session is one replication session: one replication connection, one
-// Kafka client, one decoder and one tracker. Its methods follow one event
-// as docs/design.md draws it: the stream hands its bytes to handle, the
-// decoder turns them into an Event, event has the router make a Record (or
-// deadLetter a dead-letter record), produce sends it, and its ack lands in
-// the tracker, which the stream reads before its next receive. Everything
-// but the ack callback runs on the stream's goroutine.
-type session struct {
-	p       *Pipeline
-	kafka   *sink.Kafka
-	tracker *checkpoint.Tracker
-	dec     *decode.Decoder
-	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
-}
-
-// handle takes one pgoutput message from the stream.
-func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
-	m, err := s.dec.Decode(data)
-	if err != nil {
-		return &decodeError{err}
-	}
-	switch m.Kind {
-	case decode.KindBegin:
-		s.tx = s.tracker.Begin()
-	case decode.KindEvent, decode.KindInvalid:
-		return s.event(&m)
-	case decode.KindIgnoredMessage:
-		s.p.IgnoredMessages.Add(1)
-	case decode.KindCommit:
-		s.tracker.Commit(s.tx, m.EndLSN)
-		s.tx = nil
-	}
-	return nil
-}
-
-// event routes one event and produces its record, or applies the source's
-// on_invalid policy when it cannot be delivered as configured.
-func (s *session) event(m *decode.Message) error {
-	ev := &m.Event
-	rec, err := s.record(m)
-	if err != nil {
-		if rec, err = s.deadLetter(ev, err); err != nil {
-			return err
-		}
-	}
-	if s.p.log.IsTrace() {
-		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
-	}
-	s.produce(rec)
-	return nil
-}
-
-// record builds m's Kafka record: an *outbox.EventError when m is invalid,
-// or the record does not fit kafka.max_message_bytes.
-func (s *session) record(m *decode.Message) (*kgo.Record, error) {
-	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
-		return nil, m.Invalid
-	}
-	rec, err := s.p.router.Record(&m.Event)
-	if err != nil {
-		return nil, err
-	}
-	if n, limit := recordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
-		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, limit)
-	}
-	return rec, nil
-}
-
-// deadLetter applies on_invalid to an event that cannot be delivered: with
-// fail it returns cause, which stops the connector; with dead-letter it
-// returns the dead-letter record, which is tracked like any event, so that
-// its transaction is confirmed only once Kafka acked it.
-func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
-	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
-		return nil, cause
-	}
-	rec := s.p.router.DeadLetter(ev, cause.Error())
-	s.p.DeadLettered.Add(1)
-	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
-	return rec, nil
-}
-
-// produce counts rec in flight in the open transaction and sends it; the
-// ack comes back to the tracker on franz-go's goroutine.
-func (s *session) produce(rec *kgo.Record) {
-	tx, onDelivered := s.tx, s.p.opts.OnDelivered
-	s.tracker.Track(tx)
-	s.kafka.Produce(rec, func(err error) {
-		s.tracker.Ack(tx, err)
-		if onDelivered != nil {
-			onDelivered(rec, err)
-		}
-	})
-}
-
 // recordSize estimates a record's size in a batch: franz-go fails a record
 // over ProducerBatchMaxBytes on its own, so checking first lets an
 // oversized event take the invalid-event policy instead.
@@ -430,9 +322,11 @@ func Permanent(err error) bool {
 		poison *outbox.EventError
 		dec    *decodeError
 		prod   *sink.ProduceError
+		gap    *checkpoint.GapError
+		topic  *checkpoint.TopicError
 	)
 	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec):
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic):
 		return true
 	case errors.As(err, &prod):
 		return prod.Permanent()

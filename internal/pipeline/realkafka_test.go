@@ -47,19 +47,6 @@ func adminClient(t *testing.T, k *testenv.Kafka) *kadm.Client {
 	return kadm.NewClient(cl)
 }
 
-// waitFatal waits for Run to return on its own.
-func waitFatal(t *testing.T, r *running) error {
-	t.Helper()
-	select {
-	case err := <-r.done:
-		close(r.done)
-		return err
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the connector kept running")
-		return nil
-	}
-}
-
 // TestRealMissingTopicWithoutAutoCreation: the topic does not exist and the
 // connector may not create it. It stops with an error naming the topic and
 // the fix, and confirms nothing past the event.

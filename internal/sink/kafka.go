@@ -78,10 +78,7 @@ type Kafka struct {
 // the first record or Ping. extra options are appended last (tests use them
 // for short timeouts).
 func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.ClientID(cfg.ClientID),
-		kgo.WithLogger(logAdapter{log}),
+	opts := append(ClientOpts(cfg, log),
 		// Idempotence is franz-go's default; acks=all is required by it.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.StopProducerOnDataLossDetected(),
@@ -95,7 +92,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(cfg.Linger),
-	}
+	)
 	if cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
@@ -105,6 +102,17 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	return &Kafka{cl: cl}, nil
+}
+
+// ClientOpts are the options every client of the cluster shares: the
+// producer, the checkpoint store's reader and the admin calls. They say how
+// to reach and talk to the brokers, not how to produce.
+func ClientOpts(cfg Config, log hclog.Logger) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(cfg.ClientID),
+		kgo.WithLogger(logAdapter{log}),
+	}
 }
 
 // Produce hands rec to franz-go and calls done exactly once with Kafka's

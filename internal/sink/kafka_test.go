@@ -82,7 +82,7 @@ func produceTxns(k *Kafka, tr *checkpoint.Tracker, keys []string, endBase int) {
 		tx := tr.Begin()
 		tr.Track(tx)
 		k.Produce(&kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
-		tr.Commit(tx, pglogrepl.LSN(endBase+10*(i+1)))
+		tr.Commit(tx, pglogrepl.LSN(endBase+10*(i+1)-1), pglogrepl.LSN(endBase+10*(i+1)), time.Time{})
 	}
 }
 
@@ -140,7 +140,7 @@ func TestMessageTooLarge(t *testing.T) {
 	tx := tr.Begin()
 	tr.Track(tx)
 	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, err) })
-	tr.Commit(tx, 10)
+	tr.Commit(tx, 9, 10, time.Time{})
 	if err := k.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestUnknownTopicIsPermanentWithAdvice(t *testing.T) {
 	tx := tr.Begin()
 	tr.Track(tx)
 	k.Produce(&kgo.Record{Topic: "no.such.topic", Key: []byte("k"), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
-	tr.Commit(tx, 10)
+	tr.Commit(tx, 9, 10, time.Time{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := k.Flush(ctx); err != nil {

@@ -61,6 +61,10 @@ func NewFakeKafka(t testing.TB, opts ...kfake.Opt) *Kafka {
 	return &Kafka{Brokers: c.ListenAddrs(), Fake: c, Prefix: fmt.Sprintf("t%d.", topicSeq.Add(1))}
 }
 
+// CheckpointTopic is a checkpoint topic unique to the test, outside
+// AllTopics, so that consumers of the test's events do not read it.
+func (k *Kafka) CheckpointTopic() string { return "checkpoints-" + strings.TrimSuffix(k.Prefix, ".") }
+
 // AllTopics is a regular expression for every topic of this test.
 func (k *Kafka) AllTopics() string { return "^" + regexp.QuoteMeta(k.Prefix) + ".*" }
 

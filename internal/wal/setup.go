@@ -23,31 +23,38 @@ type Table struct {
 // String returns the name quoted for SQL, e.g. tenant."OutboxEvent".
 func (t Table) String() string { return pgident.Qualified(t.Schema, t.Name) }
 
-// SlotState is what Setup found or created.
+// SlotState is what Setup found of a slot.
 type SlotState struct {
+	Exists bool
 	// ConfirmedFlush is the slot's confirmed_flush_lsn: where streaming
-	// resumes.
+	// resumes. RestartLSN is the oldest WAL it retains.
 	ConfirmedFlush pglogrepl.LSN
-	Created        bool
+	RestartLSN     pglogrepl.LSN
+	// Active is true while a walsender streams it, ActivePID that process.
+	Active    bool
+	ActivePID int
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved or lost.
+	WALStatus string
 }
 
 // Setup checks every precondition of streaming the tables, creates the
-// publication when it is missing, and creates the slot when it is missing
-// and createSlot is set. Every failure a user must fix is a *SetupError that
-// says how. Logical decoding message sources need no table: cfg.Messages
-// covers them.
-func Setup(ctx context.Context, cfg Config, tables []Table, createSlot bool, log hclog.Logger) (SlotState, error) {
-	return prepare(ctx, cfg, tables, createSlot, false, log)
+// publication when it is missing, and reports on cfg.Slot. It never creates
+// a slot: the pipeline decides that against its checkpoint. Every failure a
+// user must fix is a *SetupError that says how; a lost slot is one. Logical
+// decoding message sources need no table: cfg.Messages covers them.
+func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, error) {
+	return prepare(ctx, cfg, tables, false, log)
 }
 
 // Check runs Setup's checks without creating anything: a missing
 // publication or slot is fine, one that exists must fit.
 func Check(ctx context.Context, cfg Config, tables []Table) error {
-	_, err := prepare(ctx, cfg, tables, false, true, hclog.NewNullLogger())
+	_, err := prepare(ctx, cfg, tables, true, hclog.NewNullLogger())
 	return err
 }
 
-func prepare(ctx context.Context, cfg Config, tables []Table, createSlot, dryRun bool, log hclog.Logger) (SlotState, error) {
+func prepare(ctx context.Context, cfg Config, tables []Table, dryRun bool, log hclog.Logger) (SlotState, error) {
 	conn, err := pgx.Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotState{}, fmt.Errorf("connect to postgres: %w", err)
@@ -90,7 +97,16 @@ func prepare(ctx context.Context, cfg Config, tables []Table, createSlot, dryRun
 	if err := ensurePublication(ctx, conn, cfg.Publication, tables, dryRun, log); err != nil {
 		return SlotState{}, err
 	}
-	return ensureSlot(ctx, conn, cfg.Slot, db, createSlot, dryRun, log)
+	st, err := InspectSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		return SlotState{}, err
+	}
+	if st.WALStatus == "lost" {
+		return SlotState{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
+			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
+				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
+	}
+	return st, nil
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
@@ -180,38 +196,28 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create, dryRun bool, log hclog.Logger) (SlotState, error) {
+// InspectSlot reads slot from pg_replication_slots. A missing slot is
+// Exists false, not an error; one of another kind, plugin or database is a
+// *SetupError.
+func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, error) {
 	var (
-		plugin, slotType  string
-		slotDB, walStatus *string
-		confirmed         *pglogrepl.LSN
+		plugin, slotType, db string
+		slotDB, walStatus    *string
+		confirmed, restart   *pglogrepl.LSN
+		pid                  *int
+		st                   SlotState
 	)
 	err := conn.QueryRow(ctx, `
-		SELECT coalesce(plugin, ''), slot_type, database, wal_status, confirmed_flush_lsn
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &walStatus, &confirmed)
-	if errors.Is(err, pgx.ErrNoRows) && dryRun {
-		return SlotState{}, nil
-	}
+		SELECT coalesce(plugin, ''), slot_type, database, current_database(), wal_status, confirmed_flush_lsn, restart_lsn, active, active_pid
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &db, &walStatus, &confirmed, &restart, &st.Active, &pid)
 	if errors.Is(err, pgx.ErrNoRows) {
-		if !create {
-			return SlotState{}, &SetupError{Err: ErrSlotVanished, Msg: fmt.Sprintf(
-				"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); "+
-					"events committed since the last confirmed position may not be recoverable from the slot; "+
-					"investigate, then restart the connector to create a new slot from the current WAL position", slot)}
-		}
-		var lsn pglogrepl.LSN
-		if err := conn.QueryRow(ctx, `SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')`, slot).Scan(&lsn); err != nil {
-			return SlotState{}, fmt.Errorf("create replication slot %q: %w", slot, err)
-		}
-		log.Warn("created replication slot; events committed before this position are not streamed", "slot", slot, "lsn", lsn.String())
-		return SlotState{ConfirmedFlush: lsn, Created: true}, nil
+		return SlotState{}, nil
 	}
 	if err != nil {
 		return SlotState{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
-	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", slot)
 	if slotType != "logical" || plugin != "pgoutput" {
-		return SlotState{}, setupErrorf("replication slot %q exists as a %s slot with plugin %q, not pgoutput; choose another postgres.slot, or drop it if nothing else uses it: %s", slot, slotType, plugin, drop)
+		return SlotState{}, setupErrorf("replication slot %q exists as a %s slot with plugin %q, not pgoutput; choose another postgres.slot, or drop it if nothing else uses it: SELECT pg_drop_replication_slot('%s')", slot, slotType, plugin, slot)
 	}
 	if slotDB == nil || *slotDB != db {
 		other := ""
@@ -220,13 +226,20 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, slot, db string, create, dr
 		}
 		return SlotState{}, setupErrorf("replication slot %q belongs to database %q, not %q; choose another postgres.slot", slot, other, db)
 	}
-	if walStatus != nil && *walStatus == "lost" {
-		return SlotState{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
-			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size); events after its confirmed position are gone from the WAL. "+
-				"Recover them from the outbox table if it still holds them, then drop the slot (%s) and restart to stream from now on", slot, drop)}
+	st.Exists = true
+	if walStatus != nil {
+		st.WALStatus = *walStatus
 	}
-	if confirmed == nil {
+	if pid != nil {
+		st.ActivePID = *pid
+	}
+	if restart != nil {
+		st.RestartLSN = *restart
+	}
+	if confirmed != nil {
+		st.ConfirmedFlush = *confirmed
+	} else if st.WALStatus != "lost" {
 		return SlotState{}, fmt.Errorf("replication slot %q has no confirmed_flush_lsn yet", slot)
 	}
-	return SlotState{ConfirmedFlush: *confirmed}, nil
+	return st, nil
 }

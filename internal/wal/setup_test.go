@@ -36,7 +36,17 @@ func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotS
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return wal.Setup(ctx, cfg(url), tables, create, hclog.NewNullLogger())
+	st, err := wal.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
+	if err != nil || st.Exists || !create {
+		return st, err
+	}
+	c, err := wal.Connect(ctx, cfg(url), hclog.NewNullLogger())
+	if err != nil {
+		return st, err
+	}
+	defer c.Close(ctx)
+	lsn, err := c.CreateSlot(ctx, "outbox_cdc")
+	return wal.SlotState{Exists: true, ConfirmedFlush: lsn}, err
 }
 
 func wantSetupError(t *testing.T, err error, want string) {
@@ -51,7 +61,7 @@ func TestSetupCreatesThenReuses(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
 	st, err := setup(t, db, defaultTable, true)
-	if err != nil || !st.Created || st.ConfirmedFlush == 0 {
+	if err != nil || !st.Exists || st.ConfirmedFlush == 0 {
 		t.Fatalf("first Setup = %+v, %v; want a created slot", st, err)
 	}
 	var pubInsert, pubUpdate bool
@@ -59,8 +69,8 @@ func TestSetupCreatesThenReuses(t *testing.T) {
 	if !pubInsert || pubUpdate {
 		t.Fatalf("publication publishes insert=%v update=%v; want inserts only", pubInsert, pubUpdate)
 	}
-	st2, err := setup(t, db, defaultTable, true)
-	if err != nil || st2.Created || st2.ConfirmedFlush != st.ConfirmedFlush {
+	st2, err := setup(t, db, defaultTable, false)
+	if err != nil || !st2.Exists || st2.ConfirmedFlush != st.ConfirmedFlush {
 		t.Fatalf("second Setup = %+v, %v; want the existing slot at %s", st2, err, st.ConfirmedFlush)
 	}
 }
@@ -112,14 +122,64 @@ func TestSetupPreconditions(t *testing.T) {
 	}
 }
 
-func TestSetupSlotVanished(t *testing.T) {
+// TestSetupNeverCreatesTheSlot: a missing slot is reported, not created;
+// the pipeline decides against its checkpoint.
+func TestSetupNeverCreatesTheSlot(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	_, err := setup(t, db, defaultTable, false)
-	wantSetupError(t, err, "vanished")
-	if !errors.Is(err, wal.ErrSlotVanished) {
-		t.Fatalf("err = %v; want ErrSlotVanished", err)
+	st, err := setup(t, db, defaultTable, false)
+	if err != nil || st.Exists {
+		t.Fatalf("Setup = %+v, %v; want a missing slot and no error", st, err)
 	}
+	var n int
+	testenv.QueryRow(t, db, `SELECT count(*) FROM pg_replication_slots`, nil, &n)
+	if n != 0 {
+		t.Fatalf("Setup created %d slots", n)
+	}
+}
+
+// TestConnSlots: IDENTIFY_SYSTEM, a temporary copy that goes with its
+// connection, and advancing a copy.
+func TestConnSlots(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var sysid string
+	testenv.QueryRow(t, db, `SELECT system_identifier::text FROM pg_control_system()`, nil, &sysid)
+	c, err := wal.Connect(ctx, cfg(db), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.System().ID != sysid || c.System().Timeline != 1 || c.System().WALEnd < st.ConfirmedFlush {
+		t.Fatalf("System() = %+v; want id %s, timeline 1, WAL end past %s", c.System(), sysid, st.ConfirmedFlush)
+	}
+	testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('a', 'b', 'c')`)
+	end := testenv.CurrentWAL(t, db)
+	at, err := c.CopySlot(ctx, "outbox_cdc", "outbox_cdc_tmp", true)
+	if err != nil || at != st.ConfirmedFlush {
+		t.Fatalf("CopySlot = %s, %v; want the source's %s", at, err, st.ConfirmedFlush)
+	}
+	// Postgres advances up to what is flushed: with synchronous_commit
+	// off the insert needs a moment to get there.
+	testenv.Eventually(t, 10*time.Second, "the insert to be flushed", func() bool {
+		var flushed pglogrepl.LSN
+		testenv.QueryRow(t, db, `SELECT pg_current_wal_flush_lsn()`, nil, &flushed)
+		return flushed >= end
+	})
+	if to, err := c.AdvanceSlot(ctx, "outbox_cdc_tmp", end); err != nil || to <= st.ConfirmedFlush || to > end {
+		t.Fatalf("AdvanceSlot = %s, %v; want past %s and at most %s", to, err, st.ConfirmedFlush, end)
+	}
+	if got := testenv.SlotPosition(t, db, "outbox_cdc"); got != st.ConfirmedFlush {
+		t.Fatalf("the source moved to %s", got)
+	}
+	c.Close(ctx)
+	testenv.Eventually(t, 10*time.Second, "the temporary copy to go with its connection", func() bool {
+		return testenv.SlotPosition(t, db, "outbox_cdc_tmp") == 0
+	})
 }
 
 func TestWalLevelReplica(t *testing.T) {
@@ -187,8 +247,8 @@ func TestSlotInUse(t *testing.T) {
 
 type fixedAcks pglogrepl.LSN
 
-func (a fixedAcks) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(a) }
-func (fixedAcks) Idle() bool                 { return false }
-func (fixedAcks) Saturated() bool            { return false }
-func (fixedAcks) Err() error                 { return nil }
-func (fixedAcks) Changed() <-chan struct{}   { return nil }
+func (a fixedAcks) Confirmed() pglogrepl.LSN         { return pglogrepl.LSN(a) }
+func (fixedAcks) Keepalive(pglogrepl.LSN, time.Time) {}
+func (fixedAcks) Saturated() bool                    { return false }
+func (fixedAcks) Err() error                         { return nil }
+func (fixedAcks) Changed() <-chan struct{}           { return nil }

@@ -18,12 +18,14 @@ import (
 type Handler func(walStart pglogrepl.LSN, data []byte) error
 
 // Acks is what the loop reads, before each receive, about the events it
-// handed on. checkpoint.Tracker implements it.
+// handed on. The pipeline's checkpoint.Confirmer implements it.
 type Acks interface {
 	// Confirmed is the position safe to confirm to the slot.
 	Confirmed() pglogrepl.LSN
-	// Idle reports no transaction open and nothing in flight.
-	Idle() bool
+	// Keepalive passes on a keepalive's WAL end and server time. Every
+	// message before it has been handled, so when nothing is open or in
+	// flight the position may move to walEnd (docs/design.md, rule 5).
+	Keepalive(walEnd pglogrepl.LSN, at time.Time)
 	// Saturated asks the loop to stop reading until Changed fires.
 	Saturated() bool
 	// Err is a delivery failure that ends the session.
@@ -35,50 +37,27 @@ type Acks interface {
 // Stream is one replication session on one connection.
 type Stream struct {
 	cfg  Config
+	slot string
 	conn *pgconn.PgConn
 	log  hclog.Logger
 
-	// sent is the last position reported to the server; idleEnd the
-	// highest keepalive WAL end seen while Acks was idle. The confirmed
-	// position is the highest of these and Acks.Confirmed.
-	sent    pglogrepl.LSN
-	idleEnd pglogrepl.LSN
+	// sent is the last position reported to the server.
+	sent pglogrepl.LSN
 }
 
-// Open connects in replication mode and starts streaming the slot from its
-// confirmed position. from is that position (from Setup); it only seeds the
-// position reported before the first ack.
+// Open connects in replication mode and starts streaming cfg.Slot from its
+// confirmed position, from (Setup's SlotState).
 func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger) (*Stream, error) {
-	pcfg, err := pgconn.ParseConfig(cfg.URL)
+	c, err := Connect(ctx, cfg, log)
 	if err != nil {
-		return nil, fmt.Errorf("parse postgres.url: %s", redact(err))
+		return nil, err
 	}
-	pcfg.RuntimeParams["replication"] = "database"
-	// pgoutput renders column values with the walsender's settings: pin
-	// the formats the decoder and router read.
-	pcfg.RuntimeParams["TimeZone"] = "UTC"
-	pcfg.RuntimeParams["DateStyle"] = "ISO, YMD"
-	pcfg.RuntimeParams["bytea_output"] = "hex"
-	pcfg.RuntimeParams["extra_float_digits"] = "3"
-	if pcfg.RuntimeParams["application_name"] == "" {
-		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
-	}
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	s, err := c.Start(ctx, cfg.Slot, from)
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
+		c.Close(context.WithoutCancel(ctx))
+		return nil, err
 	}
-	// LSN 0 means "the slot's confirmed_flush_lsn" (docs/design.md, rule 6).
-	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)}
-	if cfg.Messages {
-		args = append(args, "messages 'true'")
-	}
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, startError(cfg.Slot, err)
-	}
-	log.Info("streaming from replication slot", "slot", cfg.Slot, "publication", cfg.Publication, "lsn", from.String(), "host", pcfg.Host, "database", pcfg.Database)
-	return &Stream{cfg: cfg, conn: conn, log: log, sent: from}, nil
+	return s, nil
 }
 
 // startError classifies START_REPLICATION's refusals.
@@ -142,13 +121,13 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 			if pgconn.Timeout(err) {
 				continue
 			}
-			return fmt.Errorf("receive from replication slot %q: %w", s.cfg.Slot, err)
+			return fmt.Errorf("receive from replication slot %q: %w", s.slot, err)
 		}
 
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
 			if len(msg.Data) == 0 {
-				return fmt.Errorf("empty CopyData from replication slot %q", s.cfg.Slot)
+				return fmt.Errorf("empty CopyData from replication slot %q", s.slot)
 			}
 			switch msg.Data[0] {
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
@@ -156,12 +135,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				if err != nil {
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
-				// Every message before this keepalive has been handled,
-				// so idle here means everything up to its WAL end is
-				// resolved (docs/design.md, rule 5).
-				if acks.Idle() && ka.ServerWALEnd > s.idleEnd {
-					s.idleEnd = ka.ServerWALEnd
-				}
+				acks.Keepalive(ka.ServerWALEnd, ka.ServerTime)
 				if ka.ReplyRequested {
 					statusAt = time.Now()
 				}
@@ -175,9 +149,9 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				}
 			}
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication slot %q: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(msg))
+			return fmt.Errorf("replication slot %q: %w", s.slot, pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
-			return fmt.Errorf("postgres ended the replication stream of slot %q", s.cfg.Slot)
+			return fmt.Errorf("postgres ended the replication stream of slot %q", s.slot)
 		}
 	}
 }
@@ -185,9 +159,6 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 // position is what may be confirmed now.
 func (s *Stream) position(acks Acks) pglogrepl.LSN {
 	pos := acks.Confirmed()
-	if s.idleEnd > pos {
-		pos = s.idleEnd
-	}
 	if s.sent > pos {
 		pos = s.sent // never report going backwards
 	}
@@ -203,7 +174,7 @@ func (s *Stream) sendStatus(acks Acks) error {
 		ClientTime:       time.Now(),
 	})
 	if err != nil {
-		return fmt.Errorf("send standby status update to slot %q: %w", s.cfg.Slot, err)
+		return fmt.Errorf("send standby status update to slot %q: %w", s.slot, err)
 	}
 	if pos != s.sent && s.log.IsTrace() {
 		s.log.Trace("confirmed", "lsn", pos.String())

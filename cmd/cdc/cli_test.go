@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// TestUsageErrors: a bad flag, LSN or time exits 2 with one line on
+// stderr that says what is wrong; --help exits 0 and prints to stdout.
+func TestUsageErrors(t *testing.T) {
+	cfg := writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nreplay: {window: 1h}\n")
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"replay", "--config", cfg, "--from-lsn", "xyz"}, 2, `--from-lsn "xyz" is not an LSN; write it as Postgres does, for example 0/16B3748`},
+		{[]string{"replay", "--config", cfg, "--from-time", "yesterday"}, 2, `--from-time "yesterday" is not an RFC 3339 time, for example 2026-11-22T10:00:00Z`},
+		{[]string{"replay", "--config", cfg}, 2, "replay needs one of --from-lsn and --from-time"},
+		{[]string{"replay", "--config", cfg, "--from-lsn", "0/10", "--from-time", "2026-11-22T10:00:00Z"}, 2, "replay needs one of --from-lsn and --from-time"},
+		{[]string{"replay", "--config", cfg, "--from-lsn", "0/20", "--to-lsn", "0/10"}, 2, "is empty"},
+		{[]string{"replay", "--from-lsn", "0/10"}, 2, "replay needs --config"},
+		{[]string{"replay", "--config", cfg, "--from-lsn", "0/10", "--table", "nope"}, 2, "--table public.nope is not a configured table"},
+		{[]string{"rewind", "--config", cfg, "--to-lsn", "nope"}, 2, `--to-lsn "nope" is not an LSN`},
+		{[]string{"rewind", "--config", cfg}, 2, "rewind needs one of --to-lsn and --to-time"},
+		{[]string{"reset", "--config", cfg}, 2, "add --accept-gap"},
+		{[]string{"run", "--offline"}, 2, "run: flag provided but not defined: -offline (cdc run --help lists the flags)"},
+		{[]string{"check", "extra"}, 2, `check: unexpected argument "extra"`},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), tt.args, func(string) string { return "" }, &out, &errOut)
+			if code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errOut.String(), tt.code, tt.want)
+			}
+			if first, _, _ := strings.Cut(errOut.String(), "\n"); !strings.Contains(first, tt.want) {
+				t.Errorf("the error is not on the first line: %q", errOut.String())
+			}
+		})
+	}
+	for _, cmd := range []string{"run", "check", "replay", "rewind", "reset", "demo", "version"} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), []string{cmd, "--help"}, func(string) string { return "" }, &out, &errOut); code != 0 ||
+			!strings.Contains(out.String(), "usage: cdc "+cmd) || errOut.Len() != 0 {
+			t.Errorf("cdc %s --help: exit %d, stdout %q, stderr %q; want exit 0 and the usage on stdout", cmd, code, out.String(), errOut.String())
+		}
+		if cmd == "run" && strings.Contains(out.String(), "offline") {
+			t.Errorf("cdc run --help lists check's --offline:\n%s", out.String())
+		}
+	}
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, &out); code != 0 || out.String() != "cdc dev\n" {
+		t.Errorf("cdc version: exit %d, %q", code, out.String())
+	}
+}
+
+// TestReplayKilledLeavesNoSlot: a replay SIGKILLed half-way leaves no
+// replication slot behind: its copy of the replay slot is temporary and
+// belongs to its connection.
+func TestReplayKilledLeavesNoSlot(t *testing.T) {
+	const total = 300_000
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	kafka := testenv.NewKafka(t)
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q, status_interval: 50ms}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+replay: {window: 1h}
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the replay slot", func() bool { return testenv.SlotPosition(t, db, "outbox_cdc_replay") != 0 })
+	from := testenv.CurrentWAL(t, db)
+	testenv.Exec(t, db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'a-' || (i %% 100), 'E', jsonb_build_object('i', i) FROM generate_series(1, %d) i`, total))
+
+	replay := startCmd(t, "replay", "--config", config, "--from-lsn", from.String(), "--topic-suffix", ".replay")
+	rc := kafka.NewConsumer(t, `.*\.replay$`)
+	rc.WaitCount(t, time.Minute, 1)
+	if err := replay.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	replay.cmd.Wait()
+	if len(rc.Records) >= total {
+		t.Fatalf("the replay had finished (%d records) before the kill", len(rc.Records))
+	}
+	testenv.Eventually(t, 30*time.Second, "the killed replay's slot to go", func() bool {
+		var n int
+		testenv.QueryRow(t, db, `SELECT count(*) FROM pg_replication_slots WHERE slot_name NOT IN ('outbox_cdc', 'outbox_cdc_replay')`, nil, &n)
+		return n == 0
+	})
+	t.Logf("killed the replay after %d of %d records", len(rc.Records), total)
+}

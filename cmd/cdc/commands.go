@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/mattn/go-isatty"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+)
+
+func runCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("run", "[--config cdc.yaml]")
+	config := fs.String("config", "", "the YAML config file (docs/config.md); without it, the environment and defaults")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	cfg := p.Config()
+	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
+	if err := p.Run(ctx); err != nil {
+		log.Error("stopped on a fatal error", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func checkCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("check", "[--config cdc.yaml] [--offline]")
+	config := fs.String("config", "", "the YAML config file (docs/config.md)")
+	offline := fs.Bool("offline", false, "validate the config only, without connecting")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	p, _, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	cfg := p.Config()
+	if *offline {
+		fmt.Fprintf(c.stdout, "config OK: %d outbox table(s), slot %s, publication %s\n", len(cfg.Tables), cfg.Postgres.Slot, cfg.Postgres.Publication)
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Check(ctx); err != nil {
+		fmt.Fprintf(c.stderr, "cdc: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(c.stdout, "postgres and kafka OK")
+	return 0
+}
+
+// rangeFlags are the --from-*/--to-* flags of replay and rewind.
+type rangeFlags struct {
+	fromLSN, toLSN, fromTime, toTime *string
+}
+
+func (r rangeFlags) parse() (pipeline.Range, error) {
+	var rg pipeline.Range
+	lsn := func(flag, s string, dst *pglogrepl.LSN) error {
+		if s == "" {
+			return nil
+		}
+		l, err := pglogrepl.ParseLSN(s)
+		if err != nil || l == 0 {
+			return fmt.Errorf("--%s %q is not an LSN; write it as Postgres does, for example 0/16B3748", flag, s)
+		}
+		*dst = l
+		return nil
+	}
+	at := func(flag, s string, dst *time.Time) error {
+		if s == "" {
+			return nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return fmt.Errorf("--%s %q is not an RFC 3339 time, for example 2026-11-22T10:00:00Z", flag, s)
+		}
+		*dst = t
+		return nil
+	}
+	for _, err := range []error{
+		lsn("from-lsn", deref(r.fromLSN), &rg.FromLSN), lsn("to-lsn", deref(r.toLSN), &rg.ToLSN),
+		at("from-time", deref(r.fromTime), &rg.FromTime), at("to-time", deref(r.toTime), &rg.ToTime),
+	} {
+		if err != nil {
+			return rg, err
+		}
+	}
+	return rg, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// multi is a repeatable string flag.
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func replayCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("replay", "--config F (--from-lsn L | --from-time T) [--to-lsn L2 | --to-time T2] [--topic-suffix S] [--table NAME]...")
+	config := fs.String("config", "", "the YAML config file of the pipeline (required)")
+	rf := rangeFlags{
+		fromLSN:  fs.String("from-lsn", "", "re-send transactions whose commit LSN is at or after this, e.g. 0/16B3748"),
+		toLSN:    fs.String("to-lsn", "", "and before this LSN (default: the WAL end when the replay starts)"),
+		fromTime: fs.String("from-time", "", "re-send transactions that committed at or after this RFC 3339 time"),
+		toTime:   fs.String("to-time", "", "and before this time"),
+	}
+	suffix := fs.String("topic-suffix", "", "send to each topic with this suffix (e.g. .replay) instead of the topic itself")
+	var tables multi
+	fs.Var(&tables, "table", "replay only this table (repeatable; as in tables[].name)")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	if *config == "" {
+		return c.usageErr("replay needs --config: the config of the pipeline whose window to replay from")
+	}
+	rg, err := rf.parse()
+	if err != nil {
+		return c.usageErr("%v", err)
+	}
+	switch {
+	case (rg.FromLSN == 0) == rg.FromTime.IsZero():
+		return c.usageErr("replay needs one of --from-lsn and --from-time")
+	case rg.ToLSN != 0 && !rg.ToTime.IsZero():
+		return c.usageErr("use --to-lsn or --to-time, not both")
+	case rg.ToLSN != 0 && rg.ToLSN <= rg.FromLSN, !rg.ToTime.IsZero() && !rg.ToTime.After(rg.FromTime):
+		return c.usageErr("the range %s is empty: its end must come after its start", rg)
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	r := pipeline.Replay{Range: rg, TopicSuffix: *suffix}
+	for _, name := range tables {
+		t, err := findTable(p.Config().Tables, name)
+		if err != nil {
+			return c.usageErr("--table %v", err)
+		}
+		r.Tables = append(r.Tables, t)
+	}
+	log.Info("replaying", "range", rg.String(), "topic_suffix", *suffix, "tables", tables.String())
+	show := newProgressLine(c.stderr)
+	sum, err := p.Replay(ctx, r, func(pr pipeline.ReplayProgress) {
+		show.printf("replay: %d events sent, %d acknowledged; at %s of %s", pr.Events, pr.Acked, pr.At, pr.End)
+	})
+	show.done()
+	if err != nil {
+		log.Error("replay failed", "error", err)
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions (%d outside the range or tables skipped) in %s\n",
+		sum.Events, sum.Transactions, sum.Skipped, sum.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(c.stdout, "  asked:   %s\n  read:    WAL %s to %s\n", rg, sum.Start, sum.End)
+	if sum.Transactions > 0 {
+		fmt.Fprintf(c.stdout, "  sent:    commit LSN %s to %s, committed %s to %s\n", sum.FirstCommit, sum.LastCommit,
+			sum.FirstTime.UTC().Format(time.RFC3339Nano), sum.LastTime.UTC().Format(time.RFC3339Nano))
+	}
+	return 0
+}
+
+// findTable finds a configured table by name, written as in SQL.
+func findTable(tables []*outbox.Table, name string) (*outbox.Table, error) {
+	tn, err := outbox.ParseTableName(name)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, t := range tables {
+		if !t.IsMessage() && t.Name == tn {
+			return t, nil
+		}
+		names = append(names, t.String())
+	}
+	return nil, fmt.Errorf("%s is not a configured table; the config has %s", tn, strings.Join(names, ", "))
+}
+
+func rewindCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("rewind", "--config F (--to-lsn L | --to-time T)")
+	config := fs.String("config", "", "the YAML config file of the pipeline (required)")
+	toLSN := fs.String("to-lsn", "", "re-deliver from the transaction whose commit LSN is at or after this")
+	toTime := fs.String("to-time", "", "re-deliver from the transactions that committed at or after this RFC 3339 time")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	if *config == "" {
+		return c.usageErr("rewind needs --config: the config of the pipeline to rewind")
+	}
+	// The rewind's target is the replay range's start.
+	rg, err := rangeFlags{fromLSN: toLSN, fromTime: toTime}.parse()
+	if err != nil {
+		return c.usageErr("%v", strings.NewReplacer("--from-", "--to-").Replace(err.Error()))
+	}
+	if (rg.FromLSN == 0) == rg.FromTime.IsZero() {
+		return c.usageErr("rewind needs one of --to-lsn and --to-time")
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	done, err := p.Rewind(ctx, rg)
+	if err != nil {
+		log.Error("rewind failed", "error", err)
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "rewound slot %s from %s to %s; the next cdc run re-delivers from there\n", p.Config().Postgres.Slot, done.From, done.To)
+	return 0
+}
+
+func resetCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("reset", "--config F --accept-gap")
+	config := fs.String("config", "", "the YAML config file of the pipeline")
+	accept := fs.Bool("accept-gap", false, "record that events in the gap the connector refused may never be delivered, and let it stream on")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	if !*accept {
+		return c.usageErr("reset only accepts a gap, explicitly: add --accept-gap")
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	a, err := p.AcceptGap(ctx)
+	switch {
+	case err != nil:
+		log.Error("reset failed", "error", err)
+		return 1
+	case a.Gap == nil && a.LostSlot:
+		fmt.Fprintln(c.stdout, "dropped the lost slot; cdc run creates a new one")
+	case a.Gap == nil:
+		fmt.Fprintln(c.stdout, "no gap: the slot and the checkpoint agree, nothing to accept")
+	default:
+		fmt.Fprintf(c.stdout, "accepted the gap: events committed between %s and %s may never be delivered; recorded in the checkpoint. cdc run streams from %s\n", a.From, a.To, a.To)
+	}
+	return 0
+}
+
+// progressLine redraws one line on a terminal, or prints one every two
+// seconds otherwise.
+type progressLine struct {
+	w    io.Writer
+	tty  bool
+	last time.Time
+	drew bool
+}
+
+func newProgressLine(w io.Writer) *progressLine {
+	f, ok := w.(*os.File)
+	return &progressLine{w: w, tty: ok && isatty.IsTerminal(f.Fd())}
+}
+
+func (p *progressLine) printf(format string, args ...any) {
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\x1b[K"+format, args...)
+		p.drew = true
+		return
+	}
+	if time.Since(p.last) >= 2*time.Second {
+		fmt.Fprintf(p.w, format+"\n", args...)
+		p.last = time.Now()
+	}
+}
+
+func (p *progressLine) done() {
+	if p.drew {
+		fmt.Fprintln(p.w)
+	}
+}

@@ -1,0 +1,220 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Record is the durable progress of one pipeline: what the connector has
+// confirmed to its slot, and what it needs to replay and to tell a first
+// start from a gap. It is the value of the pipeline's key in the checkpoint
+// topic, as JSON (docs/operations.md shows an example).
+type Record struct {
+	Slot     string
+	SystemID string // the database system identifier (IDENTIFY_SYSTEM)
+	Timeline int32
+
+	// Confirmed is the highest position the connector may have confirmed
+	// to the slot. The slot's confirmed_flush_lsn is never past it: the
+	// record is written (and acknowledged) before the slot is confirmed.
+	Confirmed pglogrepl.LSN
+	// CommitLSN and CommitTime are the commit record LSN and the commit
+	// time of the last transaction delivered (zero before the first).
+	CommitLSN  pglogrepl.LSN
+	CommitTime time.Time
+
+	Version   string // the connector version that wrote it
+	UpdatedAt time.Time
+
+	// Marks map WAL positions to times, newest last, for the replay window
+	// (see Marks.Add).
+	Marks Marks
+	// Window is where the replay slot stands: transactions that committed
+	// at or after Window.Time have a commit LSN at or after Window.LSN.
+	// Zero without a replay window.
+	Window Mark
+	// History records what an operator accepted or did: gaps, rewinds. The
+	// newest maxHistory entries are kept.
+	History []Event
+}
+
+// Mark is a WAL position and a time at which the WAL had reached it.
+type Mark struct {
+	LSN  pglogrepl.LSN
+	Time time.Time
+}
+
+// Event is one operator action recorded in the checkpoint.
+type Event struct {
+	Kind   string // EventAcceptedGap or EventRewind
+	From   pglogrepl.LSN
+	To     pglogrepl.LSN
+	At     time.Time
+	Reason string
+}
+
+const (
+	EventAcceptedGap = "accepted-gap"
+	EventRewind      = "rewind"
+	maxHistory       = 20
+)
+
+// AddEvent appends ev to the history, keeping the newest maxHistory.
+func (r *Record) AddEvent(ev Event) {
+	r.History = append(r.History, ev)
+	if n := len(r.History) - maxHistory; n > 0 {
+		r.History = append([]Event(nil), r.History[n:]...)
+	}
+}
+
+// Key is the record's key in the checkpoint topic: one per slot and
+// database system, so that pipelines of several databases can share a topic.
+func Key(slot, systemID string) string { return slot + "/" + systemID }
+
+// Key returns r's key.
+func (r *Record) Key() string { return Key(r.Slot, r.SystemID) }
+
+// The JSON shape: LSNs in Postgres' text form, times in RFC 3339, so that
+// an operator reading the topic with a console consumer can act on it.
+type jsonMark struct {
+	LSN  string    `json:"lsn"`
+	Time time.Time `json:"time"`
+}
+
+type jsonEvent struct {
+	Kind   string    `json:"kind"`
+	From   string    `json:"from_lsn"`
+	To     string    `json:"to_lsn"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+type jsonRecord struct {
+	Slot         string      `json:"slot"`
+	SystemID     string      `json:"system_identifier"`
+	Timeline     int32       `json:"timeline"`
+	Confirmed    string      `json:"confirmed_lsn"`
+	CommitLSN    string      `json:"commit_lsn"`
+	CommitTime   *time.Time  `json:"commit_time,omitempty"`
+	Version      string      `json:"connector_version"`
+	UpdatedAt    time.Time   `json:"updated_at"`
+	ReplayWindow *jsonMark   `json:"replay_window,omitempty"`
+	Marks        []jsonMark  `json:"replay_marks,omitempty"`
+	History      []jsonEvent `json:"history,omitempty"`
+}
+
+// MarshalJSON writes the documented JSON shape.
+func (r Record) MarshalJSON() ([]byte, error) {
+	j := jsonRecord{
+		Slot: r.Slot, SystemID: r.SystemID, Timeline: r.Timeline,
+		Confirmed: r.Confirmed.String(), CommitLSN: r.CommitLSN.String(),
+		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(),
+	}
+	if !r.CommitTime.IsZero() {
+		t := r.CommitTime.UTC()
+		j.CommitTime = &t
+	}
+	if r.Window.LSN != 0 {
+		j.ReplayWindow = &jsonMark{LSN: r.Window.LSN.String(), Time: r.Window.Time.UTC()}
+	}
+	for _, m := range r.Marks {
+		j.Marks = append(j.Marks, jsonMark{LSN: m.LSN.String(), Time: m.Time.UTC()})
+	}
+	for _, e := range r.History {
+		j.History = append(j.History, jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads the documented JSON shape.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	var j jsonRecord
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	lsn := func(name, s string) (pglogrepl.LSN, error) {
+		l, err := pglogrepl.ParseLSN(s)
+		if err != nil {
+			return 0, fmt.Errorf("checkpoint %s %q: %w", name, s, err)
+		}
+		return l, nil
+	}
+	var err error
+	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Version: j.Version, UpdatedAt: j.UpdatedAt}
+	if r.Confirmed, err = lsn("confirmed_lsn", j.Confirmed); err != nil {
+		return err
+	}
+	if r.CommitLSN, err = lsn("commit_lsn", j.CommitLSN); err != nil {
+		return err
+	}
+	if j.CommitTime != nil {
+		r.CommitTime = *j.CommitTime
+	}
+	if j.ReplayWindow != nil {
+		if r.Window.LSN, err = lsn("replay_window", j.ReplayWindow.LSN); err != nil {
+			return err
+		}
+		r.Window.Time = j.ReplayWindow.Time
+	}
+	for _, m := range j.Marks {
+		l, err := lsn("replay_marks", m.LSN)
+		if err != nil {
+			return err
+		}
+		r.Marks = append(r.Marks, Mark{LSN: l, Time: m.Time})
+	}
+	for _, e := range j.History {
+		from, err := lsn("history", e.From)
+		if err != nil {
+			return err
+		}
+		to, err := lsn("history", e.To)
+		if err != nil {
+			return err
+		}
+		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
+	}
+	return nil
+}
+
+// Marks is a bounded, time-ordered list of (position, time) samples of the
+// confirmed position. They let the replay window turn a time into a WAL
+// position without decoding: a transaction that committed after a mark's
+// time (plus Skew) has its commit record after the mark's LSN.
+type Marks []Mark
+
+// Skew covers the time between a transaction taking its commit timestamp
+// and writing its commit record: a mark is only trusted for times at least
+// this much after it.
+const Skew = 2 * time.Second
+
+// Add records m if it is at least every after the newest mark, and drops
+// marks older than keep, except the newest of those (the replay slot's next
+// target may be it).
+func (ms Marks) Add(m Mark, every time.Duration, keep time.Time) Marks {
+	if n := len(ms); n > 0 && (m.LSN <= ms[n-1].LSN || m.Time.Sub(ms[n-1].Time) < every) {
+		return ms
+	}
+	ms = append(ms, m)
+	i := sort.Search(len(ms), func(i int) bool { return !ms[i].Time.Before(keep) })
+	if i > 1 {
+		ms = append(ms[:0:0], ms[i-1:]...)
+	}
+	return ms
+}
+
+// Before returns the newest mark whose time is at least Skew before t: every
+// transaction that committed at or after t has its commit record at or
+// after that mark's LSN. ok is false when no mark is that old.
+func (ms Marks) Before(t time.Time) (Mark, bool) {
+	for i := len(ms) - 1; i >= 0; i-- {
+		if !ms[i].Time.After(t.Add(-Skew)) {
+			return ms[i], true
+		}
+	}
+	return Mark{}, false
+}

@@ -1,0 +1,207 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// DefaultTopic is the checkpoint topic's default name.
+const DefaultTopic = "outbox-cdc.checkpoints"
+
+// Store keeps Records in a compacted Kafka topic, one key per pipeline.
+// Kafka and not a table: the connector needs no write privilege on the
+// database, the record lives beside the events, and exactly-once delivery
+// writes it in the same Kafka transaction as the events it covers.
+//
+// The pipeline writes records through its own producer (NewRecord), so that
+// a record is ordered with, and in exactly-once mode committed with, the
+// events; Store reads them, and writes on behalf of the operator commands.
+type Store struct {
+	topic string
+	opts  []kgo.Opt
+	log   hclog.Logger
+}
+
+// OpenStore makes sure the topic exists and is compacted: a record deleted
+// by retention would make a stopped pipeline look new, which is exactly
+// the silent gap the store is there to refuse. opts say how to reach the
+// cluster (sink.ClientOpts).
+func OpenStore(ctx context.Context, topic string, opts []kgo.Opt, log hclog.Logger) (*Store, error) {
+	s := &Store{topic: topic, opts: opts, log: log}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	if err := s.ensureTopic(ctx, kadm.NewClient(cl)); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Topic returns the checkpoint topic's name.
+func (s *Store) Topic() string { return s.topic }
+
+func (s *Store) ensureTopic(ctx context.Context, adm *kadm.Client) error {
+	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, s.topic)
+	if err == nil {
+		err = resp.Err
+	}
+	var refused *kerr.Error
+	switch {
+	case err == nil:
+		s.log.Info("created the checkpoint topic", "topic", s.topic, "cleanup_policy", "compact")
+		return nil
+	case errors.Is(err, kerr.TopicAlreadyExists):
+	case errors.As(err, &refused):
+		return &TopicError{fmt.Errorf("create checkpoint topic %q: %w; create it yourself with cleanup.policy=compact, or grant the connector CREATE on it (checkpoint.topic names it)", s.topic, err)}
+	default:
+		return fmt.Errorf("create checkpoint topic %q: %w; check kafka.brokers and that the brokers are up", s.topic, err)
+	}
+	described, err := adm.DescribeTopicConfigs(ctx, s.topic)
+	if err != nil {
+		return fmt.Errorf("describe checkpoint topic %q: %w", s.topic, err)
+	}
+	rc, err := described.On(s.topic, nil)
+	if err != nil || rc.Err != nil {
+		return fmt.Errorf("describe checkpoint topic %q: %v; grant the connector DESCRIBE_CONFIGS on it", s.topic, errors.Join(err, rc.Err))
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && c.Value != nil && !strings.Contains(*c.Value, "compact") {
+			return &TopicError{fmt.Errorf("checkpoint topic %q has cleanup.policy=%s, so Kafka would delete the checkpoint; set cleanup.policy=compact on it (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact)", s.topic, *c.Value, s.topic)}
+		}
+	}
+	return nil
+}
+
+// TopicError is a checkpoint topic the connector cannot use as it is: an
+// operator must create or reconfigure it, so retrying cannot help.
+type TopicError struct{ err error }
+
+func (e *TopicError) Error() string { return e.err.Error() }
+func (e *TopicError) Unwrap() error { return e.err }
+
+// NewRecord is the Kafka record that stores rec.
+func (s *Store) NewRecord(rec Record) (*kgo.Record, error) {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return &kgo.Record{Topic: s.topic, Key: []byte(rec.Key()), Value: v, Timestamp: rec.UpdatedAt}, nil
+}
+
+// Save writes rec and waits for Kafka's acknowledgement. The operator
+// commands use it; a running pipeline writes through its producer.
+func (s *Store) Save(ctx context.Context, rec Record) error {
+	r, err := s.NewRecord(rec)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
+	if err != nil {
+		return fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return fmt.Errorf("write checkpoint to topic %q: %w", s.topic, err)
+	}
+	return nil
+}
+
+// Load reads the topic to its end and returns the newest record of every
+// key. readCommitted skips records of aborted or open Kafka transactions,
+// as exactly-once delivery needs.
+func (s *Store) Load(ctx context.Context, readCommitted bool) (map[string]Record, error) {
+	cl, err := kgo.NewClient(s.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	adm := kadm.NewClient(cl)
+	var ends kadm.ListedOffsets
+	// A topic created a moment ago may not be in every broker's metadata
+	// yet; wait for it rather than read it as empty.
+	for {
+		if readCommitted {
+			ends, err = adm.ListCommittedOffsets(ctx, s.topic)
+		} else {
+			ends, err = adm.ListEndOffsets(ctx, s.topic)
+		}
+		if err == nil {
+			err = ends.Error()
+		}
+		if err == nil || !errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cl.Close()
+	if err != nil {
+		return nil, fmt.Errorf("read the end of checkpoint topic %q: %w", s.topic, err)
+	}
+
+	start := map[int32]kgo.Offset{}
+	want := map[int32]int64{} // partition -> offset to read up to
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			start[o.Partition] = kgo.NewOffset().AtStart()
+			want[o.Partition] = o.Offset
+		}
+	})
+	out := map[string]Record{}
+	if len(want) == 0 {
+		return out, nil
+	}
+	opts := append(s.opts[:len(s.opts):len(s.opts)],
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: start}),
+		// Control records make the last offset before the end visible
+		// even when it is a transaction marker.
+		kgo.KeepControlRecords())
+	if readCommitted {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	if cl, err = kgo.NewClient(opts...); err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read checkpoint topic %q: %w", s.topic, ctx.Err())
+		}
+		if err := fs.Err(); err != nil {
+			return nil, fmt.Errorf("read checkpoint topic %q: %w", s.topic, err)
+		}
+		var decodeErr error
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+			if r.Attrs.IsControl() {
+				return
+			}
+			if r.Value == nil { // a tombstone deletes the key
+				delete(out, string(r.Key))
+				return
+			}
+			var rec Record
+			if err := json.Unmarshal(r.Value, &rec); err != nil {
+				decodeErr = fmt.Errorf("checkpoint topic %q, partition %d offset %d: %w; is another program writing to it?", s.topic, r.Partition, r.Offset, err)
+				return
+			}
+			out[string(r.Key)] = rec
+		})
+		if decodeErr != nil {
+			return nil, decodeErr
+		}
+	}
+	return out, nil
+}

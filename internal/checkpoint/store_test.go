@@ -1,0 +1,94 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func fakeStore(t *testing.T, topic string) (*Store, *kfake.Cluster) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := OpenStore(ctx, topic, []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+// TestStoreSaveLoad: the newest record of each key wins, a tombstone
+// deletes, and an empty topic reads as no records.
+func TestStoreSaveLoad(t *testing.T) {
+	s, c := fakeStore(t, "cp")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if got, err := s.Load(ctx, false); err != nil || len(got) != 0 {
+		t.Fatalf("empty topic: %v, %v", got, err)
+	}
+	at := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	for i, r := range []Record{
+		{Slot: "a", SystemID: "1", Confirmed: 100, UpdatedAt: at},
+		{Slot: "b", SystemID: "1", Confirmed: 50, UpdatedAt: at},
+		{Slot: "a", SystemID: "1", Confirmed: 200, CommitLSN: 150, CommitTime: at, UpdatedAt: at,
+			Marks: Marks{{LSN: 10, Time: at}}, Window: Mark{LSN: 10, Time: at}, History: []Event{{Kind: EventRewind, From: 1, To: 2, At: at}}},
+	} {
+		if err := s.Save(ctx, r); err != nil {
+			t.Fatalf("save %d: %v", i, err)
+		}
+	}
+	// A second start opens the existing topic.
+	if s, err := OpenStore(ctx, "cp", []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, hclog.NewNullLogger()); err != nil || s.Topic() != "cp" {
+		t.Fatalf("reopen: %v", err)
+	}
+	got, err := s.Load(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := got[Key("a", "1")]
+	if len(got) != 2 || a.Confirmed != 200 || a.CommitLSN != 150 || !a.CommitTime.Equal(at) || len(a.Marks) != 1 ||
+		a.Window.LSN != 10 || len(a.History) != 1 || a.History[0].To != pglogrepl.LSN(2) {
+		t.Fatalf("loaded %+v", got)
+	}
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "cp", Key: []byte(Key("b", "1"))}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = s.Load(ctx, true); err != nil || len(got) != 1 {
+		t.Fatalf("after a tombstone for b: %v, %v", got, err)
+	}
+
+	// A topic that would delete checkpoints is refused.
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("delete")}, "deleting"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenStore(ctx, "deleting", []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, hclog.NewNullLogger())
+	var te *TopicError
+	if !errors.As(err, &te) || !strings.Contains(err.Error(), "cleanup.policy=compact") {
+		t.Fatalf("OpenStore on a delete-policy topic: %v; want a TopicError saying to set cleanup.policy=compact", err)
+	}
+	cfgs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, "cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _ := cfgs.On("cp", nil)
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && (c.Value == nil || *c.Value != "compact") {
+			t.Fatalf("cleanup.policy = %v", c.Value)
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// The operator commands: cdc rewind and cdc reset --accept-gap. Both act on
+// a stopped pipeline's slot and record what they did in its checkpoint, so
+// that the next cdc run starts from there and the history says why.
+
+// Rewound is what Rewind did.
+type Rewound struct {
+	From, To pglogrepl.LSN // the slot's position before and after
+}
+
+// Rewind is the LSN reset of the pipeline itself: with the connector
+// stopped, it re-creates the main slot at the start of r (a copy of the
+// replay slot, advanced), and records the rewind in the checkpoint. The next
+// cdc run re-delivers from there. Only r's From bound is used.
+func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
+	if p.cfg.Replay.Window == 0 {
+		return Rewound{}, &wal.SetupError{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
+	}
+	sql, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+	if err != nil {
+		return Rewound{}, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer sql.Close(context.WithoutCancel(ctx))
+	main, err := wal.InspectSlot(ctx, sql, p.cfg.Postgres.Slot)
+	if err != nil {
+		return Rewound{}, err
+	}
+	if main.Active {
+		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", p.cfg.Postgres.Slot, main.ActivePID)}
+	}
+	replay, err := wal.InspectSlot(ctx, sql, p.cfg.replaySlot())
+	if err != nil {
+		return Rewound{}, err
+	}
+	if !replay.Exists || replay.WALStatus == "lost" {
+		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", p.cfg.replaySlot())}
+	}
+	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
+	if err != nil {
+		return Rewound{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rec, err := p.loadRecord(ctx, conn.System())
+	if err != nil {
+		return Rewound{}, err
+	}
+	to, err := p.windowStart(r, rec, replay.ConfirmedFlush)
+	if err != nil {
+		return Rewound{}, err
+	}
+	from := rec.Confirmed
+	if main.Exists {
+		from = main.ConfirmedFlush
+	}
+	if to > from {
+		return Rewound{}, fmt.Errorf("%s is ahead of the slot at %s: a rewind only goes back; the connector will get there by itself", to, from)
+	}
+
+	// Drop, copy, advance. Should this stop half-way, the slot is missing
+	// while the checkpoint exists: cdc run refuses that, and running the
+	// rewind again finishes it.
+	if main.Exists {
+		if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Postgres.Slot); err != nil {
+			return Rewound{}, fmt.Errorf("drop replication slot %q: %w", p.cfg.Postgres.Slot, err)
+		}
+	}
+	at, err := conn.CopySlot(ctx, p.cfg.replaySlot(), p.cfg.Postgres.Slot, false)
+	if err != nil {
+		return Rewound{}, err
+	}
+	if to > at {
+		if at, err = conn.AdvanceSlot(ctx, p.cfg.Postgres.Slot, to); err != nil {
+			return Rewound{}, err
+		}
+	}
+	rec.Confirmed = at
+	if rec.CommitLSN >= at {
+		rec.CommitLSN, rec.CommitTime = 0, time.Time{} // nothing after at counts as delivered now
+	}
+	rec.UpdatedAt = time.Now()
+	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
+	if err := p.store.Save(ctx, rec); err != nil {
+		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
+	}
+	p.log.Warn("rewound the pipeline; the next cdc run re-delivers from here", "slot", p.cfg.Postgres.Slot, "from", from.String(), "to", at.String())
+	return Rewound{From: from, To: at}, nil
+}
+
+// Accepted is the gap AcceptGap recorded; nil Gap: there was none.
+type Accepted struct {
+	Gap      *checkpoint.GapError
+	LostSlot bool          // the slot was lost (max_slot_wal_keep_size) and re-created
+	From, To pglogrepl.LSN // events committed in between may be missing
+}
+
+// AcceptGap is cdc reset --accept-gap: it records in the checkpoint (and
+// the log) that events between the checkpoint and the slot may be missing,
+// creating the slot when it is missing or lost, so that the next cdc run
+// streams from the slot. Without a gap it changes nothing.
+func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
+	lost := errors.Is(err, wal.ErrSlotLost)
+	if err != nil && !lost {
+		return Accepted{}, err
+	}
+	if slot.Active {
+		return Accepted{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector first", p.cfg.Postgres.Slot, slot.ActivePID)}
+	}
+	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
+	if err != nil {
+		return Accepted{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	sys := conn.System()
+	store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	if err != nil {
+		return Accepted{}, err
+	}
+	records, err := store.Load(ctx, false)
+	if err != nil {
+		return Accepted{}, err
+	}
+	if lost {
+		// The lost slot's WAL is gone: start over, as after a drop.
+		sql, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+		if err != nil {
+			return Accepted{}, fmt.Errorf("connect to postgres: %w", err)
+		}
+		_, err = sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Postgres.Slot)
+		sql.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", p.cfg.Postgres.Slot, err)
+		}
+		slot = wal.SlotState{}
+	}
+	_, _, err = checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush}, records)
+	var gap *checkpoint.GapError
+	if !errors.As(err, &gap) {
+		if err == nil && lost {
+			p.log.Warn("dropped the lost replication slot; cdc run creates a new one", "slot", p.cfg.Postgres.Slot)
+			return Accepted{LostSlot: true}, nil
+		}
+		return Accepted{}, err // nil: no gap, nothing to accept
+	}
+	rec := gap.Checkpoint
+	if gap.Kind == checkpoint.GapOtherSystem {
+		// This system gets its own record; the other one's stays.
+		rec = checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID}
+	}
+	rec.Timeline, rec.Version = sys.Timeline, p.opts.Version
+	at := slot.ConfirmedFlush
+	if !slot.Exists {
+		if at, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
+			return Accepted{}, err
+		}
+	}
+	from := gap.Checkpoint.Confirmed
+	reason := map[checkpoint.GapKind]string{
+		checkpoint.GapSlotMissing: "the slot was missing",
+		checkpoint.GapSlotAhead:   "the slot was past the checkpoint",
+		checkpoint.GapOtherSystem: "the checkpoint was of database system " + gap.Checkpoint.SystemID,
+	}[gap.Kind]
+	if lost {
+		reason = "the slot was lost (max_slot_wal_keep_size)"
+	}
+	rec.Confirmed, rec.UpdatedAt = at, time.Now()
+	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
+	if err := store.Save(ctx, rec); err != nil {
+		return Accepted{}, err
+	}
+	p.log.Warn("accepted a gap: events committed in this range may never be delivered", "slot", p.cfg.Postgres.Slot,
+		"from", from.String(), "to", at.String(), "reason", reason)
+	return Accepted{Gap: gap, LostSlot: lost, From: from, To: at}, nil
+}

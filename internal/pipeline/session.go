@@ -1,0 +1,193 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/sink"
+)
+
+// runSession sets up, runs and shuts down one replication session.
+func (p *Pipeline) runSession(ctx context.Context, first bool) error {
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = k.Ping(pingCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
+	}
+
+	conn, from, err := p.start(ctx, first)
+	if err != nil {
+		return err
+	}
+	stream, err := conn.Start(ctx, p.cfg.Postgres.Slot, from)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	s := &session{
+		p:       p,
+		kafka:   k,
+		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
+		dec:     decode.New(p.cfg.Tables),
+	}
+	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.StatusInterval)
+	if p.opts.OnSession != nil {
+		p.opts.OnSession(s.tracker)
+	}
+
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go p.watchKafka(s.tracker, watchDone)
+	if p.cfg.Replay.Window > 0 {
+		windowDone := make(chan struct{})
+		wctx, stopWindow := context.WithCancel(ctx)
+		go func() { defer close(windowDone); p.keepWindow(wctx) }()
+		defer func() { stopWindow(); <-windowDone }()
+	}
+
+	runErr := stream.Run(ctx, s.handle, confirmer)
+	if ctx.Err() != nil {
+		// Shutdown: stop reading (done), let Kafka answer what is in
+		// flight, write the checkpoint, then confirm what it covers.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
+		if err := k.Flush(fctx); err != nil {
+			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
+				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
+		}
+		if err := confirmer.Final(fctx); err != nil {
+			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", err)
+		}
+		cancel()
+	}
+	final := stream.Close(context.WithoutCancel(ctx), confirmer)
+	if ctx.Err() != nil {
+		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String(),
+			"dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())
+		return nil
+	}
+	return runErr
+}
+
+// session is one replication session: one replication connection, one
+// Kafka client, one decoder and one tracker. Its methods follow one event
+// as docs/design.md draws it: the stream hands its bytes to handle, the
+// decoder turns them into an Event, event has the router make a Record (or
+// deadLetter a dead-letter record), produce sends it, and its ack lands in
+// the tracker, which the stream reads before its next receive. Everything
+// but the ack callback runs on the stream's goroutine.
+type session struct {
+	p       *Pipeline
+	kafka   *sink.Kafka
+	tracker *checkpoint.Tracker
+	dec     *decode.Decoder
+	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
+	// replay, when set, selects what a replay re-sends; nil streams all.
+	replay *replayFilter
+}
+
+// handle takes one pgoutput message from the stream.
+func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
+	m, err := s.dec.Decode(data)
+	if err != nil {
+		return &decodeError{err}
+	}
+	switch m.Kind {
+	case decode.KindBegin:
+		if s.replay != nil {
+			if err := s.replay.begin(&m); err != nil {
+				return err
+			}
+		}
+		s.tx = s.tracker.Begin()
+	case decode.KindEvent, decode.KindInvalid:
+		if s.replay != nil && !s.replay.take(&m.Event) {
+			return nil
+		}
+		return s.event(&m)
+	case decode.KindIgnoredMessage:
+		s.p.IgnoredMessages.Add(1)
+	case decode.KindCommit:
+		s.tracker.Commit(s.tx, m.Commit, m.EndLSN, m.CommitTime)
+		s.tx = nil
+		if s.replay != nil {
+			s.replay.commit()
+		}
+	}
+	return nil
+}
+
+// event routes one event and produces its record, or applies the source's
+// on_invalid policy when it cannot be delivered as configured.
+func (s *session) event(m *decode.Message) error {
+	ev := &m.Event
+	rec, err := s.record(m)
+	if err != nil {
+		if rec, err = s.deadLetter(ev, err); err != nil {
+			return err
+		}
+	}
+	if s.replay != nil {
+		rec.Topic += s.replay.suffix
+	}
+	if s.p.log.IsTrace() {
+		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
+	}
+	s.produce(rec)
+	return nil
+}
+
+// record builds m's Kafka record: an *outbox.EventError when m is invalid,
+// or the record does not fit kafka.max_message_bytes.
+func (s *session) record(m *decode.Message) (*kgo.Record, error) {
+	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
+		return nil, m.Invalid
+	}
+	rec, err := s.p.router.Record(&m.Event)
+	if err != nil {
+		return nil, err
+	}
+	if n, limit := recordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
+		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, limit)
+	}
+	return rec, nil
+}
+
+// deadLetter applies on_invalid to an event that cannot be delivered: with
+// fail it returns cause, which stops the connector; with dead-letter it
+// returns the dead-letter record, which is tracked like any event, so that
+// its transaction is confirmed only once Kafka acked it.
+func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
+	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+		return nil, cause
+	}
+	rec := s.p.router.DeadLetter(ev, cause.Error())
+	s.p.DeadLettered.Add(1)
+	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
+	return rec, nil
+}
+
+// produce counts rec in flight in the open transaction and sends it; the
+// ack comes back to the tracker on franz-go's goroutine.
+func (s *session) produce(rec *kgo.Record) {
+	tx, onDelivered := s.tx, s.p.opts.OnDelivered
+	s.tracker.Track(tx)
+	s.kafka.Produce(rec, func(err error) {
+		s.tracker.Ack(tx, err)
+		if onDelivered != nil {
+			onDelivered(rec, err)
+		}
+	})
+}

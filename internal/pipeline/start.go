@@ -1,0 +1,173 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// start checks Postgres, opens the replication connection, and works out
+// where the session streams from. The first session of a process compares
+// the slot with the checkpoint (docs/design.md, rule 16): it creates the
+// slot only on a first start, and refuses a gap; later sessions hold the
+// checkpoint in memory and refuse a slot that vanished or moved under them.
+func (p *Pipeline) start(ctx context.Context, first bool) (*wal.Conn, pglogrepl.LSN, error) {
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
+	if err != nil {
+		return nil, 0, err
+	}
+	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
+	if err != nil {
+		return nil, 0, err
+	}
+	from, err := p.position(ctx, conn, slot, first)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, 0, err
+	}
+	return conn, from, nil
+}
+
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, first bool) (pglogrepl.LSN, error) {
+	sys := conn.System()
+	if p.progress != nil {
+		saved := p.progress.Saved()
+		switch {
+		case !slot.Exists:
+			return 0, &wal.SetupError{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
+				"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
+					"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
+		case sys.ID != saved.SystemID:
+			return 0, &checkpoint.GapError{Kind: checkpoint.GapOtherSystem, Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Checkpoint: saved, ConfigFile: p.opts.ConfigFile}
+		case slot.ConfirmedFlush > saved.Confirmed:
+			return 0, &checkpoint.GapError{Kind: checkpoint.GapSlotAhead, Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Checkpoint: saved, SlotLSN: slot.ConfirmedFlush, ConfigFile: p.opts.ConfigFile}
+		}
+		return slot.ConfirmedFlush, nil
+	}
+
+	if p.store == nil {
+		store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+		if err != nil {
+			return 0, err
+		}
+		p.store = store
+	}
+	records, err := p.store.Load(ctx, false)
+	if err != nil {
+		return 0, err
+	}
+	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush}, records)
+	if err != nil {
+		var gap *checkpoint.GapError
+		if errors.As(err, &gap) {
+			gap.ConfigFile = p.opts.ConfigFile
+		}
+		return 0, err
+	}
+	from := slot.ConfirmedFlush
+	switch start {
+	case checkpoint.StartCreate:
+		if !first {
+			return 0, errors.New("internal: a slot is created only by the first session")
+		}
+		if from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
+			return 0, err
+		}
+		p.log.Warn("first start: created the replication slot; events committed before this position are not streamed", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
+		rec = p.newRecord(sys, from)
+	case checkpoint.StartAdopt:
+		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
+		rec = p.newRecord(sys, from)
+	case checkpoint.StartResume:
+		if rec.Timeline != sys.Timeline {
+			p.log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline)
+			rec.Timeline = sys.Timeline
+		}
+	}
+	if start != checkpoint.StartResume {
+		// Saved before streaming: from now on a missing slot is a gap.
+		if err := p.store.Save(ctx, *rec); err != nil {
+			return 0, err
+		}
+	}
+	p.progress = checkpoint.NewProgress(*rec, p.cfg.Replay.Window)
+	if err := p.prepareReplaySlot(ctx, from); err != nil {
+		p.progress = nil
+		return 0, err
+	}
+	return from, nil
+}
+
+func (p *Pipeline) newRecord(sys wal.System, at pglogrepl.LSN) *checkpoint.Record {
+	return &checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Timeline: sys.Timeline,
+		Confirmed: at, Version: p.opts.Version, UpdatedAt: time.Now()}
+}
+
+func (p *Pipeline) configFile() string {
+	if p.opts.ConfigFile == "" {
+		return "<config file>"
+	}
+	return p.opts.ConfigFile
+}
+
+// prepareReplaySlot creates the replay slot, as a copy of the main slot,
+// when a replay window is configured and the slot is missing; without a
+// window it drops a replay slot left from an earlier configuration, which
+// would otherwise retain WAL for nothing.
+func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) error {
+	conn, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+	if err != nil {
+		return fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := p.cfg.replaySlot()
+	st, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	if p.cfg.Replay.Window == 0 {
+		if st.Exists {
+			if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
+				return fmt.Errorf("drop replay slot %q: %w", name, err)
+			}
+			p.log.Warn("replay.window is not set: dropped the replay slot and its retained WAL", "slot", name)
+		}
+		return nil
+	}
+	if st.Exists && st.WALStatus != "lost" {
+		p.log.Info("replay window", "slot", name, "window", p.cfg.Replay.Window, "from_lsn", st.ConfirmedFlush.String(),
+			"retained_wal_bytes", int64(mainAt)-int64(st.RestartLSN))
+		return nil
+	}
+	return p.recreateReplaySlot(ctx, conn, st.Exists)
+}
+
+// recreateReplaySlot copies the main slot to the replay slot; the window
+// starts now.
+func (p *Pipeline) recreateReplaySlot(ctx context.Context, conn *pgx.Conn, drop bool) error {
+	name := p.cfg.replaySlot()
+	if drop {
+		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
+			return fmt.Errorf("drop lost replay slot %q: %w", name, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, p.cfg.Postgres.Slot, name); err != nil {
+		return fmt.Errorf("create replay slot %q as a copy of %q: %w", name, p.cfg.Postgres.Slot, err)
+	}
+	st, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	// Transactions that commit from now on are in the window.
+	p.progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
+	p.log.Info("created the replay slot; the replay window starts now", "slot", name, "lsn", st.ConfirmedFlush.String(), "window", p.cfg.Replay.Window)
+	return nil
+}

@@ -1,0 +1,168 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxcdc/cdc/internal/pgident"
+)
+
+// System is what IDENTIFY_SYSTEM says about the server.
+type System struct {
+	// ID is the database system identifier: a restored pg_dump or another
+	// cluster has another one; a physical standby shares its primary's.
+	ID       string
+	Timeline int32
+	// WALEnd is the server's flush position when the connection opened.
+	WALEnd pglogrepl.LSN
+}
+
+// Conn is a replication connection before it streams. Slots it creates or
+// copies as temporary belong to it and vanish when it closes, which is why
+// replay copies its slot here and not on a SQL connection.
+type Conn struct {
+	cfg    Config
+	conn   *pgconn.PgConn
+	log    hclog.Logger
+	system System
+	host   string
+	db     string
+}
+
+// Connect opens a replication connection (replication=database) and
+// identifies the system.
+func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
+	pcfg, err := pgconn.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres.url: %s", redact(err))
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	// pgoutput renders column values with the walsender's settings: pin
+	// the formats the decoder and router read.
+	pcfg.RuntimeParams["TimeZone"] = "UTC"
+	pcfg.RuntimeParams["DateStyle"] = "ISO, YMD"
+	pcfg.RuntimeParams["bytea_output"] = "hex"
+	pcfg.RuntimeParams["extra_float_digits"] = "3"
+	if pcfg.RuntimeParams["application_name"] == "" {
+		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
+	}
+	id, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("identify system: %w", err)
+	}
+	return &Conn{cfg: cfg, conn: conn, log: log, host: pcfg.Host, db: pcfg.Database,
+		system: System{ID: id.SystemID, Timeline: id.Timeline, WALEnd: id.XLogPos}}, nil
+}
+
+// System returns what IDENTIFY_SYSTEM said.
+func (c *Conn) System() System { return c.system }
+
+// Close closes the connection; its temporary slots go with it.
+func (c *Conn) Close(ctx context.Context) { c.conn.Close(ctx) }
+
+// CreateSlot creates the permanent logical slot name with pgoutput and
+// returns its consistent point, where streaming it starts.
+func (c *Conn) CreateSlot(ctx context.Context, name string) (pglogrepl.LSN, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, c.conn, pgident.Quote(name), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return 0, fmt.Errorf("create replication slot %q: %w", name, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
+	}
+	return lsn, nil
+}
+
+// CopySlot copies the logical slot src to dst at src's position
+// (pg_copy_logical_replication_slot) and returns that position. A temporary
+// copy belongs to this connection.
+func (c *Conn) CopySlot(ctx context.Context, src, dst string, temporary bool) (pglogrepl.LSN, error) {
+	sql := fmt.Sprintf("SELECT lsn FROM pg_copy_logical_replication_slot(%s, %s, %s)",
+		quoteLiteral(src), quoteLiteral(dst), strconv.FormatBool(temporary))
+	if _, err := c.conn.Exec(ctx, sql).ReadAll(); err != nil {
+		return 0, fmt.Errorf("copy replication slot %q to %q: %w", src, dst, err)
+	}
+	// The function returns the copy's restart point; streaming starts at its
+	// confirmed position.
+	return c.slotPosition(ctx, dst)
+}
+
+// AdvanceSlot moves the inactive slot name forward to to (never back),
+// decoding the WAL in between on the server, and returns where it stands.
+func (c *Conn) AdvanceSlot(ctx context.Context, name string, to pglogrepl.LSN) (pglogrepl.LSN, error) {
+	sql := fmt.Sprintf("SELECT end_lsn FROM pg_replication_slot_advance(%s, '%s')", quoteLiteral(name), to)
+	lsn, err := c.queryLSN(ctx, sql)
+	if err != nil {
+		return 0, fmt.Errorf("advance replication slot %q to %s: %w", name, to, err)
+	}
+	return lsn, nil
+}
+
+// CurrentWAL is pg_current_wal_insert_lsn(): past every transaction that
+// has committed, even with synchronous_commit off, whose commit records the
+// server may not have flushed (nor will stream) yet.
+func (c *Conn) CurrentWAL(ctx context.Context) (pglogrepl.LSN, error) {
+	lsn, err := c.queryLSN(ctx, "SELECT pg_current_wal_insert_lsn()")
+	if err != nil {
+		return 0, fmt.Errorf("read the current WAL position: %w", err)
+	}
+	return lsn, nil
+}
+
+func (c *Conn) slotPosition(ctx context.Context, name string) (pglogrepl.LSN, error) {
+	return c.queryLSN(ctx, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = "+quoteLiteral(name))
+}
+
+// queryLSN runs a one-value query with the simple protocol, the only one a
+// walsender speaks.
+func (c *Conn) queryLSN(ctx context.Context, sql string) (pglogrepl.LSN, error) {
+	res, err := c.conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 || res[0].Rows[0][0] == nil {
+		return 0, fmt.Errorf("no position returned")
+	}
+	return pglogrepl.ParseLSN(string(res[0].Rows[0][0]))
+}
+
+// Start starts streaming slot and returns the Stream, which then owns the
+// connection. Postgres starts at the slot's confirmed_flush_lsn (LSN 0 in
+// START_REPLICATION; docs/design.md, rule 6); from is only logged and
+// seeds the position reported before the first ack.
+func (c *Conn) Start(ctx context.Context, slot string, from pglogrepl.LSN) (*Stream, error) {
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", c.cfg.Publication)}
+	if c.cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err := pglogrepl.StartReplication(ctx, c.conn, pgident.Quote(slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
+	if err != nil {
+		return nil, startError(slot, err)
+	}
+	c.log.Info("streaming from replication slot", "slot", slot, "publication", c.cfg.Publication, "lsn", from.String(), "host", c.host, "database", c.db)
+	return &Stream{cfg: c.cfg, slot: slot, conn: c.conn, log: c.log, sent: from}, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string {
+	b := []byte{'\''}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			b = append(b, '\'')
+		}
+		b = append(b, s[i])
+	}
+	return string(append(b, '\''))
+}
