@@ -46,7 +46,7 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./internal/decode
 
 bench:            ## drain 100k events; compare with pg_recvlogical on the same backlog
-	$(GO) test -run '^$$' -bench BenchmarkDrain -benchtime 1x -timeout 30m ./internal/pipeline
+	$(GO) test -run '^$$' -bench 'BenchmarkDrain|BenchmarkReplay' -benchtime 1x -timeout 30m ./internal/pipeline
 
 vet:
 	$(GO) vet ./...

@@ -50,7 +50,7 @@ CREATE TABLE cdc_demo.outbox (
 // demoCleanup removes what an earlier demo left behind in the user's
 // database; the demo's names never collide with a real deployment's.
 const demoCleanup = `
-SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'cdc_demo' AND NOT active;
+SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('cdc_demo', 'cdc_demo_replay') AND NOT active;
 DROP PUBLICATION IF EXISTS cdc_demo;
 DROP SCHEMA IF EXISTS cdc_demo CASCADE;`
 
@@ -94,8 +94,12 @@ func demo(ctx context.Context, duration time.Duration, rate int, getenv func(str
 	}
 	defer kafka.stop()
 
+	cfg := demoConfig(pg.addr, strings.Split(kafka.addr, ","))
+	if err := forgetDemoCheckpoint(ctx, conn, cfg); err != nil {
+		return fail("%v", err)
+	}
 	board := &board{}
-	connector, err := startDemoConnector(ctx, pg.addr, strings.Split(kafka.addr, ","), board)
+	connector, err := startDemoConnector(ctx, cfg, board)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -118,9 +122,13 @@ func demo(ctx context.Context, duration time.Duration, rate int, getenv func(str
 	wctx, stopWriting := context.WithTimeout(ctx, duration)
 	defer stopWriting()
 	svc := make(chan error, 1)
+	since := time.Now()
 	go func() { svc <- newOrderService(svcConn, board).run(wctx, rate) }()
 
 	runErr := showUntilDone(ctx, newDisplay(out), board, svc, connector.done)
+	if runErr == nil && ctx.Err() == nil {
+		runErr = replayDemo(ctx, cfg, since, out)
+	}
 	if err := connector.stop(); err != nil && runErr == nil {
 		runErr = err
 	}
@@ -187,14 +195,54 @@ type demoConnector struct {
 	ended  bool
 }
 
+// demoConfig is the connector's config: cdc_demo.outbox with Debezium's
+// layout, and a replay window.
+func demoConfig(pgURL string, brokers []string) pipeline.Config {
+	return pipeline.Config{
+		Postgres:   wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
+		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
+		Tables:     []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
+		Checkpoint: pipeline.CheckpointConfig{Topic: "cdc-demo.checkpoints"},
+		Replay:     pipeline.ReplayConfig{Window: time.Hour},
+	}
+}
+
+// forgetDemoCheckpoint deletes what an earlier demo left in the checkpoint
+// topic: the demo dropped its slot when it ended, and the connector would
+// rightly refuse that gap.
+func forgetDemoCheckpoint(ctx context.Context, conn *pgx.Conn, cfg pipeline.Config) error {
+	var sysid string
+	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
+		return fmt.Errorf("read the system identifier: %v", err)
+	}
+	store, err := checkpoint.OpenStore(ctx, cfg.Checkpoint.Topic, sink.ClientOpts(cfg.Kafka, hclog.NewNullLogger()), hclog.NewNullLogger())
+	if err != nil {
+		return err
+	}
+	return store.Delete(ctx, checkpoint.Key(cfg.Postgres.Slot, sysid))
+}
+
+// replayDemo replays what the order service wrote since, to the .replay
+// topics, while the connector keeps streaming: cdc replay --from-time.
+func replayDemo(ctx context.Context, cfg pipeline.Config, since time.Time, out io.Writer) error {
+	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nreplay: re-sending every event committed since %s to outbox.event.<aggregatetype>.replay, from the replay window, while the connector streams on ...\n",
+		since.Format("15:04:05.000"))
+	sum, err := p.Replay(ctx, pipeline.Replay{Range: pipeline.Range{FromTime: since}, TopicSuffix: ".replay"}, nil)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	fmt.Fprintf(out, "replayed %d events in %d transactions (commit LSN %s to %s) in %s; the same as cdc replay --from-time %s --topic-suffix .replay\n",
+		sum.Events, sum.Transactions, sum.FirstCommit, sum.LastCommit, sum.Elapsed.Round(time.Millisecond), since.UTC().Format(time.RFC3339Nano))
+	return nil
+}
+
 // startDemoConnector runs the connector in the background and waits until
 // it streams. It returns nil, nil if ctx ends first.
-func startDemoConnector(ctx context.Context, pgURL string, brokers []string, b *board) (*demoConnector, error) {
-	cfg := pipeline.Config{
-		Postgres: wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
-		Kafka:    sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
-		Tables:   []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
-	}
+func startDemoConnector(ctx context.Context, cfg pipeline.Config, b *board) (*demoConnector, error) {
 	c := &demoConnector{done: make(chan error, 1)}
 	streaming := make(chan struct{})
 	var once sync.Once

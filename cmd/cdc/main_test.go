@@ -280,6 +280,13 @@ func TestDemo(t *testing.T) {
 	if written < 20 || delivered != written {
 		t.Fatalf("written %d, delivered %d; want every event delivered\n%s", written, delivered, out.String())
 	}
+	var replayed int
+	for _, line := range strings.Split(out.String(), "\n") {
+		fmt.Sscanf(line, "replayed %d events", &replayed)
+	}
+	if replayed != written {
+		t.Fatalf("the demo replayed %d events, want the %d written\n%s", replayed, written, out.String())
+	}
 	for _, want := range []string{"commit -> ack:      p50", "slot confirmed at:  0/", "cleaned up"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, out.String())

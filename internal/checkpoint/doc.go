@@ -21,7 +21,11 @@
 // on Changed; acks are written from the Kafka client's goroutines. Nothing
 // here touches the replication connection.
 //
-// Replay and exactly-once delivery will add a durable checkpoint store next
-// to the Tracker: the durable position then lives in the store, and the slot
-// is confirmed only up to a retention window behind it.
+// The durable side: a Store keeps one Record per pipeline in a compacted
+// Kafka topic, and a Confirmer lets the replication loop confirm only what
+// an acknowledged Record covers, so the slot is never ahead of its
+// checkpoint. Decide compares the two on start: a missing slot, a slot past
+// the checkpoint, or another database system is a *GapError, never a first
+// start. Records also carry the replay window and its marks (position, time
+// samples), and the history of accepted gaps and rewinds.
 package checkpoint

@@ -117,6 +117,21 @@ func (s *Store) Save(ctx context.Context, rec Record) error {
 	return nil
 }
 
+// Delete removes key's record (a tombstone): the pipeline starts afresh,
+// as if it never ran. The demo uses it; an operator would rather use a new
+// checkpoint topic or slot name.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
+	if err != nil {
+		return fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Key: []byte(key)}).FirstErr(); err != nil {
+		return fmt.Errorf("delete checkpoint %q from topic %q: %w", key, s.topic, err)
+	}
+	return nil
+}
+
 // Load reads the topic to its end and returns the newest record of every
 // key. readCommitted skips records of aborted or open Kafka transactions,
 // as exactly-once delivery needs.
