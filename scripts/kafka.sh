@@ -10,6 +10,11 @@
 #   scripts/kafka.sh stop [--keep] [DIR]   stop cleanly (SIGTERM), delete DIR unless --keep
 #   scripts/kafka.sh brokers [DIR]  print the bootstrap address
 #
+# With CDC_KAFKA_SECURE_PEM (a PEM file: the server's key and certificate)
+# and CDC_KAFKA_SCRAM (user:password), start also opens a SASL_SSL listener
+# (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN for that user) and writes its
+# address to DIR/secure_brokers. The tests that need it set both.
+#
 # Needs Java 17+ and Maven. The jars are cached in $CDC_KAFKA_CACHE
 # (default ~/.cache/outbox-cdc), so only the first fetch downloads.
 set -euo pipefail
@@ -56,15 +61,32 @@ start() {
   if [ ! -f "$dir/server.properties" ]; then
     local port cport
     port=$(free_port); cport=$(free_port)
+    local listeners="PLAINTEXT://127.0.0.1:$port" protocols="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT" secure="" scram=()
+    if [ -n "${CDC_KAFKA_SECURE_PEM:-}" ]; then
+      local sport user pass
+      sport=$(free_port)
+      user=${CDC_KAFKA_SCRAM%%:*}; pass=${CDC_KAFKA_SCRAM#*:}
+      listeners="$listeners,SASL_SSL://127.0.0.1:$sport"
+      protocols="$protocols,SASL_SSL:SASL_SSL"
+      secure="sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$user=\"$pass\";
+ssl.keystore.type=PEM
+ssl.keystore.location=$CDC_KAFKA_SECURE_PEM"
+      scram=(--add-scram "SCRAM-SHA-256=[name=$user,password=$pass]" --add-scram "SCRAM-SHA-512=[name=$user,password=$pass]")
+      echo "127.0.0.1:$sport" > "$dir/secure_brokers"
+    fi
     cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listeners,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=$listeners
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=$protocols
 inter.broker.listener.name=PLAINTEXT
+$secure
 log.dirs=$dir/data
 num.partitions=4
 auto.create.topics.enable=true
@@ -79,7 +101,7 @@ PROPS
     echo "127.0.0.1:$port" > "$dir/brokers"
     java -cp "$cache/libs/*" kafka.tools.StorageTool format \
       -t "$(java -cp "$cache/libs/*" kafka.tools.StorageTool random-uuid)" \
-      -c "$dir/server.properties" >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed"; }
+      -c "$dir/server.properties" "${scram[@]}" >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed"; }
   fi
   local t0=$(date +%s%N)
   mkdir -p "$dir/logs"

@@ -23,6 +23,7 @@ import (
 type fileConfig struct {
 	Postgres struct {
 		URL            string        `yaml:"url"`
+		PasswordFile   string        `yaml:"password_file"`
 		Slot           string        `yaml:"slot"`
 		Publication    string        `yaml:"publication"`
 		StatusInterval time.Duration `yaml:"status_interval"`
@@ -33,6 +34,20 @@ type fileConfig struct {
 		MaxMessageBytes        int32         `yaml:"max_message_bytes"`
 		AllowAutoTopicCreation *bool         `yaml:"allow_auto_topic_creation"`
 		Linger                 time.Duration `yaml:"linger"`
+		TLS                    struct {
+			Enabled    bool   `yaml:"enabled"`
+			CAFile     string `yaml:"ca_file"`
+			CertFile   string `yaml:"cert_file"`
+			KeyFile    string `yaml:"key_file"`
+			ServerName string `yaml:"server_name"`
+		} `yaml:"tls"`
+		SASL struct {
+			Mechanism    string `yaml:"mechanism"`
+			Username     string `yaml:"username"`
+			Password     string `yaml:"password"`
+			PasswordFile string `yaml:"password_file"`
+			TokenFile    string `yaml:"token_file"`
+		} `yaml:"sasl"`
 		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
 		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
 	} `yaml:"kafka"`
@@ -111,6 +126,21 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 			}
 		}
 	}
+	for _, o := range []struct {
+		env string
+		dst *string
+	}{
+		{"CDC_POSTGRES_PASSWORD_FILE", &fc.Postgres.PasswordFile},
+		{"CDC_KAFKA_SASL_MECHANISM", &fc.Kafka.SASL.Mechanism},
+		{"CDC_KAFKA_SASL_USERNAME", &fc.Kafka.SASL.Username},
+		{"CDC_KAFKA_SASL_PASSWORD", &fc.Kafka.SASL.Password},
+		{"CDC_KAFKA_SASL_PASSWORD_FILE", &fc.Kafka.SASL.PasswordFile},
+		{"CDC_KAFKA_SASL_TOKEN_FILE", &fc.Kafka.SASL.TokenFile},
+	} {
+		if v := getenv(o.env); v != "" {
+			*o.dst = v
+		}
+	}
 	if v := getenv("CDC_LOG_LEVEL"); v != "" {
 		fc.Log.Level = v
 	}
@@ -142,6 +172,7 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 	cfg := pipeline.Config{
 		Postgres: wal.Config{
 			URL:            fc.Postgres.URL,
+			PasswordFile:   fc.Postgres.PasswordFile,
 			Slot:           fc.Postgres.Slot,
 			Publication:    fc.Postgres.Publication,
 			StatusInterval: fc.Postgres.StatusInterval,
@@ -152,6 +183,10 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
 			AllowAutoTopicCreation: autoCreate,
 			Linger:                 fc.Kafka.Linger,
+			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
+				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
+			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
+				PasswordFile: fc.Kafka.SASL.PasswordFile, TokenFile: fc.Kafka.SASL.TokenFile},
 		},
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,

@@ -20,6 +20,8 @@ type Server struct {
 	URL string
 	// Bin is the directory of the server binaries.
 	Bin string
+	// Port is the TCP port it listens on, on 127.0.0.1.
+	Port int
 
 	dir  string
 	cred *syscall.SysProcAttr
@@ -73,8 +75,24 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// Options configure a server beyond its defaults.
+type Options struct {
+	// Settings are postgresql.conf lines, name=value.
+	Settings []string
+	// Files are copied into the data directory (certificates and keys),
+	// owned by the server's user and readable by it alone; settings name
+	// them by their base names.
+	Files []string
+	// HBA, when set, replaces pg_hba.conf.
+	HBA string
+}
+
 // Start runs initdb and pg_ctl start in a new temporary directory.
-func Start(settings ...string) (*Server, error) {
+func Start(settings ...string) (*Server, error) { return StartWith(Options{Settings: settings}) }
+
+// StartWith is Start with more options.
+func StartWith(o Options) (*Server, error) {
+	settings := o.Settings
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -113,9 +131,29 @@ func Start(settings ...string) (*Server, error) {
 	if err := os.WriteFile(filepath.Join(data, "postgresql.auto.conf"), []byte(conf.String()), 0o600); err != nil {
 		return nil, err
 	}
+	owned := []string{filepath.Join(data, "postgresql.auto.conf")}
+	for _, f := range o.Files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		dst := filepath.Join(data, filepath.Base(f))
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			return nil, err
+		}
+		owned = append(owned, dst)
+	}
+	if o.HBA != "" {
+		if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(o.HBA), 0o600); err != nil {
+			return nil, err
+		}
+		owned = append(owned, filepath.Join(data, "pg_hba.conf"))
+	}
 	if p.cred != nil {
 		uid, gid := p.cred.Credential.Uid, p.cred.Credential.Gid
-		os.Chown(filepath.Join(data, "postgresql.auto.conf"), int(uid), int(gid))
+		for _, f := range owned {
+			os.Chown(f, int(uid), int(gid))
+		}
 	}
 	logFile := filepath.Join(dir, "postgres.log")
 	if out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", logFile); err != nil {
@@ -123,6 +161,7 @@ func Start(settings ...string) (*Server, error) {
 		p.Stop()
 		return nil, fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
 	}
+	p.Port = port
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return p, nil
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -31,9 +30,9 @@ func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
 	if p.cfg.Replay.Window == 0 {
 		return Rewound{}, &wal.SetupError{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
 	}
-	sql, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+	sql, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 	if err != nil {
-		return Rewound{}, fmt.Errorf("connect to postgres: %w", err)
+		return Rewound{}, err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
 	main, err := wal.InspectSlot(ctx, sql, p.cfg.Postgres.Slot)
@@ -137,9 +136,9 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 	}
 	if lost {
 		// The lost slot's WAL is gone: start over, as after a drop.
-		sql, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+		sql, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 		if err != nil {
-			return Accepted{}, fmt.Errorf("connect to postgres: %w", err)
+			return Accepted{}, err
 		}
 		_, err = sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Postgres.Slot)
 		sql.Close(context.WithoutCancel(ctx))

@@ -324,9 +324,10 @@ func Permanent(err error) bool {
 		prod   *sink.ProduceError
 		gap    *checkpoint.GapError
 		topic  *checkpoint.TopicError
+		conn   *sink.ConnectError
 	)
 	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic):
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn):
 		return true
 	case errors.As(err, &prod):
 		return prod.Permanent()

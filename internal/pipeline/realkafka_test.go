@@ -237,3 +237,58 @@ func TestRealDeadLetterOverMaxMessageBytes(t *testing.T) {
 	end := testenv.CurrentWAL(t, e.db)
 	testenv.Eventually(t, 30*time.Second, "the slot to pass everything", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
 }
+
+// TestRealSecuredKafka: a real broker with a SASL_SSL listener (SCRAM over
+// TLS, certificates made by the test). The connector streams through it,
+// checkpoints included; a wrong password and an untrusted certificate each
+// stop it at once with one line naming the setting.
+func TestRealSecuredKafka(t *testing.T) {
+	realKafka(t)
+	certs := testenv.NewCerts(t)
+	broker := testenv.StartBroker(t, "CDC_KAFKA_SECURE_PEM="+certs.ServerPEM, "CDC_KAFKA_SCRAM=cdc:cdc-secret")
+	if len(broker.Secure) == 0 {
+		t.Fatal("the broker has no SASL_SSL listener")
+	}
+	// One topic prefix (and so checkpoint topic) per subtest: they share a
+	// cluster and a slot name, so one checkpoint would be a gap to the next.
+	kafka := func(name string) *testenv.Kafka {
+		return &testenv.Kafka{Brokers: broker.Brokers, Prefix: "secure-" + strings.ToLower(name) + "."}
+	}
+	secured := func(e *env, mechanism, password, ca string) {
+		e.cfg.Kafka.Brokers = broker.Secure
+		e.cfg.Kafka.TLS = sink.TLSConfig{CAFile: ca}
+		e.cfg.Kafka.SASL = sink.SASLConfig{Mechanism: mechanism, Username: "cdc", Password: password}
+	}
+	for _, mech := range []string{sink.SASLScram256, sink.SASLScram512} {
+		t.Run(mech, func(t *testing.T) {
+			k := kafka(mech)
+			e := newEnv(t, k)
+			secured(e, mech, "cdc-secret", certs.CAFile)
+			e.start(t)
+			id := insertEvent(t, connect(t, e.db), "s-1", "OverSASL")
+			c := k.NewConsumer(t, k.AllTopics()) // over the plaintext listener
+			c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
+		})
+	}
+	for _, tc := range []struct {
+		name, password, ca, want string
+	}{
+		{"wrong password", "not-the-secret", certs.CAFile, "kafka rejected the SASL SCRAM-SHA-256 credentials (SASL_AUTHENTICATION_FAILED): check kafka.sasl.username and kafka.sasl.password"},
+		{"untrusted certificate", "cdc-secret", testenv.NewCerts(t).CAFile, "set kafka.tls.ca_file to the CA that signs the brokers' certificates"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, kafka(strings.ReplaceAll(tc.name, " ", "-")))
+			secured(e, sink.SASLScram256, tc.password, tc.ca)
+			start := time.Now()
+			err := waitFatal(t, e.launch(t, os.Stderr))
+			var ce *sink.ConnectError
+			if !errors.As(err, &ce) || !pipeline.Permanent(err) || !strings.Contains(err.Error(), tc.want) ||
+				strings.Contains(err.Error(), tc.password) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("Run returned %v; want a permanent one-line error saying %q, without the password", err, tc.want)
+			}
+			if d := time.Since(start); d > 30*time.Second {
+				t.Fatalf("it took %s to give up: a setting error must stop it at once", d)
+			}
+		})
+	}
+}

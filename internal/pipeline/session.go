@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,8 +25,12 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = k.Ping(pingCtx)
 	cancel()
-	if err != nil {
+	var ce *sink.ConnectError
+	if err != nil && !errors.As(err, &ce) {
 		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
+	}
+	if err != nil {
+		return err
 	}
 
 	conn, from, err := p.start(ctx, first)

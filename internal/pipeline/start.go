@@ -123,9 +123,9 @@ func (p *Pipeline) configFile() string {
 // window it drops a replay slot left from an earlier configuration, which
 // would otherwise retain WAL for nothing.
 func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) error {
-	conn, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 	if err != nil {
-		return fmt.Errorf("connect to postgres: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	name := p.cfg.replaySlot()

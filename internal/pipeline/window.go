@@ -37,7 +37,7 @@ func (p *Pipeline) keepWindow(ctx context.Context) {
 		case <-t.C:
 		}
 		if conn == nil {
-			c, err := pgx.Connect(ctx, p.cfg.Postgres.URL)
+			c, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 			if err != nil {
 				p.log.Warn("replay window: cannot connect to postgres; retrying", "error", err)
 				continue

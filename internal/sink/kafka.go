@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -36,6 +37,9 @@ type Config struct {
 	// batches. franz-go's own default (10ms) would add 10ms to every
 	// event's latency on a quiet outbox.
 	Linger time.Duration
+	// TLS and SASL say how to reach secured brokers.
+	TLS  TLSConfig
+	SASL SASLConfig
 	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
 	// while it is full. The pipeline sets it to twice its in-flight limit,
 	// so that Produce never blocks the replication loop. Default 10,000.
@@ -57,6 +61,9 @@ func (c *Config) Validate() error {
 	if len(c.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty; list at least one broker as host:port, or set CDC_KAFKA_BROKERS")
 	}
+	if err := c.validateSecurity(); err != nil {
+		return err
+	}
 	if c.Linger < 0 || c.Linger > time.Minute {
 		return fmt.Errorf("kafka.linger %s: use a value from 0 to 1m", c.Linger)
 	}
@@ -71,7 +78,8 @@ const DefaultMaxMessageBytes = 1_000_012
 
 // Kafka is an idempotent franz-go producer.
 type Kafka struct {
-	cl *kgo.Client
+	cl  *kgo.Client
+	cfg Config
 }
 
 // New creates the producer from a validated cfg. It does not connect until
@@ -101,18 +109,27 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl}, nil
+	return &Kafka{cl: cl, cfg: cfg}, nil
 }
 
 // ClientOpts are the options every client of the cluster shares: the
 // producer, the checkpoint store's reader and the admin calls. They say how
-// to reach and talk to the brokers, not how to produce.
+// to reach, authenticate to and talk to the brokers, not how to produce.
+// cfg must have been validated; a certificate file that went missing since
+// is reported by the first connection.
 func ClientOpts(cfg Config, log hclog.Logger) []kgo.Opt {
-	return []kgo.Opt{
+	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.WithLogger(logAdapter{log}),
 	}
+	sec, err := securityOpts(cfg)
+	if err != nil {
+		// Fail every connection with the reason rather than silently
+		// connect without TLS.
+		return append(opts, kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, err }))
+	}
+	return append(opts, sec...)
 }
 
 // Produce hands rec to franz-go and calls done exactly once with Kafka's
@@ -133,9 +150,15 @@ func (k *Kafka) Produce(rec *kgo.Record, done func(error)) {
 // then it returns ctx's error and the records stay in flight.
 func (k *Kafka) Flush(ctx context.Context) error { return k.cl.Flush(ctx) }
 
-// Ping checks that a broker answers, with ctx as the deadline.
+// Ping checks that a broker answers and accepts the connector's TLS and
+// SASL settings, with ctx as the deadline. A failure a setting must fix is
+// a *ConnectError naming it.
 func (k *Kafka) Ping(ctx context.Context) error {
-	if err := k.cl.Ping(ctx); err != nil {
+	if err := classifyConnect(k.cfg, k.cl.Ping(ctx)); err != nil {
+		var ce *ConnectError
+		if errors.As(err, &ce) {
+			return err
+		}
 		return fmt.Errorf("reach kafka brokers: %w", err)
 	}
 	return nil

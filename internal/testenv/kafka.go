@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -148,5 +150,57 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Broker is a real Apache Kafka broker a test started for itself.
+type Broker struct {
+	Dir     string
+	Brokers []string // the PLAINTEXT listener
+	Secure  []string // the SASL_SSL listener, when started with one
+}
+
+// StartBroker starts a fresh real broker with scripts/kafka.sh (Java and
+// the cached jars: make test-kafka fetches them) in a new directory, with
+// extra environment (CDC_KAFKA_SECURE_PEM, CDC_KAFKA_SCRAM). It is stopped
+// and removed when the test ends.
+func StartBroker(t testing.TB, env ...string) *Broker {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(filepath.Join(root, "scripts", "kafka.sh"), "start", dir)
+	cmd.Env = append(os.Environ(), env...)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("start a Kafka broker: %v\n%s", err, errOut.String())
+	}
+	t.Cleanup(func() { exec.Command(filepath.Join(root, "scripts", "kafka.sh"), "stop", dir).Run() })
+	b := &Broker{Dir: dir, Brokers: strings.Split(strings.TrimSpace(string(out)), ",")}
+	if s, err := os.ReadFile(filepath.Join(dir, "secure_brokers")); err == nil {
+		b.Secure = strings.Split(strings.TrimSpace(string(s)), ",")
+	}
+	return b
+}
+
+// repoRoot finds the directory of go.mod above the working directory.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above the working directory")
+		}
+		dir = parent
 	}
 }

@@ -1,19 +1,28 @@
 package wal
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Config configures the replication connection.
 type Config struct {
 	// URL is a libpq connection string or URL for the database that holds
-	// the outbox tables. Required. It is never logged.
+	// the outbox tables. Required. It is never logged. TLS is set in it the
+	// libpq way: sslmode=verify-full, sslrootcert, sslcert, sslkey.
 	URL string
+	// PasswordFile, when set, holds the password; it is read at every
+	// connection, so a rotated password is picked up without a restart.
+	// It overrides a password in URL.
+	PasswordFile string
 	// Slot is the logical replication slot. Default "outbox_cdc".
 	Slot string
 	// Publication is the publication the slot streams. Default "outbox_cdc".
@@ -34,8 +43,8 @@ func (c *Config) Validate() error {
 	if c.URL == "" {
 		return errors.New("postgres.url is empty; set it in the config file or in CDC_POSTGRES_URL")
 	}
-	if _, err := pgconn.ParseConfig(c.URL); err != nil {
-		return fmt.Errorf("postgres.url does not parse: %s", redact(err))
+	if _, err := c.pgconnConfig(); err != nil {
+		return err
 	}
 	if c.Slot == "" {
 		c.Slot = "outbox_cdc"
@@ -56,6 +65,45 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("postgres.status_interval %s: use a value from 10ms to 30s (wal_sender_timeout is 60s by default)", c.StatusInterval)
 	}
 	return nil
+}
+
+// pgconnConfig parses URL and applies PasswordFile.
+func (c Config) pgconnConfig() (*pgconn.Config, error) {
+	pc, err := pgconn.ParseConfig(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
+	}
+	if c.PasswordFile != "" {
+		b, err := os.ReadFile(c.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("postgres.password_file: %v", err)
+		}
+		pw := strings.TrimRight(string(b), "\r\n")
+		if pw == "" {
+			return nil, fmt.Errorf("postgres.password_file %s is empty", c.PasswordFile)
+		}
+		pc.Password = pw
+	}
+	return pc, nil
+}
+
+// ConnectSQL opens an ordinary (not replication) connection with cfg's URL,
+// TLS settings and password.
+func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
+	pc, err := pgx.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
+	}
+	withPassword, err := cfg.pgconnConfig()
+	if err != nil {
+		return nil, err
+	}
+	pc.Password = withPassword.Password
+	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	return conn, nil
 }
 
 // redact drops anything that could hold a password from a parse error:

@@ -37,9 +37,9 @@ type Conn struct {
 // Connect opens a replication connection (replication=database) and
 // identifies the system.
 func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
-	pcfg, err := pgconn.ParseConfig(cfg.URL)
+	pcfg, err := cfg.pgconnConfig()
 	if err != nil {
-		return nil, fmt.Errorf("parse postgres.url: %s", redact(err))
+		return nil, err
 	}
 	pcfg.RuntimeParams["replication"] = "database"
 	// pgoutput renders column values with the walsender's settings: pin

@@ -55,9 +55,9 @@ func Check(ctx context.Context, cfg Config, tables []Table) error {
 }
 
 func prepare(ctx context.Context, cfg Config, tables []Table, dryRun bool, log hclog.Logger) (SlotState, error) {
-	conn, err := pgx.Connect(ctx, cfg.URL)
+	conn, err := ConnectSQL(ctx, cfg)
 	if err != nil {
-		return SlotState{}, fmt.Errorf("connect to postgres: %w", err)
+		return SlotState{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
