@@ -29,12 +29,18 @@ type fileConfig struct {
 		StatusInterval time.Duration `yaml:"status_interval"`
 	} `yaml:"postgres"`
 	Kafka struct {
-		Brokers                []string      `yaml:"brokers"`
-		ClientID               string        `yaml:"client_id"`
-		MaxMessageBytes        int32         `yaml:"max_message_bytes"`
-		AllowAutoTopicCreation *bool         `yaml:"allow_auto_topic_creation"`
-		Linger                 time.Duration `yaml:"linger"`
-		TLS                    struct {
+		Brokers                []string `yaml:"brokers"`
+		ClientID               string   `yaml:"client_id"`
+		MaxMessageBytes        int32    `yaml:"max_message_bytes"`
+		AllowAutoTopicCreation *bool    `yaml:"allow_auto_topic_creation"`
+		CreateTopics           *bool    `yaml:"create_topics"`
+		TopicDefaults          struct {
+			Partitions        int32             `yaml:"partitions"`
+			ReplicationFactor int16             `yaml:"replication_factor"`
+			Configs           map[string]string `yaml:"configs"`
+		} `yaml:"topic_defaults"`
+		Linger time.Duration `yaml:"linger"`
+		TLS    struct {
 			Enabled    bool   `yaml:"enabled"`
 			CAFile     string `yaml:"ca_file"`
 			CertFile   string `yaml:"cert_file"`
@@ -165,9 +171,12 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 		return pipeline.Config{}, logConfig{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
 	}
 
-	autoCreate := true
+	autoCreate, createTopics := true, true
 	if fc.Kafka.AllowAutoTopicCreation != nil {
 		autoCreate = *fc.Kafka.AllowAutoTopicCreation
+	}
+	if fc.Kafka.CreateTopics != nil {
+		createTopics = *fc.Kafka.CreateTopics
 	}
 	cfg := pipeline.Config{
 		Postgres: wal.Config{
@@ -182,7 +191,10 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 			ClientID:               fc.Kafka.ClientID,
 			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
 			AllowAutoTopicCreation: autoCreate,
-			Linger:                 fc.Kafka.Linger,
+			CreateTopics:           createTopics,
+			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
+				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
+			Linger: fc.Kafka.Linger,
 			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
 				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
 			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,

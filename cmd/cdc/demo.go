@@ -200,7 +200,7 @@ type demoConnector struct {
 func demoConfig(pgURL string, brokers []string) pipeline.Config {
 	return pipeline.Config{
 		Postgres:   wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
-		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true},
+		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables:     []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
 		Checkpoint: pipeline.CheckpointConfig{Topic: "cdc-demo.checkpoints"},
 		Replay:     pipeline.ReplayConfig{Window: time.Hour},

@@ -94,6 +94,14 @@ func documented(doc, key string) bool {
 	if end := strings.Index(section, "\n## "); end >= 0 {
 		section = section[:end]
 	}
-	leaf := key[strings.LastIndex(key, ".")+1:]
-	return strings.Contains(section, "`"+leaf+"`") || strings.Contains(section, "{"+leaf+":") || strings.Contains(section, ", "+leaf+":")
+	// Any tail of the path will do in its section: `tls`, `topic_defaults.partitions`.
+	parts := strings.Split(key, ".")
+	for i := 1; i < len(parts); i++ {
+		tail := strings.Join(parts[i:], ".")
+		if strings.Contains(section, "`"+tail+"`") {
+			return true
+		}
+	}
+	leaf := parts[len(parts)-1]
+	return strings.Contains(section, "{"+leaf+":") || strings.Contains(section, ", "+leaf+":")
 }

@@ -68,7 +68,7 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 	return pipeline.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
-		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true},
+		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables: []*outbox.Table{{
 			Name:    outbox.TableName{Schema: "public", Name: "outbox"},
 			Columns: outbox.DefaultColumns,

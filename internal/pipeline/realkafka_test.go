@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,13 +48,14 @@ func adminClient(t *testing.T, k *testenv.Kafka) *kadm.Client {
 	return kadm.NewClient(cl)
 }
 
-// TestRealMissingTopicWithoutAutoCreation: the topic does not exist and the
-// connector may not create it. It stops with an error naming the topic and
-// the fix, and confirms nothing past the event.
+// TestRealMissingTopicWithoutAutoCreation: the topic does not exist and
+// neither the connector nor the broker may create it. It stops with an
+// error naming the topic and the fix, and confirms nothing past the event.
 func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 	k := realKafka(t)
 	e := newEnv(t, k)
 	e.cfg.Kafka.AllowAutoTopicCreation = false
+	e.cfg.Kafka.CreateTopics = false
 	r := e.start(t)
 	before := testenv.CurrentWAL(t, e.db)
 	id, xid := insertEventTx(t, connect(t, e.db), "order", "m-1", "Missing", `'{}'`)
@@ -62,7 +64,7 @@ func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 	var pe *sink.ProduceError
 	topic := k.Prefix + "outbox.event.order"
 	if !errors.As(err, &pe) || !pipeline.Permanent(err) || !errors.Is(err, kerr.UnknownTopicOrPartition) ||
-		!strings.Contains(err.Error(), topic) || !strings.Contains(err.Error(), "create it") {
+		!strings.Contains(err.Error(), topic) || !strings.Contains(err.Error(), "the topic does not exist, and the connector may not create it") {
 		t.Fatalf("Run returned %v; want a permanent UNKNOWN_TOPIC_OR_PARTITION error naming %s and the fix", err, topic)
 	}
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > commit {
@@ -70,6 +72,35 @@ func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 	}
 	if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", id) {
 		t.Fatalf("the slot no longer holds event %s", id)
+	}
+}
+
+// TestRealCreatesMissingTopics: with broker auto-creation off for the
+// connector, it creates a new topic itself, with kafka.topic_defaults.
+func TestRealCreatesMissingTopics(t *testing.T) {
+	k := realKafka(t)
+	e := newEnv(t, k)
+	e.cfg.Kafka.AllowAutoTopicCreation = false
+	e.cfg.Kafka.TopicDefaults = sink.TopicDefaults{Partitions: 2, ReplicationFactor: 1, Configs: map[string]string{"retention.ms": "3600000"}}
+	e.start(t)
+	id := insertEvent(t, connect(t, e.db), "c-1", "Created")
+	c := k.NewConsumer(t, k.AllTopics())
+	c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
+	topic := k.Prefix + "outbox.event.order"
+	adm := adminClient(t, k)
+	td, err := adm.ListTopics(context.Background(), topic)
+	if err != nil || len(td[topic].Partitions) != 2 {
+		t.Fatalf("topic %s: %v, %+v; want 2 partitions", topic, err, td[topic])
+	}
+	rc, err := adm.DescribeTopicConfigs(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := rc.On(topic, nil)
+	for _, c := range cfg.Configs {
+		if c.Key == "retention.ms" && (c.Value == nil || *c.Value != "3600000") {
+			t.Fatalf("retention.ms = %v, want the topic_defaults value", c.Value)
+		}
 	}
 }
 
@@ -289,6 +320,56 @@ func TestRealSecuredKafka(t *testing.T) {
 			if d := time.Since(start); d > 30*time.Second {
 				t.Fatalf("it took %s to give up: a setting error must stop it at once", d)
 			}
+		})
+	}
+}
+
+// TestRealNewTopicsOnAFreshBroker: on a broker that has just started, six
+// writers each send events to brand-new topics at once. The connector must
+// not exit while the topics are being created: ten tries, each on a fresh
+// broker, and every event delivered.
+func TestRealNewTopicsOnAFreshBroker(t *testing.T) {
+	realKafka(t)
+	tries := 10
+	for try := 0; try < tries; try++ {
+		t.Run(fmt.Sprintf("try %d", try+1), func(t *testing.T) {
+			broker := testenv.StartBroker(t)
+			k := &testenv.Kafka{Brokers: broker.Brokers, Prefix: fmt.Sprintf("fresh%d.", try)}
+			e := newEnv(t, k)
+			r := e.start(t)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var want []string
+			for w := 0; w < 6; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					conn := connect(t, e.db)
+					for i := 0; i < 12; i++ {
+						id, _ := insertEventTx(t, conn, fmt.Sprintf("w%d-topic%d", w, i%3), fmt.Sprintf("k-%d", i), "New", `'{}'`)
+						mu.Lock()
+						want = append(want, id)
+						mu.Unlock()
+					}
+				}(w)
+			}
+			wg.Wait()
+			c := k.NewConsumer(t, k.AllTopics())
+			c.WaitFor(t, 2*time.Minute, "every event on the new topics", func(recs []*kgo.Record) bool {
+				select {
+				case err := <-r.done:
+					r.done <- err
+					t.Fatalf("the connector exited: %v", err)
+				default:
+				}
+				got := ids(recs)
+				for _, id := range want {
+					if got[id] == 0 {
+						return false
+					}
+				}
+				return true
+			})
 		})
 	}
 }

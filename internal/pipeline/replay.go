@@ -165,7 +165,7 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 			f.tables[t] = true
 		}
 	}
-	s := &session{p: p, kafka: k, tracker: checkpoint.NewTracker(start, p.cfg.MaxInFlight), dec: decode.New(p.cfg.Tables), replay: f}
+	s := &session{p: p, kafka: k, tracker: checkpoint.NewTracker(start, p.cfg.MaxInFlight), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
 	acks := &replayAcks{Tracker: s.tracker, f: f}
 
 	tick := time.NewTicker(250 * time.Millisecond)

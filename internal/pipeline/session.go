@@ -47,6 +47,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		kafka:   k,
 		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
 		dec:     decode.New(p.cfg.Tables),
+		ctx:     ctx,
 	}
 	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.StatusInterval)
 	if p.opts.OnSession != nil {
@@ -101,6 +102,8 @@ type session struct {
 	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
 	// replay, when set, selects what a replay re-sends; nil streams all.
 	replay *replayFilter
+	// ctx is the session's, for the admin calls EnsureTopic makes.
+	ctx context.Context
 }
 
 // handle takes one pgoutput message from the stream.
@@ -150,6 +153,9 @@ func (s *session) event(m *decode.Message) error {
 	if s.p.log.IsTrace() {
 		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 	}
+	if err := s.kafka.EnsureTopic(s.ctx, rec.Topic); err != nil {
+		return err
+	}
 	s.produce(rec)
 	return nil
 }
@@ -179,6 +185,9 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 		return nil, cause
 	}
 	rec := s.p.router.DeadLetter(ev, cause.Error())
+	if n, limit := recordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
+		return nil, outbox.Invalid(ev, "it cannot be dead-lettered either: the dead-letter record is %d bytes, more than kafka.dead_letter_max_message_bytes (%d); raise it together with the dead-letter topic's max.message.bytes (it was invalid because: %v)", n, limit, cause)
+	}
 	s.p.DeadLettered.Add(1)
 	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
 	return rec, nil

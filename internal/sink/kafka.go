@@ -27,9 +27,15 @@ type Config struct {
 	// TopicMaxMessageBytes overrides MaxMessageBytes for some topics; the
 	// pipeline sets the dead-letter topics' limit here.
 	TopicMaxMessageBytes map[string]int32
+	// CreateTopics creates a missing topic through the admin API, with
+	// TopicDefaults, before its first record. Default true (set by the
+	// caller's config loader).
+	CreateTopics  bool
+	TopicDefaults TopicDefaults
 	// AllowAutoTopicCreation asks the broker to create missing topics, as
-	// the Java producer does; the broker's auto.create.topics.enable still
-	// decides. Default true (set by the caller's config loader).
+	// the Java producer does, where the connector may not create them; the
+	// broker's auto.create.topics.enable still decides. Default true (set
+	// by the caller's config loader).
 	AllowAutoTopicCreation bool
 	// Linger is how long a partition waits for more records before it
 	// sends a batch. Default 0: send at once; records still batch while
@@ -58,6 +64,15 @@ func (c *Config) Validate() error {
 	if c.MaxBufferedRecords == 0 {
 		c.MaxBufferedRecords = 10_000
 	}
+	if c.TopicDefaults.Partitions == 0 {
+		c.TopicDefaults.Partitions = -1
+	}
+	if c.TopicDefaults.ReplicationFactor == 0 {
+		c.TopicDefaults.ReplicationFactor = -1
+	}
+	if c.TopicDefaults.Partitions < -1 || c.TopicDefaults.ReplicationFactor < -1 {
+		return errors.New("kafka.topic_defaults: partitions and replication_factor must be positive (or -1 for the broker's default)")
+	}
 	if len(c.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty; list at least one broker as host:port, or set CDC_KAFKA_BROKERS")
 	}
@@ -78,8 +93,10 @@ const DefaultMaxMessageBytes = 1_000_012
 
 // Kafka is an idempotent franz-go producer.
 type Kafka struct {
-	cl  *kgo.Client
-	cfg Config
+	cl     *kgo.Client
+	cfg    Config
+	log    hclog.Logger
+	topics map[string]topicState // read and written by EnsureTopic's goroutine only
 }
 
 // New creates the producer from a validated cfg. It does not connect until
@@ -100,6 +117,10 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(cfg.Linger),
+		// A topic just created (or being auto-created) takes a moment to
+		// reach every broker's metadata, longer on a busy cluster: keep
+		// asking rather than fail its first records (the default is 4).
+		kgo.UnknownTopicRetries(60),
 	)
 	if cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
@@ -109,7 +130,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl, cfg: cfg}, nil
+	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}}, nil
 }
 
 // ClientOpts are the options every client of the cluster shares: the
@@ -140,7 +161,8 @@ func (k *Kafka) Produce(rec *kgo.Record, done func(error)) {
 	// context.Background: records are never cancelled (see doc.go).
 	k.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
 		if err != nil {
-			err = &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err}
+			_, dl := k.cfg.TopicMaxMessageBytes[r.Topic]
+			err = &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err, deadLetter: dl}
 		}
 		done(err)
 	})
@@ -174,16 +196,26 @@ type ProduceError struct {
 	Partition int32
 	Size      int
 	Err       error
+	// deadLetter: the topic is a dead-letter topic, whose size limit is
+	// kafka.dead_letter_max_message_bytes.
+	deadLetter bool
+	// permanent and advice, when set, override what Err implies.
+	permanent bool
+	advice    string
 }
 
 func (e *ProduceError) Error() string {
 	msg := fmt.Sprintf("produce to kafka topic %q: %v", e.Topic, e.Err)
+	if e.advice != "" {
+		return msg + "; " + e.advice
+	}
 	switch {
+	case (errors.Is(e.Err, kerr.MessageTooLarge) || errors.Is(e.Err, kerr.RecordListTooLarge)) && e.deadLetter:
+		msg += fmt.Sprintf("; the dead-letter record (key+value %d bytes) is larger than the dead-letter topic allows: raise its max.message.bytes and kafka.dead_letter_max_message_bytes", e.Size)
 	case errors.Is(e.Err, kerr.MessageTooLarge), errors.Is(e.Err, kerr.RecordListTooLarge):
 		msg += fmt.Sprintf("; the record (key+value %d bytes) is larger than the producer or topic allows: raise the topic's max.message.bytes and kafka.max_message_bytes, or make the payload smaller", e.Size)
 	case errors.Is(e.Err, kerr.UnknownTopicOrPartition):
-		msg += "; the topic does not exist and was not created: create it (kafka-topics.sh --create --topic " + e.Topic + "), or allow auto-creation " +
-			"(kafka.allow_auto_topic_creation: true in the config and auto.create.topics.enable=true on the brokers)"
+		msg += "; the topic is not (yet) in the brokers' metadata: it was just created, or is being auto-created, or was deleted; the connector retries"
 	case errors.Is(e.Err, kerr.TopicAuthorizationFailed), errors.Is(e.Err, kerr.ClusterAuthorizationFailed), errors.Is(e.Err, kerr.TransactionalIDAuthorizationFailed):
 		msg += "; grant the connector's principal WRITE on the topic and IDEMPOTENT_WRITE on the cluster"
 	case errors.Is(e.Err, kerr.InvalidTopicException):
@@ -195,8 +227,12 @@ func (e *ProduceError) Error() string {
 func (e *ProduceError) Unwrap() error { return e.Err }
 
 // Permanent reports whether retrying the same record cannot succeed, so the
-// connector should stop instead of reconnecting.
+// connector should stop instead of reconnecting. A missing topic is not: it
+// may be being created; EnsureTopic reports one that cannot be.
 func (e *ProduceError) Permanent() bool {
+	if e.permanent {
+		return true
+	}
 	var dataLoss *kgo.ErrDataLoss
 	switch {
 	case errors.As(e.Err, &dataLoss):
@@ -207,7 +243,7 @@ func (e *ProduceError) Permanent() bool {
 	var ke *kerr.Error
 	if errors.As(e.Err, &ke) {
 		switch ke {
-		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.UnknownTopicOrPartition,
+		case kerr.MessageTooLarge, kerr.RecordListTooLarge,
 			kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
 			kerr.InvalidTopicException, kerr.InvalidRecord, kerr.PolicyViolation,
 			kerr.UnsupportedForMessageFormat, kerr.InvalidRequiredAcks:

@@ -1,0 +1,111 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// TopicDefaults are the settings of the topics the connector creates.
+type TopicDefaults struct {
+	// Partitions of a new topic; -1 (the default) is the broker's
+	// num.partitions.
+	Partitions int32
+	// ReplicationFactor of a new topic; -1 (the default) is the broker's
+	// default.replication.factor.
+	ReplicationFactor int16
+	// Configs are topic configs, e.g. retention.ms, min.insync.replicas.
+	Configs map[string]string
+}
+
+// topicState is what the producer knows of one topic.
+type topicState int
+
+const (
+	topicUnknown topicState = iota
+	topicReady              // exists, or created by us
+	topicBroker             // may not create it ourselves; the broker may auto-create it
+)
+
+// EnsureTopic makes sure topic exists before its first record is produced:
+// it creates it through the admin API with TopicDefaults, unless
+// CreateTopics is off. Where the connector may not create topics it relies
+// on the broker's auto-creation, when AllowAutoTopicCreation allows. A topic
+// that is missing and that neither may create is a *ProduceError that says
+// so (permanent); a broker that does not answer is a transient error.
+//
+// It runs on the replication loop's goroutine and blocks it for the admin
+// call, once per topic per session: bounded by a timeout, well inside
+// wal_sender_timeout.
+func (k *Kafka) EnsureTopic(ctx context.Context, topic string) error {
+	if k.topics[topic] != topicUnknown {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	state, err := k.ensureTopic(ctx, topic)
+	if err != nil {
+		return err
+	}
+	k.topics[topic] = state
+	return nil
+}
+
+func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, error) {
+	adm := kadm.NewClient(k.cl)
+	if k.cfg.CreateTopics {
+		d := k.cfg.TopicDefaults
+		configs := map[string]*string{}
+		for key, v := range d.Configs {
+			configs[key] = kadm.StringPtr(v)
+		}
+		if n, ok := k.cfg.TopicMaxMessageBytes[topic]; ok && configs["max.message.bytes"] == nil {
+			// A dead-letter topic takes records larger than the others.
+			configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(int(n)))
+		}
+		resp, err := adm.CreateTopic(ctx, d.Partitions, d.ReplicationFactor, configs, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		var refused *kerr.Error
+		switch {
+		case err == nil:
+			k.log.Info("created topic", "topic", topic, "partitions", resp.NumPartitions, "replication_factor", resp.ReplicationFactor)
+			return topicReady, nil
+		case errors.Is(err, kerr.TopicAlreadyExists):
+			return topicReady, nil
+		case errors.Is(err, kerr.InvalidReplicationFactor), errors.Is(err, kerr.InvalidPartitions), errors.Is(err, kerr.InvalidConfig):
+			return 0, &ProduceError{Topic: topic, Err: err, permanent: true,
+				advice: "the brokers refuse kafka.topic_defaults (partitions, replication_factor or configs) for a new topic: fix them"}
+		case errors.Is(err, kerr.InvalidTopicException):
+			return 0, &ProduceError{Topic: topic, Err: err, permanent: true, advice: "the broker rejects this topic name: check the table's topic template"}
+		case errors.As(err, &refused):
+			// Not allowed to create (ACLs, a policy): the topic may exist
+			// anyway, or the broker may create it.
+			k.log.Debug("may not create topic; relying on it existing or on broker auto-creation", "topic", topic, "error", err)
+		default:
+			return 0, fmt.Errorf("create topic %q: %w", topic, err)
+		}
+	}
+	if k.cfg.AllowAutoTopicCreation {
+		return topicBroker, nil
+	}
+	listed, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("look up topic %q: %w", topic, err)
+	}
+	if listed.Has(topic) && listed[topic].Err == nil {
+		return topicReady, nil
+	}
+	how := "set kafka.create_topics: true (and grant the connector CREATE on it)"
+	if k.cfg.CreateTopics {
+		how = "grant the connector CREATE on it"
+	}
+	return 0, &ProduceError{Topic: topic, Err: kerr.UnknownTopicOrPartition, permanent: true,
+		advice: fmt.Sprintf("the topic does not exist, and the connector may not create it: create it (kafka-topics.sh --create --topic %s), %s, or allow broker auto-creation (kafka.allow_auto_topic_creation: true and auto.create.topics.enable=true)", topic, how)}
+}
