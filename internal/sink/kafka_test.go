@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -151,22 +152,38 @@ func TestMessageTooLarge(t *testing.T) {
 	}
 }
 
-func TestUnknownTopicIsPermanentWithAdvice(t *testing.T) {
+// TestEnsureTopic: a missing topic is created with the topic defaults; one
+// that neither the connector nor the broker may create is a permanent error
+// that says so; a topic merely unknown to the metadata is not permanent.
+func TestEnsureTopic(t *testing.T) {
 	c := newCluster(t) // auto-creation is off in this cluster
-	k := newSink(t, c, Config{AllowAutoTopicCreation: true})
-	tr := checkpoint.NewTracker(0, 10)
-	tx := tr.Begin()
-	tr.Track(tx)
-	k.Produce(&kgo.Record{Topic: "no.such.topic", Key: []byte("k"), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
-	tr.Commit(tx, 9, 10, time.Time{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := k.Flush(ctx); err != nil {
+	k := newSink(t, c, Config{CreateTopics: true, TopicDefaults: TopicDefaults{Partitions: 3}})
+	if err := k.EnsureTopic(ctx, "made.here"); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan error, 1)
+	k.Produce(&kgo.Record{Topic: "made.here", Value: []byte("v")}, func(err error) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatalf("produce to the created topic: %v", err)
+	}
+	td, err := kadm.NewClient(k.cl).ListTopics(ctx, "made.here")
+	if err != nil || len(td["made.here"].Partitions) != 3 {
+		t.Fatalf("created topic: %v, %+v; want 3 partitions", err, td["made.here"])
+	}
+
+	none := newSink(t, c, Config{})
+	err = none.EnsureTopic(ctx, "no.such.topic")
 	var pe *ProduceError
-	err := tr.Err()
-	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "no.such.topic") || !strings.Contains(err.Error(), "auto.create.topics.enable") {
+	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "no.such.topic") ||
+		!strings.Contains(err.Error(), "the topic does not exist, and the connector may not create it") {
 		t.Fatalf("err = %v; want a permanent error naming the topic and the fix", err)
+	}
+	if err := none.EnsureTopic(ctx, "made.here"); err != nil {
+		t.Fatalf("an existing topic without create rights: %v", err)
+	}
+	if (&ProduceError{Err: kerr.UnknownTopicOrPartition}).Permanent() {
+		t.Fatal("UNKNOWN_TOPIC_OR_PARTITION from a produce is permanent; the topic may be being created")
 	}
 }
