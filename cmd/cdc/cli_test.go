@@ -40,7 +40,7 @@ func TestUsageErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			code := run(context.Background(), tt.args, func(string) string { return "" }, &out, &errOut)
+			code := run(context.Background(), tt.args, noEnv, &out, &errOut)
 			if code != tt.code || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q; want exit %d and %q", code, errOut.String(), tt.code, tt.want)
 			}
@@ -51,7 +51,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	for _, cmd := range []string{"run", "check", "replay", "rewind", "reset", "demo", "version"} {
 		var out, errOut bytes.Buffer
-		if code := run(context.Background(), []string{cmd, "--help"}, func(string) string { return "" }, &out, &errOut); code != 0 ||
+		if code := run(context.Background(), []string{cmd, "--help"}, noEnv, &out, &errOut); code != 0 ||
 			!strings.Contains(out.String(), "usage: cdc "+cmd) || errOut.Len() != 0 {
 			t.Errorf("cdc %s --help: exit %d, stdout %q, stderr %q; want exit 0 and the usage on stdout", cmd, code, out.String(), errOut.String())
 		}
@@ -60,7 +60,7 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, &out); code != 0 || out.String() != "cdc dev\n" {
+	if code := run(context.Background(), []string{"version"}, noEnv, &out, &out); code != 0 || out.String() != "cdc dev\n" {
 		t.Errorf("cdc version: exit %d, %q", code, out.String())
 	}
 }
@@ -82,6 +82,7 @@ kafka: {brokers: [%s]}
 tables: [{name: outbox, topic: %q}]
 checkpoint: {topic: %s}
 replay: {window: 1h}
+http: {listen: "127.0.0.1:0"}
 `, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/mattn/go-isatty"
 
+	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 )
@@ -27,6 +30,14 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	cfg := p.Config()
 	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
+	if c.http.Listen != "" {
+		srv, err := endpoint.Start(c.http, p.Metrics().Registry, p)
+		if err != nil {
+			return c.usageErr("%v", err)
+		}
+		defer srv.Close()
+		log.Info("serving /metrics, /healthz and /readyz", "addr", "http://"+srv.Addr(), "metrics_token", c.http.Token != "")
+	}
 	if err := p.Run(ctx); err != nil {
 		log.Error("stopped on a fatal error", "error", err)
 		return 1
@@ -282,4 +293,103 @@ func (p *progressLine) done() {
 	if p.drew {
 		fmt.Fprintln(p.w)
 	}
+}
+
+func statusCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("status", "--config F [--json]")
+	config := fs.String("config", "", "the YAML config file of the pipeline")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	p, _, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := p.Status(ctx)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "cdc: status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+		return 0
+	}
+	printStatus(c.stdout, st)
+	return 0
+}
+
+// printStatus writes st as aligned "key  value" lines under headings.
+func printStatus(w io.Writer, st pipeline.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	slot := func(indent, title string, s pipeline.SlotStatus) {
+		fmt.Fprintf(tw, "%s%s\t%s\n", indent, title, s.Name)
+		indent += "  "
+		if !s.Exists {
+			fmt.Fprintf(tw, "%sexists\tno\n", indent)
+			return
+		}
+		active := "no"
+		if s.Active {
+			active = fmt.Sprintf("yes, pid %d", s.ActivePID)
+		}
+		fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, s.WALStatus)
+		safe := "unlimited (max_slot_wal_keep_size = -1)"
+		if s.SafeWALBytes != nil {
+			safe = humanBytes(*s.SafeWALBytes)
+		}
+		fmt.Fprintf(tw, "%[1]ssafe wal size\t%[2]s\n%[1]slag\t%[3]s (%[4]d bytes behind %[5]s)\n%[1]sretained wal\t%[6]s (%[7]d bytes)\n",
+			indent, safe, humanBytes(s.LagBytes), s.LagBytes, s.WALEnd, humanBytes(s.RetainedBytes), s.RetainedBytes)
+	}
+	slot("", "slot", st.Slot)
+	pub := st.Publication
+	tables := strings.Join(pub.Tables, ", ")
+	if !pub.Exists {
+		tables = "(does not exist yet: cdc run creates it)"
+	}
+	fmt.Fprintf(tw, "publication\t%s\n  tables\t%s\n", pub.Name, tables)
+	if cp := st.Checkpoint; cp != nil {
+		commit := cp.CommitLSN
+		if cp.CommitTime != nil {
+			commit += ", committed " + cp.CommitTime.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(tw, "checkpoint\t%s\n  confirmed lsn\t%s\n  last commit\t%s\n  updated\t%s (%s ago)\n",
+			cp.Topic, cp.ConfirmedLSN, commit, cp.UpdatedAt.UTC().Format(time.RFC3339), time.Since(cp.UpdatedAt).Round(time.Second))
+		for _, h := range cp.History {
+			fmt.Fprintf(tw, "  %s\t%s to %s at %s: %s\n", h.Kind, h.From, h.To, h.At.UTC().Format(time.RFC3339), h.Reason)
+		}
+	} else {
+		fmt.Fprintf(tw, "checkpoint\t%s\n", st.CheckpointError)
+	}
+	if w := st.ReplayWindow; w != nil {
+		fmt.Fprintf(tw, "replay window\t%s\n", w.Window)
+		from := "—"
+		if w.FromLSN != "" {
+			from = w.FromLSN
+			if w.FromTime != nil {
+				from += ", transactions committed from " + w.FromTime.UTC().Format(time.RFC3339)
+			}
+		}
+		fmt.Fprintf(tw, "  replays from\t%s\n", from)
+		slot("  ", "replay slot", w.Slot)
+	}
+	tw.Flush()
+}
+
+// humanBytes writes n in binary units.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

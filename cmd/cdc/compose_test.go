@@ -44,10 +44,10 @@ func TestComposeConfigValidates(t *testing.T) {
 		t.Fatalf("connector volumes %v do not mount ./docker/cdc.yaml at /etc/cdc/cdc.yaml", conn.Volumes)
 	}
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"check", "--offline", "--config", "../../docker/cdc.yaml"}, func(string) string { return "" }, &out, &out); code != 0 {
+	if code := run(context.Background(), []string{"check", "--offline", "--config", "../../docker/cdc.yaml"}, noEnv, &out, &out); code != 0 {
 		t.Fatalf("cdc check --offline docker/cdc.yaml: exit %d\n%s", code, out.String())
 	}
-	cfg, _, err := loadConfig("../../docker/cdc.yaml", func(string) string { return "" })
+	cfg, _, err := loadConfig("../../docker/cdc.yaml", noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}

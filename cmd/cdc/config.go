@@ -11,6 +11,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -70,6 +71,11 @@ type fileConfig struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
 	} `yaml:"log"`
+	HTTP struct {
+		Listen    *string `yaml:"listen"`
+		Token     string  `yaml:"token"`
+		TokenFile string  `yaml:"token_file"`
+	} `yaml:"http"`
 }
 
 // fileTable is one entry of tables: an outbox table, or a logical decoding
@@ -97,10 +103,14 @@ type fileTable struct {
 	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
 }
 
-// logConfig is how the process logs.
+// defaultListen is where cdc run serves /metrics, /healthz and /readyz.
+const defaultListen = "127.0.0.1:9187"
+
+// logConfig is how the process logs, and serves its HTTP endpoint.
 type logConfig struct {
 	Level string // trace, debug, info (default), warn, error
 	JSON  bool
+	HTTP  endpoint.Config
 }
 
 // loadConfig reads the YAML file at path ("" for none) and applies the
@@ -108,7 +118,8 @@ type logConfig struct {
 // CDC_LOG_FORMAT override the file). It reports what is wrong with the file
 // itself; the packages' own validation, with the defaults, runs once in
 // pipeline.New.
-func loadConfig(path string, getenv func(string) string) (pipeline.Config, logConfig, error) {
+func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
+	getenv := env.get
 	var fc fileConfig
 	if path != "" {
 		raw, err := os.ReadFile(path)
@@ -154,7 +165,28 @@ func loadConfig(path string, getenv func(string) string) (pipeline.Config, logCo
 		fc.Log.Format = v
 	}
 
-	lc := logConfig{Level: strings.ToLower(fc.Log.Level)}
+	lc := logConfig{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: defaultListen, Token: fc.HTTP.Token}}
+	if fc.HTTP.Listen != nil {
+		lc.HTTP.Listen = *fc.HTTP.Listen
+	}
+	if v, ok := env("CDC_HTTP_LISTEN"); ok {
+		lc.HTTP.Listen = v // empty turns it off
+	}
+	if v := getenv("CDC_HTTP_TOKEN"); v != "" {
+		lc.HTTP.Token = v
+	}
+	if v := getenv("CDC_HTTP_TOKEN_FILE"); v != "" {
+		fc.HTTP.TokenFile = v
+	}
+	if fc.HTTP.TokenFile != "" {
+		b, err := os.ReadFile(fc.HTTP.TokenFile)
+		if err != nil {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file: %v", err)
+		}
+		if lc.HTTP.Token = strings.TrimSpace(string(b)); lc.HTTP.Token == "" {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
+		}
+	}
 	if lc.Level == "" {
 		lc.Level = "info"
 	}

@@ -15,7 +15,7 @@ import (
 
 // validConfig is what cdc run works with: the file and environment as
 // loadConfig reads them, validated once by pipeline.New.
-func validConfig(path string, getenv func(string) string) (pipeline.Config, logConfig, error) {
+func validConfig(path string, getenv environ) (pipeline.Config, logConfig, error) {
 	cfg, lc, err := loadConfig(path, getenv)
 	if err != nil {
 		return pipeline.Config{}, logConfig{}, err
@@ -36,13 +36,17 @@ func writeConfig(t *testing.T, body string) string {
 	return p
 }
 
-func env(kv ...string) func(string) string {
+// env is an environment of these key, value pairs.
+func env(kv ...string) environ {
 	m := map[string]string{}
 	for i := 0; i < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	return func(k string) string { return m[k] }
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
+
+// noEnv is an empty environment.
+var noEnv = env()
 
 func TestLoadConfigDefaults(t *testing.T) {
 	cfg, lc, err := validConfig("", env("CDC_POSTGRES_URL", "postgres://u:p@db/app", "CDC_KAFKA_BROKERS", "k1:9092, k2:9092"))

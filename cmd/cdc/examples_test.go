@@ -53,9 +53,7 @@ func TestExamples(t *testing.T) {
 			kafka := testenv.NewKafka(t)
 			// validConfig fills the default topics that get the prefix;
 			// pipeline.New validates the changed tables again.
-			cfg, _, err := validConfig(cfgPath, func(k string) string {
-				return map[string]string{"CDC_POSTGRES_URL": db, "CDC_KAFKA_BROKERS": strings.Join(kafka.Brokers, ",")}[k]
-			})
+			cfg, _, err := validConfig(cfgPath, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ",")))
 			if err != nil {
 				t.Fatalf("%s: %v", cfgPath, err)
 			}

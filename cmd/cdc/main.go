@@ -14,16 +14,28 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// environ looks a variable up: os.LookupEnv, or a test's map. "Set to
+// empty" and "unset" differ: CDC_HTTP_LISTEN= turns the endpoint off.
+type environ func(string) (string, bool)
+
+// get returns a variable's value, "" when unset.
+func (e environ) get(key string) string {
+	v, _ := e(key)
+	return v
+}
+
 // cli is one invocation: where it reads its environment and writes.
 type cli struct {
-	getenv         func(string) string
+	env            environ
 	stdout, stderr io.Writer
+	http           endpoint.Config // set by pipeline, from the config
 }
 
 // command is one subcommand.
@@ -41,6 +53,7 @@ func init() {
 		"replay":  {"re-send the transactions of an LSN or time range from the replay window", replayCmd},
 		"rewind":  {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
 		"reset":   {"accept a gap the connector refused to stream over", resetCmd},
+		"status":  {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
 		"demo":    {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
 		"version": {"print the version", versionCmd},
 	}
@@ -48,7 +61,8 @@ func init() {
 
 // envHelp lists the environment variables the config commands read.
 const envHelp = `Environment (overrides the config file): CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
-(comma-separated), CDC_LOG_LEVEL, CDC_LOG_FORMAT. See docs/config.md.`
+(comma-separated), CDC_LOG_LEVEL, CDC_LOG_FORMAT, CDC_HTTP_LISTEN (empty: off),
+and the others in docs/config.md.`
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: cdc <command> [flags]\n\ncommands:")
@@ -66,13 +80,13 @@ func usage(w io.Writer) {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
 // run is main without the process: it returns the exit code. 0: done, or a
 // clean shutdown; 1: a fatal error at run time; 2: a usage or config error.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	c := &cli{getenv: getenv, stdout: stdout, stderr: stderr}
+func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) int {
+	c := &cli{env: env, stdout: stdout, stderr: stderr}
 	if len(args) == 0 {
 		usage(stderr)
 		return 2
@@ -157,10 +171,11 @@ func (c *cli) usageErr(format string, args ...any) int {
 // pipeline loads the config at path and builds the pipeline, which
 // validates it. ok false means return code.
 func (c *cli) pipeline(path string) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
-	cfg, lc, err := loadConfig(path, c.getenv)
+	cfg, lc, err := loadConfig(path, c.env)
 	if err != nil {
 		return nil, nil, c.usageErr("%v", err), false
 	}
+	c.http = lc.HTTP
 	log = hclog.New(&hclog.LoggerOptions{
 		Name:       "cdc",
 		Level:      hclog.LevelFromString(lc.Level),

@@ -37,7 +37,25 @@ func TestMain(m *testing.M) {
 // proc is a connector process.
 type proc struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out *lockedBuffer
+}
+
+// lockedBuffer is a process's output, read while the process writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func startProc(t *testing.T, config string) *proc {
@@ -50,7 +68,7 @@ func startCmd(t *testing.T, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "CDC_TEST_EXEC_MAIN=1")
-	out := &bytes.Buffer{}
+	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -97,6 +115,8 @@ tables:
     topic: %s
 checkpoint:
   topic: %s
+http:
+  listen: "127.0.0.1:0"
 log:
   level: info
 `, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600)
@@ -250,14 +270,12 @@ func TestFatalConfigExitCodes(t *testing.T) {
 	db := p.NewDatabase(t)
 	kafka := testenv.NewKafka(t)
 	var out bytes.Buffer
-	code := run(context.Background(), []string{"run"}, func(k string) string {
-		return map[string]string{"CDC_POSTGRES_URL": db, "CDC_KAFKA_BROKERS": strings.Join(kafka.Brokers, ",")}[k]
-	}, &out, &out)
+	code := run(context.Background(), []string{"run"}, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ","), "CDC_HTTP_LISTEN", ""), &out, &out)
 	if code != 1 || !strings.Contains(out.String(), "outbox table public.outbox does not exist") {
 		t.Fatalf("exit %d, output:\n%s\nwant exit 1 naming the missing table", code, out.String())
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"run", "--config", "/nonexistent.yaml"}, func(string) string { return "" }, &out, &out); code != 2 {
+	if code := run(context.Background(), []string{"run", "--config", "/nonexistent.yaml"}, noEnv, &out, &out); code != 2 {
 		t.Fatalf("missing config file: exit %d, want 2", code)
 	}
 }
@@ -268,7 +286,7 @@ func TestFatalConfigExitCodes(t *testing.T) {
 func TestDemo(t *testing.T) {
 	testenv.Require(t, pg) // the demo starts its own server from the same binaries
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"demo", "--duration", "2s", "--rate", "50"}, func(string) string { return "" }, &out, &errOut)
+	code := run(context.Background(), []string{"demo", "--duration", "2s", "--rate", "50"}, noEnv, &out, &errOut)
 	if code != 0 {
 		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 	}

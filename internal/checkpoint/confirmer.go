@@ -102,6 +102,8 @@ type Confirmer struct {
 	produce  func(*kgo.Record, func(error))
 	every    time.Duration
 
+	onSaved func()
+
 	mu      sync.Mutex
 	writing chan struct{} // closed when the write in flight is answered
 	last    time.Time
@@ -113,6 +115,10 @@ type Confirmer struct {
 func NewConfirmer(tr *Tracker, progress *Progress, store *Store, produce func(*kgo.Record, func(error)), every time.Duration) *Confirmer {
 	return &Confirmer{tr: tr, progress: progress, store: store, produce: produce, every: every}
 }
+
+// OnSaved sets a function called after each acknowledged checkpoint, on
+// the producer's goroutine; it must not block. Call it before use.
+func (c *Confirmer) OnSaved(f func()) { c.onSaved = f }
 
 // Confirmed is the position safe to confirm: the watermark, up to the last
 // acknowledged checkpoint.
@@ -144,6 +150,9 @@ func (c *Confirmer) writeLocked(pos Position) {
 		}
 		if err == nil {
 			c.progress.acked(rec)
+			if c.onSaved != nil {
+				c.onSaved()
+			}
 		}
 		c.writing = nil
 		c.mu.Unlock()

@@ -63,6 +63,11 @@ const (
 	maxHistory       = 20
 )
 
+// MarshalJSON writes an Event as the checkpoint's history does.
+func (e Event) MarshalJSON() ([]byte, error) {
+	return json.Marshal(jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
+}
+
 // AddEvent appends ev to the history, keeping the newest maxHistory.
 func (r *Record) AddEvent(ev Event) {
 	r.History = append(r.History, ev)

@@ -29,6 +29,14 @@ type Store struct {
 	topic string
 	opts  []kgo.Opt
 	log   hclog.Logger
+	// readOnly: Reader made it; a missing topic reads as empty.
+	readOnly bool
+}
+
+// Reader returns a Store that only reads, and does not create the topic:
+// for cdc status, which changes nothing.
+func Reader(topic string, opts []kgo.Opt, log hclog.Logger) *Store {
+	return &Store{topic: topic, opts: opts, log: log, readOnly: true}
 }
 
 // OpenStore makes sure the topic exists and is compacted: a record deleted
@@ -152,6 +160,10 @@ func (s *Store) Load(ctx context.Context, readCommitted bool) (map[string]Record
 		}
 		if err == nil {
 			err = ends.Error()
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) && s.readOnly {
+			cl.Close()
+			return map[string]Record{}, nil
 		}
 		if err == nil || !errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil {
 			break

@@ -58,10 +58,11 @@ func NewTracker(start pglogrepl.LSN, maxInFlight int) *Tracker {
 	return &Tracker{maxInFlight: maxInFlight, pos: Position{LSN: start}, changed: make(chan struct{}, 1)}
 }
 
-// Begin opens a transaction. Transactions must be begun in commit order,
-// which is the order pgoutput sends them in.
-func (t *Tracker) Begin() *Txn {
-	tx := &Txn{}
+// Begin opens a transaction that committed at commitTime (pgoutput's
+// Begin.CommitTime). Transactions must be begun in commit order, which is
+// the order pgoutput sends them in.
+func (t *Tracker) Begin(commitTime time.Time) *Txn {
+	tx := &Txn{commitTime: commitTime}
 	t.mu.Lock()
 	t.txns = append(t.txns, tx)
 	t.mu.Unlock()
@@ -190,6 +191,17 @@ func (t *Tracker) Saturated() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.inFlight >= t.maxInFlight
+}
+
+// Behind returns the age of the oldest transaction not yet resolved (its
+// commit time to now), or 0 when every transaction is.
+func (t *Tracker) Behind(now time.Time) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.txns) == 0 || t.txns[0].commitTime.IsZero() {
+		return 0
+	}
+	return max(now.Sub(t.txns[0].commitTime), 0)
 }
 
 // InFlight returns the number of events sent to Kafka and not yet acked.

@@ -14,14 +14,14 @@ import (
 func TestTrackerOutOfOrderAcks(t *testing.T) {
 	tr := NewTracker(100, 1000)
 	// tx1 has events on two partitions; tx2 one event; tx3 is empty.
-	tx1 := tr.Begin()
+	tx1 := tr.Begin(time.Time{})
 	tr.Track(tx1)
 	tr.Track(tx1)
 	tr.Commit(tx1, 200-1, 200, time.Time{})
-	tx2 := tr.Begin()
+	tx2 := tr.Begin(time.Time{})
 	tr.Track(tx2)
 	tr.Commit(tx2, 300-1, 300, time.Time{})
-	tx3 := tr.Begin()
+	tx3 := tr.Begin(time.Time{})
 	tr.Commit(tx3, 400-1, 400, time.Time{})
 
 	steps := []struct {
@@ -45,14 +45,14 @@ func TestTrackerOutOfOrderAcks(t *testing.T) {
 
 func TestTrackerFailedProduceNeverAdvances(t *testing.T) {
 	tr := NewTracker(0, 1000)
-	tx1 := tr.Begin()
+	tx1 := tr.Begin(time.Time{})
 	tr.Track(tx1)
 	tr.Commit(tx1, 10-1, 10, time.Time{})
-	tx2 := tr.Begin()
+	tx2 := tr.Begin(time.Time{})
 	tr.Track(tx2)
 	tr.Track(tx2)
 	tr.Commit(tx2, 20-1, 20, time.Time{})
-	tx3 := tr.Begin()
+	tx3 := tr.Begin(time.Time{})
 	tr.Track(tx3)
 	tr.Commit(tx3, 30-1, 30, time.Time{})
 
@@ -80,7 +80,7 @@ func TestTrackerFailedProduceNeverAdvances(t *testing.T) {
 func TestTrackerEmptyTransactionsResolveImmediately(t *testing.T) {
 	tr := NewTracker(5, 10)
 	for _, end := range []pglogrepl.LSN{10, 20, 30} {
-		tx := tr.Begin()
+		tx := tr.Begin(time.Time{})
 		if tr.Idle() {
 			t.Fatal("Idle() while a transaction is open")
 		}
@@ -96,7 +96,7 @@ func TestTrackerEmptyTransactionsResolveImmediately(t *testing.T) {
 
 func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
 	tr := NewTracker(0, 10)
-	tx := tr.Begin()
+	tx := tr.Begin(time.Time{})
 	tr.Track(tx)
 	tr.Ack(tx, nil) // acked before its COMMIT arrived
 	if got := tr.Confirmed(); got != 0 {
@@ -110,7 +110,7 @@ func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
 
 func TestTrackerSaturated(t *testing.T) {
 	tr := NewTracker(0, 2)
-	tx := tr.Begin()
+	tx := tr.Begin(time.Time{})
 	tr.Track(tx)
 	if tr.Saturated() {
 		t.Fatal("saturated at 1 of 2")
@@ -140,7 +140,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 	events := make([]int64, txns)          // events per transaction
 	ackBegun := make([]atomic.Int64, txns) // Acks started per transaction
 	for i := range txs {
-		txs[i] = tr.Begin()
+		txs[i] = tr.Begin(time.Time{})
 		n := rand.Intn(4) // 0..3 events; 0 is an empty transaction
 		for j := 0; j < n; j++ {
 			tr.Track(txs[i])
@@ -206,7 +206,7 @@ func TestTrackerKeepalive(t *testing.T) {
 	if p := tr.Position(); p.LSN != 500 || !p.Time.Equal(at) {
 		t.Fatalf("idle keepalive: position %+v, want 0/1F4 at %s", p, at)
 	}
-	tx := tr.Begin() // open, nothing tracked yet
+	tx := tr.Begin(time.Time{}) // open, nothing tracked yet
 	tr.Keepalive(600, at)
 	if got := tr.Confirmed(); got != 500 {
 		t.Fatalf("keepalive with a transaction open moved the watermark to %s", got)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -169,6 +170,9 @@ type Options struct {
 	ConfigFile string
 	// Version is the connector's version, recorded in checkpoints.
 	Version string
+	// Metrics receives the pipeline's metrics; nil: a registry of its own
+	// (Pipeline.Metrics).
+	Metrics *metrics.Metrics
 }
 
 // Pipeline streams outbox events from one slot to Kafka.
@@ -181,11 +185,15 @@ type Pipeline struct {
 	// kept by the later ones.
 	store    *checkpoint.Store
 	progress *checkpoint.Progress
+	m        *metrics.Metrics
+	// state is what /readyz and /healthz report; beat, while a session
+	// streams, is when its replication loop last ran.
+	state atomic.Pointer[State]
+	beat  atomic.Pointer[func() time.Time]
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
-	// events sent to a dead-letter topic; WindowsLost counts replay windows
-	// Postgres invalidated.
-	IgnoredMessages, DeadLettered, WindowsLost atomic.Int64
+	// events sent to a dead-letter topic. The stopped line reports both.
+	IgnoredMessages, DeadLettered atomic.Int64
 }
 
 // New validates cfg, which it then owns, and returns a Pipeline. It
@@ -198,7 +206,59 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Pipeline{cfg: cfg, opts: opts, log: log, router: r}, nil
+	p := &Pipeline{cfg: cfg, opts: opts, log: log, router: r, m: opts.Metrics}
+	if p.m == nil {
+		p.m = metrics.New()
+	}
+	p.setState(false, "starting")
+	return p, nil
+}
+
+// Metrics returns the pipeline's metrics.
+func (p *Pipeline) Metrics() *metrics.Metrics { return p.m }
+
+// State is what the pipeline is doing, for /readyz.
+type State struct {
+	// Streaming: this instance holds the slot and streams.
+	Streaming bool
+	// Detail says what it does: streaming, waiting for the slot (a
+	// standby), reconnecting and why, stopped.
+	Detail string
+	Since  time.Time
+}
+
+func (p *Pipeline) setState(streaming bool, detail string) {
+	p.state.Store(&State{Streaming: streaming, Detail: detail, Since: time.Now()})
+	if streaming {
+		p.m.Streaming.Set(1)
+	} else {
+		p.m.Streaming.Set(0)
+	}
+}
+
+// Ready reports whether this instance holds the slot and streams, and what
+// it does, for /readyz.
+func (p *Pipeline) Ready() (bool, string) {
+	st := p.State()
+	return st.Streaming, st.Detail
+}
+
+// State returns what the pipeline is doing.
+func (p *Pipeline) State() State { return *p.state.Load() }
+
+// Healthy reports whether the pipeline's loops are alive: the replication
+// loop of a streaming session runs at least every status interval, so
+// silence for much longer means it is stuck.
+func (p *Pipeline) Healthy() error {
+	beat := p.beat.Load()
+	if beat == nil {
+		return nil // between sessions: Run is waiting, retrying or starting
+	}
+	limit := max(30*time.Second, 5*p.cfg.Postgres.StatusInterval)
+	if d := time.Since((*beat)()); d > limit {
+		return fmt.Errorf("the replication loop has not run for %s", d.Round(time.Second))
+	}
+	return nil
 }
 
 // Config returns the validated configuration, defaults filled in.
@@ -225,6 +285,11 @@ func (p *Pipeline) Check(ctx context.Context) error {
 // or until a fatal error, which it returns. Transient errors reconnect with
 // backoff.
 func (p *Pipeline) Run(ctx context.Context) error {
+	defer p.setState(false, "stopped")
+	pollDone := make(chan struct{})
+	pctx, stopPoll := context.WithCancel(ctx)
+	go func() { defer close(pollDone); p.pollSlot(pctx) }()
+	defer func() { stopPoll(); <-pollDone }()
 	first := true
 	backoff := p.cfg.RetryBackoff
 	for {
@@ -240,13 +305,16 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			err = errors.New("session ended without an error")
 		}
 		first = false
+		p.m.Restarts.Inc()
 		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
 			backoff = p.cfg.RetryBackoff // it ran fine for a while
 		}
 		var inUse *wal.SlotInUseError
 		if errors.As(err, &inUse) {
+			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
 			p.log.Warn("replication slot is in use; waiting for it", "slot", p.cfg.Postgres.Slot, "error", err, "retry_in", backoff)
 		} else {
+			p.setState(false, "reconnecting after: "+err.Error())
 			p.log.Error("session failed; reconnecting", "error", err, "retry_in", backoff)
 		}
 		t := time.NewTimer(backoff)
@@ -287,6 +355,8 @@ func (p *Pipeline) watchKafka(tr *checkpoint.Tracker, done <-chan struct{}) {
 			return
 		case now := <-t.C:
 			acked, inFlight := tr.Acked(), tr.InFlight()
+			p.m.InFlight.Set(float64(inFlight))
+			p.m.Behind.Set(tr.Behind(now).Seconds())
 			switch {
 			case acked != lastAcked || inFlight == 0:
 				if stalled {

@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
@@ -42,6 +44,13 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
+	beat := stream.Beat
+	p.beat.Store(&beat)
+	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
+	defer func() {
+		p.beat.Store(nil)
+		p.setState(false, "session ended")
+	}()
 	s := &session{
 		p:       p,
 		kafka:   k,
@@ -50,6 +59,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		ctx:     ctx,
 	}
 	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.StatusInterval)
+	confirmer.OnSaved(p.m.Checkpoints.Inc)
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
 	}
@@ -103,7 +113,8 @@ type session struct {
 	// replay, when set, selects what a replay re-sends; nil streams all.
 	replay *replayFilter
 	// ctx is the session's, for the admin calls EnsureTopic makes.
-	ctx context.Context
+	ctx      context.Context
+	counters map[counterKey]prometheus.Counter
 }
 
 // handle takes one pgoutput message from the stream.
@@ -119,7 +130,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 				return err
 			}
 		}
-		s.tx = s.tracker.Begin()
+		s.tx = s.tracker.Begin(m.CommitTime)
 	case decode.KindEvent, decode.KindInvalid:
 		if s.replay != nil && !s.replay.take(&m.Event) {
 			return nil
@@ -156,7 +167,7 @@ func (s *session) event(m *decode.Message) error {
 	if err := s.kafka.EnsureTopic(s.ctx, rec.Topic); err != nil {
 		return err
 	}
-	s.produce(rec)
+	s.produce(rec, ev)
 	return nil
 }
 
@@ -181,6 +192,7 @@ func (s *session) record(m *decode.Message) (*kgo.Record, error) {
 // returns the dead-letter record, which is tracked like any event, so that
 // its transaction is confirmed only once Kafka acked it.
 func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
+	s.p.m.InvalidEvents.Inc()
 	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
 		return nil, cause
 	}
@@ -189,19 +201,57 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 		return nil, outbox.Invalid(ev, "it cannot be dead-lettered either: the dead-letter record is %d bytes, more than kafka.dead_letter_max_message_bytes (%d); raise it together with the dead-letter topic's max.message.bytes (it was invalid because: %v)", n, limit, cause)
 	}
 	s.p.DeadLettered.Add(1)
+	s.p.m.DeadLetter(ev.Table.String())
 	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
 	return rec, nil
 }
 
 // produce counts rec in flight in the open transaction and sends it; the
-// ack comes back to the tracker on franz-go's goroutine.
-func (s *session) produce(rec *kgo.Record) {
-	tx, onDelivered := s.tx, s.p.opts.OnDelivered
+// ack comes back to the tracker, and to the metrics, on franz-go's
+// goroutine. The labelled counter and the event's timestamp are worked out
+// here, so the ack does no lookups.
+func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
+	tx, onDelivered, m := s.tx, s.p.opts.OnDelivered, s.p.m
+	events := s.eventCounter(ev.Table, rec.Topic)
+	var stamped time.Time
+	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
+		stamped, _ = route.ParseTimestamp(string(v.B))
+	}
 	s.tracker.Track(tx)
 	s.kafka.Produce(rec, func(err error) {
 		s.tracker.Ack(tx, err)
+		if err != nil {
+			m.ProduceErrors.Inc()
+		} else {
+			now := time.Now()
+			events.Inc()
+			m.CommitToAck.Observe(now.Sub(rec.Timestamp).Seconds())
+			if !stamped.IsZero() {
+				m.EventAge.Observe(now.Sub(stamped).Seconds())
+			}
+		}
 		if onDelivered != nil {
 			onDelivered(rec, err)
 		}
 	})
+}
+
+type counterKey struct {
+	source *outbox.Table
+	topic  string
+}
+
+// eventCounter is cdc_events_total for source and topic, resolved once a
+// session.
+func (s *session) eventCounter(source *outbox.Table, topic string) prometheus.Counter {
+	k := counterKey{source, topic}
+	c, ok := s.counters[k]
+	if !ok {
+		if s.counters == nil {
+			s.counters = map[counterKey]prometheus.Counter{}
+		}
+		c = s.p.m.EventCounter(source.String(), topic)
+		s.counters[k] = c
+	}
+	return c
 }

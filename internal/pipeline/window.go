@@ -62,7 +62,7 @@ func (p *Pipeline) advanceWindow(ctx context.Context, conn *pgx.Conn) error {
 		// Postgres invalidated the slot (max_slot_wal_keep_size), or
 		// someone dropped it: the window is gone. Say so loudly, start a
 		// new one, and let the main stream go on.
-		p.WindowsLost.Add(1)
+		p.m.WindowsLost.Inc()
 		p.log.Error("replay window lost: the replay slot is gone or invalidated, so replays can only reach back to now; raise max_slot_wal_keep_size above the WAL the window needs, or shorten replay.window",
 			"slot", name, "wal_status", st.WALStatus, "window", p.cfg.Replay.Window)
 		return p.recreateReplaySlot(ctx, conn, st.Exists)

@@ -80,7 +80,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // LSN 10*(i+1).
 func produceTxns(k *Kafka, tr *checkpoint.Tracker, keys []string, endBase int) {
 	for i, key := range keys {
-		tx := tr.Begin()
+		tx := tr.Begin(time.Time{})
 		tr.Track(tx)
 		k.Produce(&kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
 		tr.Commit(tx, pglogrepl.LSN(endBase+10*(i+1)-1), pglogrepl.LSN(endBase+10*(i+1)), time.Time{})
@@ -138,7 +138,7 @@ func TestMessageTooLarge(t *testing.T) {
 	c := newCluster(t)
 	k := newSink(t, c, Config{MaxMessageBytes: 1024})
 	tr := checkpoint.NewTracker(0, 10)
-	tx := tr.Begin()
+	tx := tr.Begin(time.Time{})
 	tr.Track(tx)
 	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, err) })
 	tr.Commit(tx, 9, 10, time.Time{})

@@ -36,6 +36,23 @@ type SlotState struct {
 	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
 	// unreserved or lost.
 	WALStatus string
+	// SafeWALSize is how much more WAL can be written before the slot is
+	// lost (max_slot_wal_keep_size); nil when unlimited.
+	SafeWALSize *int64
+	// WALEnd is the server's current WAL position (pg_current_wal_lsn), read
+	// with the slot.
+	WALEnd pglogrepl.LSN
+}
+
+// Lag is how far the confirmed position is behind the server's WAL.
+func (s SlotState) Lag() int64 { return int64(s.WALEnd) - int64(s.ConfirmedFlush) }
+
+// Retained is the WAL the slot keeps on the server's disk.
+func (s SlotState) Retained() int64 {
+	if s.RestartLSN == 0 {
+		return 0
+	}
+	return int64(s.WALEnd) - int64(s.RestartLSN)
 }
 
 // Setup checks every precondition of streaming the tables, creates the
@@ -208,8 +225,10 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 		st                   SlotState
 	)
 	err := conn.QueryRow(ctx, `
-		SELECT coalesce(plugin, ''), slot_type, database, current_database(), wal_status, confirmed_flush_lsn, restart_lsn, active, active_pid
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &db, &walStatus, &confirmed, &restart, &st.Active, &pid)
+		SELECT coalesce(plugin, ''), slot_type, database, current_database(), wal_status, confirmed_flush_lsn, restart_lsn, active, active_pid,
+		       safe_wal_size, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &db, &walStatus, &confirmed, &restart, &st.Active, &pid,
+		&st.SafeWALSize, &st.WALEnd)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotState{}, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -43,7 +44,14 @@ type Stream struct {
 
 	// sent is the last position reported to the server.
 	sent pglogrepl.LSN
+	// beat is when the loop last went round (unix nanoseconds), for the
+	// health check.
+	beat atomic.Int64
 }
+
+// Beat returns when Run's loop last went round: at least every
+// StatusInterval while it runs.
+func (s *Stream) Beat() time.Time { return time.Unix(0, s.beat.Load()) }
 
 // Open connects in replication mode and starts streaming cfg.Slot from its
 // confirmed position, from (Setup's SlotState).
@@ -85,6 +93,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	defer recv.stop()
 
 	for {
+		s.beat.Store(time.Now().UnixNano())
 		if err := acks.Err(); err != nil {
 			return err
 		}

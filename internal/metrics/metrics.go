@@ -1,0 +1,115 @@
+// Package metrics defines the connector's Prometheus metrics; docs/metrics.md
+// lists each with its meaning. The pipeline updates them; nothing here reads
+// Postgres or Kafka.
+//
+// Invariants:
+//   - Metric names and labels are an interface that dashboards and alerts
+//     depend on: change them only with docs/metrics.md and the examples.
+//   - Label values are bounded by the configuration: a source is a
+//     configured table or message prefix, a topic one its template yields.
+//   - Updating a metric on the per-event path allocates nothing: callers
+//     resolve a labelled child once (EventCounter) and keep it.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the connector's collectors.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	events         *prometheus.CounterVec
+	deadLetters    *prometheus.CounterVec
+	InvalidEvents  prometheus.Counter
+	LagBytes       prometheus.Gauge
+	RetainedWAL    prometheus.Gauge
+	ReplayRetained prometheus.Gauge
+	slotWALStatus  *prometheus.GaugeVec
+	ConfirmedLSN   prometheus.Gauge
+	CommitToAck    prometheus.Histogram
+	Behind         prometheus.Gauge
+	EventAge       prometheus.Histogram
+	InFlight       prometheus.Gauge
+	Restarts       prometheus.Counter
+	ProduceErrors  prometheus.Counter
+	Streaming      prometheus.Gauge
+	WindowsLost    prometheus.Counter
+	Checkpoints    prometheus.Counter
+}
+
+// WALStatuses are the values of pg_replication_slots.wal_status.
+var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// latencyBuckets span a millisecond to two minutes: a healthy connector
+// acks in milliseconds, a stalled broker in minutes.
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+
+// New registers the collectors, and Go's and the process's, on a new
+// registry.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &Metrics{Registry: reg}
+	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_events_total",
+		Help: "Events Kafka acknowledged, by source (table or message prefix) and topic."}, []string{"source", "topic"})
+	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_dead_letters_total",
+		Help: "Invalid events written to a dead-letter topic, by source."}, []string{"source"})
+	m.InvalidEvents = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_invalid_events_total",
+		Help: "Events that could not be delivered as configured (dead-lettered, or stopping the connector)."})
+	m.LagBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_lag_bytes",
+		Help: "The server's WAL end minus the slot's confirmed position, in bytes."})
+	m.RetainedWAL = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_retained_wal_bytes",
+		Help: "WAL the slot keeps on the server's disk (WAL end minus restart_lsn), in bytes."})
+	m.ReplayRetained = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_replay_retained_wal_bytes",
+		Help: "WAL the replay window's slot keeps, in bytes; 0 without a window."})
+	m.slotWALStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_slot_wal_status",
+		Help: "1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others."}, []string{"status"})
+	m.ConfirmedLSN = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_confirmed_lsn",
+		Help: "The slot's confirmed_flush_lsn, as a number."})
+	m.CommitToAck = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cdc_commit_to_ack_seconds",
+		Help: "From an event's commit in Postgres to Kafka's acknowledgement.", Buckets: latencyBuckets})
+	m.Behind = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_behind_seconds",
+		Help: "Age of the oldest commit not yet acknowledged by Kafka; 0 when caught up."})
+	m.EventAge = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cdc_event_age_seconds",
+		Help: "Kafka's acknowledgement minus the event's own timestamp field (for tables that map one).", Buckets: latencyBuckets})
+	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_in_flight_records",
+		Help: "Records sent to Kafka and not yet acknowledged."})
+	m.Restarts = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_restarts_total",
+		Help: "Sessions that ended on a transient error and were restarted."})
+	m.ProduceErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_kafka_produce_errors_total",
+		Help: "Records Kafka refused or failed (each ends its session; nothing is skipped)."})
+	m.Streaming = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_streaming",
+		Help: "1 while this instance holds the slot and streams, 0 otherwise (a standby, reconnecting, stopped)."})
+	m.WindowsLost = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_replay_windows_lost_total",
+		Help: "Replay windows lost because Postgres invalidated the replay slot."})
+	m.Checkpoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_checkpoints_total",
+		Help: "Checkpoints written to the checkpoint topic and acknowledged."})
+	for _, c := range []prometheus.Collector{m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
+		m.Streaming, m.WindowsLost, m.Checkpoints,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		f(c)
+	}
+	return m
+}
+
+// EventCounter is cdc_events_total for one source and topic; keep it.
+func (m *Metrics) EventCounter(source, topic string) prometheus.Counter {
+	return m.events.WithLabelValues(source, topic)
+}
+
+// DeadLetter counts one dead-lettered event of source.
+func (m *Metrics) DeadLetter(source string) { m.deadLetters.WithLabelValues(source).Inc() }
+
+// SetWALStatus sets cdc_slot_wal_status to status.
+func (m *Metrics) SetWALStatus(status string) {
+	for _, s := range WALStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.slotWALStatus.WithLabelValues(s).Set(v)
+	}
+}

@@ -1,0 +1,158 @@
+package pipeline
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Status is what cdc status reports: the slot, the publication, the
+// checkpoint and the replay window, read from Postgres and Kafka without
+// changing anything. Its JSON is cdc status --json.
+type Status struct {
+	Slot        SlotStatus        `json:"slot"`
+	Publication PublicationStatus `json:"publication"`
+	Checkpoint  *CheckpointStatus `json:"checkpoint,omitempty"`
+	// CheckpointError says why the checkpoint could not be read.
+	CheckpointError string        `json:"checkpoint_error,omitempty"`
+	ReplayWindow    *WindowStatus `json:"replay_window,omitempty"`
+}
+
+// SlotStatus is a slot's row of pg_replication_slots, with lag and
+// retained WAL worked out.
+type SlotStatus struct {
+	Name          string `json:"name"`
+	Exists        bool   `json:"exists"`
+	Active        bool   `json:"active"`
+	ActivePID     int    `json:"active_pid,omitempty"`
+	ConfirmedLSN  string `json:"confirmed_lsn,omitempty"`
+	RestartLSN    string `json:"restart_lsn,omitempty"`
+	WALStatus     string `json:"wal_status,omitempty"`
+	SafeWALBytes  *int64 `json:"safe_wal_size_bytes,omitempty"`
+	WALEnd        string `json:"wal_end,omitempty"`
+	LagBytes      int64  `json:"lag_bytes"`
+	RetainedBytes int64  `json:"retained_wal_bytes"`
+}
+
+// PublicationStatus is the publication and the tables in it.
+type PublicationStatus struct {
+	Name    string   `json:"name"`
+	Exists  bool     `json:"exists"`
+	Inserts bool     `json:"publishes_inserts"`
+	Tables  []string `json:"tables"`
+}
+
+// CheckpointStatus is the pipeline's checkpoint record.
+type CheckpointStatus struct {
+	Topic        string             `json:"topic"`
+	ConfirmedLSN string             `json:"confirmed_lsn"`
+	CommitLSN    string             `json:"commit_lsn"`
+	CommitTime   *time.Time         `json:"commit_time,omitempty"`
+	UpdatedAt    time.Time          `json:"updated_at"`
+	Version      string             `json:"connector_version"`
+	History      []checkpoint.Event `json:"history,omitempty"`
+}
+
+// WindowStatus is the replay window.
+type WindowStatus struct {
+	Window string     `json:"window"`
+	Slot   SlotStatus `json:"slot"`
+	// FromLSN and FromTime: replays and rewinds can start there.
+	FromLSN  string     `json:"from_lsn,omitempty"`
+	FromTime *time.Time `json:"from_time,omitempty"`
+}
+
+// Status reads the pipeline's state. A Postgres it cannot reach is an
+// error; a Kafka it cannot reach leaves CheckpointError set.
+func (p *Pipeline) Status(ctx context.Context) (Status, error) {
+	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+	if err != nil {
+		return Status{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var st Status
+	if st.Slot, err = slotStatus(ctx, conn, p.cfg.Postgres.Slot); err != nil {
+		return Status{}, err
+	}
+	st.Publication = PublicationStatus{Name: p.cfg.Postgres.Publication, Tables: []string{}}
+	err = conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, p.cfg.Postgres.Publication).Scan(&st.Publication.Inserts)
+	switch {
+	case err == pgx.ErrNoRows:
+	case err != nil:
+		return Status{}, err
+	default:
+		st.Publication.Exists = true
+		rows, _ := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, p.cfg.Postgres.Publication)
+		if st.Publication.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return Status{}, err
+		}
+	}
+	var sysid string
+	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
+		return Status{}, err
+	}
+	rec, found, err := p.readCheckpoint(ctx, sysid)
+	switch {
+	case err != nil:
+		st.CheckpointError = err.Error()
+	case !found:
+		st.CheckpointError = "no checkpoint yet for this slot and database (the connector has not run, or runs a version without one)"
+	default:
+		c := &CheckpointStatus{Topic: p.cfg.Checkpoint.Topic, ConfirmedLSN: rec.Confirmed.String(), CommitLSN: rec.CommitLSN.String(),
+			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History}
+		if !rec.CommitTime.IsZero() {
+			c.CommitTime = &rec.CommitTime
+		}
+		st.Checkpoint = c
+	}
+	if p.cfg.Replay.Window > 0 {
+		w := &WindowStatus{Window: p.cfg.Replay.Window.String()}
+		if w.Slot, err = slotStatus(ctx, conn, p.cfg.replaySlot()); err != nil {
+			return Status{}, err
+		}
+		if w.Slot.Exists && w.Slot.WALStatus != "lost" {
+			w.FromLSN = w.Slot.ConfirmedLSN
+			if found && !rec.Window.Time.IsZero() {
+				w.FromTime = &rec.Window.Time
+			}
+		}
+		st.ReplayWindow = w
+	}
+	return st, nil
+}
+
+func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, error) {
+	s, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	out := SlotStatus{Name: name, Exists: s.Exists}
+	if !s.Exists {
+		return out, nil
+	}
+	out.Active, out.ActivePID, out.WALStatus, out.SafeWALBytes = s.Active, s.ActivePID, s.WALStatus, s.SafeWALSize
+	out.ConfirmedLSN, out.WALEnd = s.ConfirmedFlush.String(), s.WALEnd.String()
+	if s.RestartLSN != 0 {
+		out.RestartLSN = s.RestartLSN.String()
+	}
+	out.LagBytes, out.RetainedBytes = s.Lag(), s.Retained()
+	return out, nil
+}
+
+// readCheckpoint reads the checkpoint of this slot and system, if any.
+func (p *Pipeline) readCheckpoint(ctx context.Context, sysid string) (checkpoint.Record, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	store := checkpoint.Reader(p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	recs, err := store.Load(ctx, false)
+	if err != nil {
+		return checkpoint.Record{}, false, err
+	}
+	rec, ok := recs[checkpoint.Key(p.cfg.Postgres.Slot, sysid)]
+	return rec, ok, nil
+}
