@@ -1,0 +1,97 @@
+package metrics
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// names are the metric names the registry exposes, histograms with their
+// series suffixes.
+func names(t *testing.T) map[string]bool {
+	t.Helper()
+	m := New()
+	m.EventCounter("s", "t").Inc()
+	m.DeadLetter("s")
+	m.SetWALStatus("reserved")
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, f := range fams {
+		out[f.GetName()] = true
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			out[f.GetName()+suffix] = true
+		}
+	}
+	return out
+}
+
+var metricRE = regexp.MustCompile(`\bcdc_[a-z_]+`)
+
+// TestMonitoringExamplesUseRealMetrics: every cdc_ metric in the alert rules,
+// the dashboard and docs/metrics.md exists, and every metric is documented.
+func TestMonitoringExamplesUseRealMetrics(t *testing.T) {
+	have := names(t)
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	raw, err := os.ReadFile("../../examples/monitoring/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &rules); err != nil || len(rules.Groups) == 0 || len(rules.Groups[0].Rules) < 5 {
+		t.Fatalf("alerts.yml: %v", err)
+	}
+	check := func(where, text string) {
+		for _, n := range metricRE.FindAllString(text, -1) {
+			if !have[n] {
+				t.Errorf("%s uses %s, which the connector does not export", where, n)
+			}
+		}
+	}
+	for _, r := range rules.Groups[0].Rules {
+		check("alert "+r.Alert, r.Expr)
+	}
+	raw, err = os.ReadFile("../../examples/monitoring/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil || len(dash.Panels) < 5 {
+		t.Fatalf("grafana-dashboard.json: %v", err)
+	}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			check("panel "+p.Title, tg.Expr)
+		}
+	}
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("docs/metrics.md", string(doc))
+	for n := range have {
+		if strings.HasPrefix(n, "cdc_") && !strings.HasSuffix(n, "_bucket") && !strings.HasSuffix(n, "_sum") && !strings.HasSuffix(n, "_count") &&
+			!strings.Contains(string(doc), "`"+n) {
+			t.Errorf("%s is not documented in docs/metrics.md", n)
+		}
+	}
+}
