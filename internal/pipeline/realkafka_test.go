@@ -373,3 +373,47 @@ func TestRealNewTopicsOnAFreshBroker(t *testing.T) {
 		})
 	}
 }
+
+// TestRealDeadLetterTooLarge: an event too large for its topic, whose dead
+// letter is too large too, stops the connector with an error naming
+// kafka.dead_letter_max_message_bytes: caught before sending when the
+// setting is lower, refused by the broker when the dead-letter topic's
+// max.message.bytes is. Nothing past it is confirmed.
+func TestRealDeadLetterTooLarge(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		dlqLimit  int32  // kafka.dead_letter_max_message_bytes
+		dlqBroker string // the dead-letter topic's max.message.bytes
+	}{
+		{"over the setting", 20000, ""},
+		{"refused by the broker", 1_000_000, "15000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := realKafka(t)
+			e := newEnv(t, k)
+			dlq := k.Prefix + "outbox.dead-letter"
+			if tc.dlqBroker != "" {
+				v := tc.dlqBroker
+				if resp, err := adminClient(t, k).CreateTopic(context.Background(), 1, 1, map[string]*string{"max.message.bytes": &v}, dlq); err != nil || resp.Err != nil {
+					t.Fatalf("create topic: %v %v", err, resp.Err)
+				}
+			}
+			e.cfg.Kafka.MaxMessageBytes = 10000
+			e.cfg.DeadLetterMaxMessageBytes = tc.dlqLimit
+			e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
+			e.cfg.Tables[0].DeadLetterTopic = dlq
+			r := e.start(t)
+			before := testenv.CurrentWAL(t, e.db)
+			_, xid := insertEventTx(t, connect(t, e.db), "order", "big-1", "Huge",
+				`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
+			commit := testenv.CommitLSN(t, e.db, xid, before)
+			err := waitFatal(t, r)
+			if !pipeline.Permanent(err) || !strings.Contains(err.Error(), "kafka.dead_letter_max_message_bytes") {
+				t.Fatalf("Run returned %v; want a permanent error naming kafka.dead_letter_max_message_bytes", err)
+			}
+			if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > commit {
+				t.Fatalf("confirmed_flush_lsn %s passed the event (commit %s)", pos, commit)
+			}
+		})
+	}
+}
