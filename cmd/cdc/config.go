@@ -23,11 +23,12 @@ import (
 // keep the two in step.
 type fileConfig struct {
 	Postgres struct {
-		URL            string        `yaml:"url"`
-		PasswordFile   string        `yaml:"password_file"`
-		Slot           string        `yaml:"slot"`
-		Publication    string        `yaml:"publication"`
-		StatusInterval time.Duration `yaml:"status_interval"`
+		URL             string        `yaml:"url"`
+		PasswordFile    string        `yaml:"password_file"`
+		Slot            string        `yaml:"slot"`
+		Publication     string        `yaml:"publication"`
+		StatusInterval  time.Duration `yaml:"status_interval"`
+		ConfirmInterval time.Duration `yaml:"confirm_interval"`
 	} `yaml:"postgres"`
 	Kafka struct {
 		Brokers                []string `yaml:"brokers"`
@@ -212,11 +213,12 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 	}
 	cfg := pipeline.Config{
 		Postgres: wal.Config{
-			URL:            fc.Postgres.URL,
-			PasswordFile:   fc.Postgres.PasswordFile,
-			Slot:           fc.Postgres.Slot,
-			Publication:    fc.Postgres.Publication,
-			StatusInterval: fc.Postgres.StatusInterval,
+			URL:             fc.Postgres.URL,
+			PasswordFile:    fc.Postgres.PasswordFile,
+			Slot:            fc.Postgres.Slot,
+			Publication:     fc.Postgres.Publication,
+			StatusInterval:  fc.Postgres.StatusInterval,
+			ConfirmInterval: fc.Postgres.ConfirmInterval,
 		},
 		Kafka: sink.Config{
 			Brokers:                fc.Kafka.Brokers,

@@ -49,6 +49,14 @@ func (p *Progress) SetWindow(m Mark) {
 	p.mu.Unlock()
 }
 
+// durable is the saved checkpoint's confirmed and commit LSNs, without
+// copying the record: the replication loop asks for them at every message.
+func (p *Progress) durable() (confirmed, commit pglogrepl.LSN) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.saved.Confirmed, p.saved.CommitLSN
+}
+
 func (p *Progress) windowPending() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -94,13 +102,18 @@ func (p *Progress) acked(r Record) {
 // 16).
 //
 // Confirmed starts a checkpoint write when the watermark has passed the
-// last one, at most once every interval and one at a time; it never blocks.
+// last one, one at a time, and never blocks. A watermark that passed new
+// transactions is written at most once every prompt interval, so that
+// confirms follow acks closely; one that only followed keepalives (a quiet
+// outbox in a busy database) at most once every idle interval, so that it
+// costs no more than the status updates do.
 type Confirmer struct {
 	tr       *Tracker
 	progress *Progress
 	store    *Store
 	produce  func(*kgo.Record, func(error))
-	every    time.Duration
+	prompt   time.Duration
+	idle     time.Duration
 
 	onSaved func()
 
@@ -111,9 +124,10 @@ type Confirmer struct {
 }
 
 // NewConfirmer writes checkpoints of tr's watermark to store's topic with
-// produce (the session's producer), at most once every interval.
-func NewConfirmer(tr *Tracker, progress *Progress, store *Store, produce func(*kgo.Record, func(error)), every time.Duration) *Confirmer {
-	return &Confirmer{tr: tr, progress: progress, store: store, produce: produce, every: every}
+// produce (the session's producer): at most once every prompt interval
+// when transactions were resolved, once every idle interval otherwise.
+func NewConfirmer(tr *Tracker, progress *Progress, store *Store, produce func(*kgo.Record, func(error)), prompt, idle time.Duration) *Confirmer {
+	return &Confirmer{tr: tr, progress: progress, store: store, produce: produce, prompt: prompt, idle: max(idle, prompt)}
 }
 
 // OnSaved sets a function called after each acknowledged checkpoint, on
@@ -124,13 +138,29 @@ func (c *Confirmer) OnSaved(f func()) { c.onSaved = f }
 // acknowledged checkpoint.
 func (c *Confirmer) Confirmed() pglogrepl.LSN {
 	pos := c.tr.Position()
-	durable := c.progress.Saved().Confirmed
+	durable, commit := c.progress.durable()
 	c.mu.Lock()
-	if c.writing == nil && c.err == nil && time.Since(c.last) >= c.every && (pos.LSN > durable || c.progress.windowPending()) {
-		c.writeLocked(pos)
+	if c.writing == nil && c.err == nil {
+		every := c.idle
+		if pos.CommitLSN > commit {
+			every = c.prompt
+		}
+		if time.Since(c.last) >= every && (pos.LSN > durable || c.progress.windowPending()) {
+			c.writeLocked(pos)
+		}
 	}
 	c.mu.Unlock()
 	return min(pos.LSN, durable)
+}
+
+// Owed reports whether events were handed on that are not confirmable yet:
+// a transaction open or in flight, or resolved but not in a checkpoint.
+func (c *Confirmer) Owed() bool {
+	if !c.tr.Idle() {
+		return true
+	}
+	_, commit := c.progress.durable()
+	return c.tr.Position().CommitLSN > commit
 }
 
 // writeLocked starts writing a checkpoint at pos.

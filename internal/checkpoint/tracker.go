@@ -185,6 +185,10 @@ func (t *Tracker) Idle() bool {
 	return len(t.txns) == 0
 }
 
+// Owed reports whether a transaction is open or in flight: what the
+// replication loop waits on to confirm promptly.
+func (t *Tracker) Owed() bool { return !t.Idle() }
+
 // Saturated reports whether the number of unacknowledged events has reached
 // the limit; the replication loop then stops reading until acks free room.
 func (t *Tracker) Saturated() bool {

@@ -566,6 +566,7 @@ func TestPoisonEventStops(t *testing.T) {
 func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.cfg.Postgres.StatusInterval = 10 * time.Second // only the final update can confirm
+	e.cfg.Postgres.ConfirmInterval = 10 * time.Second
 	r := e.start(t)
 	conn := connect(t, e.db)
 	for i := 0; i < 50; i++ {
@@ -591,6 +592,32 @@ func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	}
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos <= lastCommit {
 		t.Fatalf("slot at %s after shutdown; the last transaction (commit %s) was acked but not confirmed", pos, lastCommit)
+	}
+}
+
+// TestConfirmsArePrompt: once Kafka has acked, the checkpoint is written and
+// the slot confirmed within a few confirm intervals, however long the
+// status interval (docs/design.md, rule 17).
+func TestConfirmsArePrompt(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.StatusInterval = 30 * time.Second
+	r := e.start(t)
+	conn := connect(t, e.db)
+	for round := 0; round < 3; round++ {
+		insertEvent(t, conn, "p-1", "E")
+		commit := testenv.CurrentWAL(t, e.db)
+		testenv.Eventually(t, time.Minute, "Kafka to ack the event", func() bool {
+			tr := r.tracker.Load()
+			return tr != nil && tr.Confirmed() >= commit
+		})
+		// A few confirm intervals (20ms) and a checkpoint's round trip;
+		// the status interval used to set the pace.
+		testenv.Eventually(t, 5*time.Second, "the slot to confirm the acked event", func() bool {
+			return testenv.SlotPosition(t, e.db, "outbox_cdc") >= commit
+		})
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
 	}
 }
 

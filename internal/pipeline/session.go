@@ -58,7 +58,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		dec:     decode.New(p.cfg.Tables),
 		ctx:     ctx,
 	}
-	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.StatusInterval)
+	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
 	confirmer.OnSaved(p.m.Checkpoints.Inc)
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)

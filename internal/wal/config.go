@@ -27,14 +27,23 @@ type Config struct {
 	Slot string
 	// Publication is the publication the slot streams. Default "outbox_cdc".
 	Publication string
-	// StatusInterval is how often a standby status update reports the
-	// confirmed position, and so the longest confirm lag once Kafka has
-	// acked. Default 1s. Must stay well below wal_sender_timeout.
+	// StatusInterval is how often a standby status update goes out when
+	// nothing new is confirmed: the keepalive period. Default 1s. Must
+	// stay well below wal_sender_timeout.
 	StatusInterval time.Duration
+	// ConfirmInterval is the least time between two status updates that
+	// confirm new events: once Kafka has acked, the confirm follows within
+	// about this. Default 20ms; at most StatusInterval.
+	ConfirmInterval time.Duration
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
 	Messages bool
 }
+
+// DefaultConfirmInterval is ConfirmInterval's default: short enough that a
+// drain ends at Kafka's pace, long enough that a busy stream confirms (and
+// writes checkpoints) at most 50 times a second.
+const DefaultConfirmInterval = 20 * time.Millisecond
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
@@ -63,6 +72,12 @@ func (c *Config) Validate() error {
 	}
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > 30*time.Second {
 		return fmt.Errorf("postgres.status_interval %s: use a value from 10ms to 30s (wal_sender_timeout is 60s by default)", c.StatusInterval)
+	}
+	if c.ConfirmInterval == 0 {
+		c.ConfirmInterval = min(DefaultConfirmInterval, c.StatusInterval)
+	}
+	if c.ConfirmInterval < time.Millisecond || c.ConfirmInterval > c.StatusInterval {
+		return fmt.Errorf("postgres.confirm_interval %s: use a value from 1ms to postgres.status_interval (%s)", c.ConfirmInterval, c.StatusInterval)
 	}
 	return nil
 }

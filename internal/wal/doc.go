@@ -12,6 +12,11 @@
 //     copies the write position into zero flush/apply fields.
 //   - Keepalives are handed to Acks, which alone decides whether the slot
 //     may follow the server's WAL end (only with nothing open or in flight).
+//   - Confirms are prompt: while Acks owes anything the loop reads
+//     Confirmed every ConfirmInterval and reports a move at once, at most
+//     one status update per ConfirmInterval.
+//   - The receive takes no context (pgconn would allocate a watcher per
+//     message); the socket's read deadline wakes it.
 //   - Status updates go out every StatusInterval even while Acks is
 //     saturated and the loop has stopped reading, so the walsender never
 //     reaches wal_sender_timeout because Kafka is slow.

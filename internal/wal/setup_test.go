@@ -248,6 +248,7 @@ func TestSlotInUse(t *testing.T) {
 type fixedAcks pglogrepl.LSN
 
 func (a fixedAcks) Confirmed() pglogrepl.LSN         { return pglogrepl.LSN(a) }
+func (fixedAcks) Owed() bool                         { return false }
 func (fixedAcks) Keepalive(pglogrepl.LSN, time.Time) {}
 func (fixedAcks) Saturated() bool                    { return false }
 func (fixedAcks) Err() error                         { return nil }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +33,10 @@ type Acks interface {
 	Saturated() bool
 	// Err is a delivery failure that ends the session.
 	Err() error
+	// Owed reports whether anything handed on is not confirmable yet (in
+	// flight, or waiting for its checkpoint): the loop then looks at
+	// Confirmed every ConfirmInterval instead of every StatusInterval.
+	Owed() bool
 	// Changed fires when any of the above may have changed.
 	Changed() <-chan struct{}
 }
@@ -87,31 +93,52 @@ func startError(slot string, err error) error {
 // Run receives until ctx is done, Acks reports an error, handle fails, or
 // the connection breaks. It returns ctx.Err() on cancellation, leaving the
 // connection open for Close to send the final position.
+//
+// Confirms are prompt: while Acks owes anything, the loop looks at
+// Confirmed at least every ConfirmInterval and sends a status update as
+// soon as it moved, at most one per ConfirmInterval. Otherwise a status
+// update goes out every StatusInterval, as a keepalive.
 func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
-	statusAt := time.Now()
-	recv := deadlines{parent: ctx}
-	defer recv.stop()
+	now := time.Now()
+	statusAt := now // the next keepalive
+	confirmAt := now
+	var pollAt time.Time
+	recv := newReceiver(s.conn.Conn())
+	stop := context.AfterFunc(ctx, recv.cancel)
+	defer func() {
+		stop()
+		recv.reset()
+	}()
 
 	for {
-		s.beat.Store(time.Now().UnixNano())
+		now = time.Now()
+		s.beat.Store(now.UnixNano())
 		if err := acks.Err(); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if now := time.Now(); !now.Before(statusAt) {
-			if err := s.sendStatus(acks); err != nil {
+		pos := s.position(acks)
+		if !now.Before(statusAt) || (pos > s.sent && !now.Before(confirmAt)) {
+			if err := s.sendStatus(pos); err != nil {
 				return err
 			}
-			statusAt = now.Add(s.cfg.StatusInterval)
+			statusAt, confirmAt = now.Add(s.cfg.StatusInterval), now.Add(s.cfg.ConfirmInterval)
+		}
+		wake := statusAt
+		if pos > s.sent || acks.Owed() {
+			if !pollAt.After(now) {
+				pollAt = now.Add(s.cfg.ConfirmInterval)
+			}
+			wake = minTime(wake, maxTime(pollAt, confirmAt))
 		}
 
 		if acks.Saturated() {
 			// Stop reading: the walsender's socket fills and it waits.
 			// Status updates still leave on time, which is what keeps
 			// the walsender from timing out while Kafka is slow.
-			t := time.NewTimer(time.Until(statusAt))
+			t := time.NewTimer(time.Until(wake))
 			select {
 			case <-acks.Changed():
 			case <-t.C:
@@ -121,8 +148,11 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 			continue
 		}
 
-		// The receive wakes up when the next status update is due.
-		msg, err := s.conn.ReceiveMessage(recv.until(statusAt))
+		// No context per receive: a context would cost pgconn a watcher
+		// and a timer per message. The socket's read deadline wakes the
+		// receive instead, and recv.cancel ends it when ctx is done.
+		recv.wakeAt(wake)
+		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -174,8 +204,7 @@ func (s *Stream) position(acks Acks) pglogrepl.LSN {
 	return pos
 }
 
-func (s *Stream) sendStatus(acks Acks) error {
-	pos := s.position(acks)
+func (s *Stream) sendStatus(pos pglogrepl.LSN) error {
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
@@ -195,34 +224,64 @@ func (s *Stream) sendStatus(acks Acks) error {
 // Close sends a last status update with what acks allows and closes the
 // connection. Call it on the goroutine that ran Run, after Run returned.
 func (s *Stream) Close(ctx context.Context, acks Acks) pglogrepl.LSN {
-	if err := s.sendStatus(acks); err != nil {
+	if err := s.sendStatus(s.position(acks)); err != nil {
 		s.log.Debug("final status update not sent", "error", err)
 	}
 	s.conn.Close(ctx)
 	return s.sent
 }
 
-// deadlines hands out one deadline context per status period rather than
-// one per message, which would cost a timer per received message.
-type deadlines struct {
-	parent context.Context
-	at     time.Time
-	ctx    context.Context
-	cancel context.CancelFunc
+// receiver wakes the loop's receive through the socket's read deadline.
+// pgconn treats a read timeout as harmless: the message being read, if
+// any, is picked up where it stopped by the next receive.
+type receiver struct {
+	conn net.Conn
+	at   time.Time // the deadline set; only the loop's goroutine uses it
+
+	mu        sync.Mutex
+	cancelled bool
 }
 
-func (d *deadlines) until(at time.Time) context.Context {
-	if d.ctx == nil || !at.Equal(d.at) {
-		d.stop()
-		d.at = at
-		d.ctx, d.cancel = context.WithDeadline(d.parent, at)
+func newReceiver(conn net.Conn) *receiver { return &receiver{conn: conn} }
+
+// wakeAt sets the next receive's deadline, unless cancel came first.
+func (r *receiver) wakeAt(at time.Time) {
+	if at.Equal(r.at) {
+		return
 	}
-	return d.ctx
+	r.at = at
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.cancelled {
+		_ = r.conn.SetReadDeadline(at)
+	}
 }
 
-func (d *deadlines) stop() {
-	if d.cancel != nil {
-		d.cancel()
-		d.ctx, d.cancel = nil, nil
+// cancel ends the receive in progress, and every later one.
+func (r *receiver) cancel() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cancelled = true
+	_ = r.conn.SetReadDeadline(time.Unix(1, 0))
+}
+
+// reset clears the deadline, for what Close still reads or writes.
+func (r *receiver) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.conn.SetReadDeadline(time.Time{})
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
 	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
