@@ -92,6 +92,9 @@ type relation struct {
 	table  *outbox.Table
 	fields [outbox.NumFields]column
 	extra  []column
+	// used lists the tuple index of every field and extra read, once per
+	// read, to size a row's copy.
+	used []int
 }
 
 // Decoder decodes one replication session's pgoutput stream. It is not safe
@@ -210,6 +213,14 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 		}
 		c.extra[i] = col
 	}
+	for _, col := range c.fields {
+		if col.idx >= 0 {
+			c.used = append(c.used, col.idx)
+		}
+	}
+	for _, col := range c.extra {
+		c.used = append(c.used, col.idx)
+	}
 	d.rels[rel.ID] = c
 	return nil
 }
@@ -255,6 +266,20 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	}
 	ev := d.newEvent(rel.table)
 	ev.Extra = make([]outbox.Value, len(rel.extra))
+	// One copy of the row's text values, out of the replication buffer
+	// pgconn reuses: one allocation per row rather than one per column.
+	size := 0
+	for _, c := range rel.used {
+		if c < len(d.vals) {
+			size += len(d.vals[c].data)
+		}
+	}
+	buf := make([]byte, 0, size)
+	text := func(b []byte) []byte {
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)] // capped: an append elsewhere cannot reach the next value
+	}
 	var bad error
 	read := func(c column) (outbox.Value, error) {
 		if c.idx < 0 {
@@ -275,7 +300,7 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 				}
 				return outbox.Value{B: b, Kind: c.kind}, nil
 			}
-			return outbox.Value{B: clone(v.data), Kind: c.kind}, nil
+			return outbox.Value{B: text(v.data), Kind: c.kind}, nil
 		default:
 			// Protocol 1 without the binary option sends text; an
 			// unchanged-TOAST marker cannot appear in an INSERT.

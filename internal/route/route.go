@@ -65,7 +65,16 @@ type tableRoute struct {
 	meta          []metaHeader
 	headerExtras  []placed
 	envelopeExtra []placed
+	// topics caches the checked topic of each expansion of the topic
+	// template: a stream has few topics, and a new string per event would
+	// be an allocation per event.
+	topics map[string]string
 }
+
+// maxCachedTopics bounds a source's topic cache; past it the cache starts
+// over, so a template with a unique value per event costs an allocation
+// per event, not unbounded memory.
+const maxCachedTopics = 4096
 
 // Router turns events into Kafka records. It is not safe for concurrent
 // use: the replication loop owns it.
@@ -76,6 +85,7 @@ type Router struct {
 	// read the shared bytes.
 	lsn     pglogrepl.LSN
 	lsnText []byte
+	scratch []byte // the topic being expanded
 }
 
 // commitLSN returns ev's commit LSN as header bytes, e.g. "0/16B3748".
@@ -96,7 +106,7 @@ func (r *Router) commitLSN(ev *outbox.Event) []byte {
 func New(tables []*outbox.Table) (*Router, error) {
 	r := &Router{routes: make(map[*outbox.Table]*tableRoute, len(tables))}
 	for _, t := range tables {
-		tr := &tableRoute{}
+		tr := &tableRoute{topics: map[string]string{}}
 		for k := range t.Headers {
 			known := false
 			for _, h := range defaultHeaders {
@@ -170,22 +180,32 @@ func normalize(topic string, t *outbox.Table) string {
 }
 
 // topic expands and checks ev's topic.
-func (r *Router) topic(ev *outbox.Event) (string, error) {
-	topic, err := expand(ev.Table.TopicTemplate, ev)
+func (r *Router) topic(tr *tableRoute, ev *outbox.Event) (string, error) {
+	tp := ev.Table.TopicTemplate
+	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral && !ev.Table.TopicLowercase && ev.Table.TopicReplaceIllegal == "" {
+		return tp.Parts[0].Text, nil // checked by Validate
+	}
+	var err error
+	r.scratch, err = appendExpanded(r.scratch[:0], tp, ev)
 	if err != nil {
 		return "", outbox.Invalid(ev, "topic template %q: %v", ev.Table.Topic, err)
 	}
-	topic = normalize(topic, ev.Table)
+	if topic, ok := tr.topics[string(r.scratch)]; ok {
+		return topic, nil
+	}
+	topic := normalize(string(r.scratch), ev.Table)
 	if err := ValidTopic(topic); err != nil {
 		return "", outbox.Invalid(ev, "%v", err)
 	}
+	if len(tr.topics) >= maxCachedTopics {
+		clear(tr.topics)
+	}
+	tr.topics[string(r.scratch)] = topic
 	return topic, nil
 }
 
-// headers returns ev's metadata, additional and trace headers, with room
-// for spare more.
-func (r *Router) headers(tr *tableRoute, ev *outbox.Event, spare int) []kgo.RecordHeader {
-	h := make([]kgo.RecordHeader, 0, len(tr.meta)+len(tr.headerExtras)+1+spare)
+// headers appends ev's metadata, additional and trace headers to h.
+func (r *Router) headers(h []kgo.RecordHeader, tr *tableRoute, ev *outbox.Event) []kgo.RecordHeader {
 	for _, m := range tr.meta {
 		if m.field < 0 {
 			h = append(h, kgo.RecordHeader{Key: m.name, Value: r.commitLSN(ev)})
@@ -204,6 +224,12 @@ func (r *Router) headers(tr *tableRoute, ev *outbox.Event, spare int) []kgo.Reco
 	return h
 }
 
+// recordBlock is a record with room for its usual headers.
+type recordBlock struct {
+	rec     kgo.Record
+	headers [8]kgo.RecordHeader
+}
+
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
 // when ev cannot be delivered as configured.
 func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
@@ -211,16 +237,18 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	if ev.Fields[outbox.FieldID].Null() && ev.Table.Columns[outbox.FieldID] != "" {
 		return nil, outbox.Invalid(ev, "the event id is NULL")
 	}
-	topic, err := r.topic(ev)
+	topic, err := r.topic(tr, ev)
 	if err != nil {
 		return nil, err
 	}
-	key, err := expand(ev.Table.KeyTemplate, ev)
+	key, err := expandBytes(ev.Table.KeyTemplate, ev)
 	if err != nil {
 		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Table.Key, err)
 	}
-	rec := &kgo.Record{Topic: topic, Key: []byte(key), Timestamp: ev.CommitTime}
-	rec.Headers = r.headers(tr, ev, 8)
+	// The record and its headers in one allocation.
+	b := &recordBlock{rec: kgo.Record{Topic: topic, Key: key, Timestamp: ev.CommitTime}}
+	rec := &b.rec
+	rec.Headers = r.headers(b.headers[:0], tr, ev)
 
 	payload := ev.Fields[outbox.FieldPayload]
 	if ev.Table.Tombstone && len(payload.B) == 0 {
@@ -263,11 +291,12 @@ func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 		value = []byte{}
 	}
 	dl := &kgo.Record{Topic: ev.Table.DeadLetterTopic, Value: value, Timestamp: ev.CommitTime}
-	if key, err := expand(ev.Table.KeyTemplate, ev); err == nil {
-		dl.Key = []byte(key)
+	if key, err := expandBytes(ev.Table.KeyTemplate, ev); err == nil {
+		dl.Key = key
 	}
-	dl.Headers = r.headers(r.routes[ev.Table], ev, 5)
-	if topic, err := r.topic(ev); err == nil {
+	tr := r.routes[ev.Table]
+	dl.Headers = r.headers(make([]kgo.RecordHeader, 0, 16), tr, ev)
+	if topic, err := r.topic(tr, ev); err == nil {
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(topic)})
 	}
 	dl.Headers = append(dl.Headers,

@@ -3,6 +3,7 @@ package route
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -360,6 +361,39 @@ func TestParseTimestamp(t *testing.T) {
 		got, ok := ParseTimestamp(in)
 		if !ok || got.UTC().Format(time.RFC3339Nano) != want {
 			t.Errorf("ParseTimestamp(%q) = %v, %v; want %s", in, got, ok, want)
+		}
+	}
+}
+
+// TestTopicCache: the topic cache returns each expansion's own topic, with
+// the source's normalisation, also once it has filled and started over, and
+// an illegal expansion is never cached as legal.
+func TestTopicCache(t *testing.T) {
+	tbl := table(func(t *outbox.Table) { t.Topic = "events.{aggregate_type}"; t.TopicLowercase = true })
+	r, err := New([]*outbox.Table{tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 2; round++ {
+		for i := 0; i < maxCachedTopics+10; i++ {
+			ev := event(tbl)
+			typ := "Order" + strings.Repeat("X", i%3) + string(rune('A'+i%26)) + "-" + strings.Repeat("9", i%7) + "_" + strconv.Itoa(i)
+			ev.Fields[outbox.FieldAggregateType] = text(typ)
+			rec, err := r.Record(ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := "events." + strings.ToLower(typ); rec.Topic != want {
+				t.Fatalf("round %d, event %d: topic %q, want %q", round, i, rec.Topic, want)
+			}
+		}
+	}
+	for i := 0; i < 2; i++ {
+		ev := event(tbl)
+		ev.Fields[outbox.FieldAggregateType] = text("bad/type")
+		var ee *outbox.EventError
+		if _, err := r.Record(ev); !errors.As(err, &ee) {
+			t.Fatalf("try %d: an illegal topic gave %v, want an EventError", i, err)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package route
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
@@ -13,31 +12,54 @@ func expand(tp outbox.Template, ev *outbox.Event) (string, error) {
 	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral {
 		return tp.Parts[0].Text, nil
 	}
-	var b strings.Builder
+	b, err := appendExpanded(nil, tp, ev)
+	return string(b), err
+}
+
+// expandBytes is expand for a record key. A template that is a single
+// value returns that value's bytes, not a copy: an event's values are its
+// own (the decoder copies each row once) and nothing writes to them.
+func expandBytes(tp outbox.Template, ev *outbox.Event) ([]byte, error) {
+	if len(tp.Parts) == 1 {
+		switch p := tp.Parts[0]; p.Kind {
+		case outbox.PartField, outbox.PartColumn:
+			v := value(p, ev)
+			if v.Null() {
+				return nil, fmt.Errorf("{%s} is NULL", p.Name)
+			}
+			return v.B, nil
+		}
+	}
+	return appendExpanded(nil, tp, ev)
+}
+
+// appendExpanded appends tp filled from ev to b.
+func appendExpanded(b []byte, tp outbox.Template, ev *outbox.Event) ([]byte, error) {
 	for _, p := range tp.Parts {
-		var v outbox.Value
 		switch p.Kind {
 		case outbox.PartLiteral:
-			b.WriteString(p.Text)
-			continue
+			b = append(b, p.Text...)
 		case outbox.PartSchema:
-			b.WriteString(ev.Table.Name.Schema)
-			continue
+			b = append(b, ev.Table.Name.Schema...)
 		case outbox.PartTable:
-			b.WriteString(ev.Table.Name.Name)
-			continue
+			b = append(b, ev.Table.Name.Name...)
 		case outbox.PartPrefix:
-			b.WriteString(ev.Table.MessagePrefix)
-			continue
-		case outbox.PartField:
-			v = ev.Fields[p.Field]
-		case outbox.PartColumn:
-			v = ev.Extra[p.Extra]
+			b = append(b, ev.Table.MessagePrefix...)
+		default:
+			v := value(p, ev)
+			if v.Null() {
+				return b, fmt.Errorf("{%s} is NULL", p.Name)
+			}
+			b = append(b, v.B...)
 		}
-		if v.Null() {
-			return "", fmt.Errorf("{%s} is NULL", p.Name)
-		}
-		b.Write(v.B)
 	}
-	return b.String(), nil
+	return b, nil
+}
+
+// value is a field or column placeholder's value in ev.
+func value(p outbox.TemplatePart, ev *outbox.Event) outbox.Value {
+	if p.Kind == outbox.PartField {
+		return ev.Fields[p.Field]
+	}
+	return ev.Extra[p.Extra]
 }

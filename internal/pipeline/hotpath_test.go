@@ -1,0 +1,126 @@
+package pipeline
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/route"
+)
+
+// pgoutput protocol 1 messages, written byte by byte as the PostgreSQL
+// documentation lays them out ("Logical Replication Message Formats").
+func pgBegin(final uint64, xid uint32) []byte {
+	b := []byte{'B'}
+	b = binary.BigEndian.AppendUint64(b, final)
+	b = binary.BigEndian.AppendUint64(b, uint64(time.Hour.Microseconds()))
+	return binary.BigEndian.AppendUint32(b, xid)
+}
+
+func pgCommit(commit, end uint64) []byte {
+	b := []byte{'C', 0}
+	b = binary.BigEndian.AppendUint64(b, commit)
+	b = binary.BigEndian.AppendUint64(b, end)
+	return binary.BigEndian.AppendUint64(b, uint64(time.Hour.Microseconds()))
+}
+
+func pgRelation(id uint32, cols []string, oids []uint32) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{'R'}, id)
+	b = append(b, "public\x00outbox\x00d"...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(cols)))
+	for i, c := range cols {
+		b = append(b, 0)
+		b = append(b, c...)
+		b = append(b, 0)
+		b = binary.BigEndian.AppendUint32(b, oids[i])
+		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
+	}
+	return b
+}
+
+func pgInsert(rel uint32, vals ...string) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{'I'}, rel)
+	b = append(b, 'N')
+	b = binary.BigEndian.AppendUint16(b, uint16(len(vals)))
+	for _, v := range vals {
+		b = append(b, 't')
+		b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+		b = append(b, v...)
+	}
+	return b
+}
+
+// hotPath is what the replication loop does for each 1-row transaction
+// of the default outbox layout, up to the Kafka record: decode BEGIN,
+// INSERT and COMMIT, route the event and size-check its record.
+type hotPath struct {
+	s                     *session
+	begin, insert, commit []byte
+}
+
+func newHotPath(t testing.TB) *hotPath {
+	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
+	if err := tbl.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := route.New([]*outbox.Table{tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{router: r}
+	p.cfg.Kafka.MaxMessageBytes = 1 << 20
+	s := &session{p: p, dec: decode.New([]*outbox.Table{tbl})}
+	rel := pgRelation(16384, []string{"id", "aggregatetype", "aggregateid", "type", "payload"}, []uint32{2950, 25, 25, 25, 3802})
+	if _, err := s.dec.Decode(rel); err != nil {
+		t.Fatal(err)
+	}
+	return &hotPath{
+		s:     s,
+		begin: pgBegin(0x1000, 7),
+		insert: pgInsert(16384, "5f0c7c1e-8b1a-4c57-9a51-3c3f2f1d9e01", "order", "agg-417", "OrderCreated",
+			`{"i": 417, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`),
+		commit: pgCommit(0x1000, 0x1040),
+	}
+}
+
+func (h *hotPath) run(t testing.TB) {
+	for _, data := range [][]byte{h.begin, h.insert, h.commit} {
+		m, err := h.s.dec.Decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Kind != decode.KindEvent {
+			continue
+		}
+		rec, err := h.s.record(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Topic != "outbox.event.order" || string(rec.Key) != "agg-417" {
+			t.Fatalf("record topic %q key %q", rec.Topic, rec.Key)
+		}
+	}
+}
+
+// BenchmarkHotPath: allocations per event from pgoutput bytes to the Kafka
+// record (docs/benchmarks.md).
+//
+//	go test -run '^$' -bench HotPath -benchmem ./internal/pipeline
+func BenchmarkHotPath(b *testing.B) {
+	h := newHotPath(b)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		h.run(b)
+	}
+}
+
+// TestHotPathAllocations pins the allocation budget of the hot path: at
+// most 6 per event from pgoutput bytes to the Kafka record.
+func TestHotPathAllocations(t *testing.T) {
+	h := newHotPath(t)
+	if n := testing.AllocsPerRun(1000, func() { h.run(t) }); n > 6 {
+		t.Fatalf("%.1f allocations per event from pgoutput to the Kafka record; the budget is 6", n)
+	}
+}
