@@ -41,8 +41,9 @@ type fileConfig struct {
 			ReplicationFactor int16             `yaml:"replication_factor"`
 			Configs           map[string]string `yaml:"configs"`
 		} `yaml:"topic_defaults"`
-		Linger time.Duration `yaml:"linger"`
-		TLS    struct {
+		Linger        time.Duration  `yaml:"linger"`
+		MaxBatchDelay *time.Duration `yaml:"max_batch_delay"`
+		TLS           struct {
 			Enabled    bool   `yaml:"enabled"`
 			CAFile     string `yaml:"ca_file"`
 			CertFile   string `yaml:"cert_file"`
@@ -228,7 +229,8 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 			CreateTopics:           createTopics,
 			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
 				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
-			Linger: fc.Kafka.Linger,
+			Linger:        fc.Kafka.Linger,
+			MaxBatchDelay: batchDelay(fc.Kafka.MaxBatchDelay),
 			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
 				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
 			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
@@ -328,4 +330,16 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
 	}
 	return t, nil
+}
+
+// batchDelay maps kafka.max_batch_delay to sink.Config's: unset is the
+// default, and 0 turns batching off.
+func batchDelay(d *time.Duration) time.Duration {
+	switch {
+	case d == nil:
+		return 0
+	case *d == 0:
+		return -1
+	}
+	return *d
 }

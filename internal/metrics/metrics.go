@@ -12,8 +12,11 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Metrics are the connector's collectors.
@@ -37,6 +40,9 @@ type Metrics struct {
 	Streaming      prometheus.Gauge
 	WindowsLost    prometheus.Counter
 	Checkpoints    prometheus.Counter
+	// ProduceRequests counts produce requests written to brokers: events
+	// per request shows how well batching works.
+	ProduceRequests prometheus.Counter
 }
 
 // WALStatuses are the values of pg_replication_slots.wal_status.
@@ -86,7 +92,9 @@ func New() *Metrics {
 		Help: "Replay windows lost because Postgres invalidated the replay slot."})
 	m.Checkpoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_checkpoints_total",
 		Help: "Checkpoints written to the checkpoint topic and acknowledged."})
-	for _, c := range []prometheus.Collector{m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	m.ProduceRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_kafka_produce_requests_total",
+		Help: "Produce requests written to the brokers (events, dead letters and checkpoints together)."})
+	for _, c := range []prometheus.Collector{m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -111,5 +119,18 @@ func (m *Metrics) SetWALStatus(status string) {
 			v = 1
 		}
 		m.slotWALStatus.WithLabelValues(s).Set(v)
+	}
+}
+
+// KafkaHook is a franz-go hook (kgo.WithHooks) that counts produce
+// requests in cdc_kafka_produce_requests_total.
+func (m *Metrics) KafkaHook() kgo.Hook { return produceRequestHook{m.ProduceRequests} }
+
+type produceRequestHook struct{ c prometheus.Counter }
+
+// OnBrokerWrite implements kgo.HookBrokerWrite.
+func (h produceRequestHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == 0 && err == nil { // 0: Produce
+		h.c.Inc()
 	}
 }

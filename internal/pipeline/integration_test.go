@@ -451,16 +451,25 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 // TestPartitionFaultHoldsConfirmedPosition injects a produce error on one
 // partition while the others succeed: confirmed_flush_lsn must never pass
 // the failed transaction, and everything is delivered once the fault clears.
+//
+// A retriable error keeps the failed record in flight while later ones are
+// acked (batching holds them at most kafka.max_batch_delay behind it), so
+// the slot is seen to stay put although later transactions are done. A
+// non-retriable error ends the session before the records behind it go, so
+// the connector is seen to retry, session after session, without moving.
 func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  *kerr.Error
+		// laterAcked: events after the failed one are delivered during
+		// the fault.
+		laterAcked bool
 	}{
 		// franz-go retries this one in place.
-		{"retriable NOT_LEADER_FOR_PARTITION", kerr.NotLeaderForPartition},
+		{"retriable NOT_LEADER_FOR_PARTITION", kerr.NotLeaderForPartition, true},
 		// franz-go fails the record; the pipeline reconnects and Postgres
 		// re-sends from the confirmed position.
-		{"non-retriable UNKNOWN_SERVER_ERROR", kerr.UnknownServerError},
+		{"non-retriable UNKNOWN_SERVER_ERROR", kerr.UnknownServerError, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := testenv.NewFakeKafka(t)
@@ -494,7 +503,7 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			for _, g := range good[1:] {
 				goodIDs = append(goodIDs, insertEvent(t, conn, g, "Flowing"))
 			}
-			c.WaitFor(t, time.Minute, "the healthy partitions' events", func(r []*kgo.Record) bool {
+			allGood := func(r []*kgo.Record) bool {
 				got := ids(r)
 				for _, id := range goodIDs {
 					if got[id] == 0 {
@@ -502,10 +511,15 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 					}
 				}
 				return true
-			})
-			testenv.Eventually(t, 30*time.Second, "the fault to be hit", func() bool { return h.Hits() > 0 })
+			}
+			if tc.laterAcked {
+				c.WaitFor(t, time.Minute, "the healthy partitions' events", allGood)
+				testenv.Eventually(t, 30*time.Second, "the fault to be hit", func() bool { return h.Hits() > 0 })
+			} else {
+				testenv.Eventually(t, time.Minute, "three sessions to hit the fault", func() bool { return h.Hits() >= 3 })
+			}
 			// Several status intervals pass while later transactions are
-			// acked; the slot must still stop before the failed one.
+			// committed; the slot must still stop before the failed one.
 			for i := 0; i < 10; i++ {
 				if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > badCommit {
 					t.Fatalf("confirmed_flush_lsn %s passed the failed transaction (commit record at %s)", pos, badCommit)
@@ -517,7 +531,7 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			}
 
 			h.Remove()
-			c.WaitFor(t, time.Minute, "the faulted event after the fault cleared", func(r []*kgo.Record) bool { return ids(r)[badID] > 0 })
+			c.WaitFor(t, time.Minute, "every event after the fault cleared", func(r []*kgo.Record) bool { return ids(r)[badID] > 0 && allGood(r) })
 			end := testenv.CurrentWAL(t, e.db)
 			testenv.Eventually(t, 30*time.Second, "the slot to confirm everything", func() bool {
 				return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end

@@ -270,7 +270,7 @@ func (p *Pipeline) Check(ctx context.Context) error {
 	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.walTables()); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}
@@ -403,4 +403,10 @@ func Permanent(err error) bool {
 		return prod.Permanent()
 	}
 	return false
+}
+
+// kafkaOpts are the producer's extra options: the caller's, and the hook
+// that counts produce requests.
+func (p *Pipeline) kafkaOpts() []kgo.Opt {
+	return append(append([]kgo.Opt(nil), p.opts.KafkaOpts...), kgo.WithHooks(p.m.KafkaHook()))
 }

@@ -149,7 +149,7 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 		start = held
 	}
 
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return ReplaySummary{}, err
 	}
@@ -166,7 +166,8 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 		}
 	}
 	s := &session{p: p, kafka: k, tracker: checkpoint.NewTracker(start, p.cfg.MaxInFlight), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
-	acks := &replayAcks{Tracker: s.tracker, f: f}
+	acks := &replayAcks{Tracker: s.tracker, f: f, kafka: k}
+	k.SetWake(stream.Wake)
 
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
@@ -325,8 +326,12 @@ func (f *replayFilter) take(ev *outbox.Event) bool {
 // with no transaction open. Events still in flight are waited for after.
 type replayAcks struct {
 	*checkpoint.Tracker
-	f *replayFilter
+	f     *replayFilter
+	kafka *sink.Kafka
 }
+
+// Release lets batched records go (wal.Releaser).
+func (a *replayAcks) Release(now time.Time) time.Time { return a.kafka.Release(now) }
 
 func (a *replayAcks) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
 	a.Tracker.Keepalive(walEnd, at)

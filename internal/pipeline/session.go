@@ -19,7 +19,7 @@ import (
 
 // runSession sets up, runs and shuts down one replication session.
 func (p *Pipeline) runSession(ctx context.Context, first bool) error {
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.opts.KafkaOpts...)
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return err
 	}
@@ -74,7 +74,8 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		defer func() { stopWindow(); <-windowDone }()
 	}
 
-	runErr := stream.Run(ctx, s.handle, confirmer)
+	k.SetWake(stream.Wake)
+	runErr := stream.Run(ctx, s.handle, streamAcks{confirmer, k})
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
 		// flight, write the checkpoint, then confirm what it covers.
@@ -96,6 +97,15 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	}
 	return runErr
 }
+
+// streamAcks is what the replication loop reads: the confirmer, and the
+// producer's batching (wal.Releaser).
+type streamAcks struct {
+	*checkpoint.Confirmer
+	kafka *sink.Kafka
+}
+
+func (a streamAcks) Release(now time.Time) time.Time { return a.kafka.Release(now) }
 
 // session is one replication session: one replication connection, one
 // Kafka client, one decoder and one tracker. Its methods follow one event
@@ -218,7 +228,7 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 		stamped, _ = route.ParseTimestamp(string(v.B))
 	}
 	s.tracker.Track(tx)
-	s.kafka.Produce(rec, func(err error) {
+	s.kafka.Send(rec, func(err error) {
 		s.tracker.Ack(tx, err)
 		if err != nil {
 			m.ProduceErrors.Inc()

@@ -10,4 +10,9 @@
 //   - Every record gets exactly one answer through its done callback. An
 //     error answer is a *ProduceError that says what to do; it is never
 //     retried or skipped here. The caller decides (see pipeline).
+//   - Send batches adaptively (batch.go): a record is held while records sent
+//     before it wait for Kafka, at most MaxBatchDelay. Send and Release run on
+//     one goroutine and release records in the order they were sent, so
+//     batching never reorders; a held record has no answer yet, so nothing
+//     behind it can be confirmed.
 package sink

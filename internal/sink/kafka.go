@@ -46,6 +46,10 @@ type Config struct {
 	// TLS and SASL say how to reach secured brokers.
 	TLS  TLSConfig
 	SASL SASLConfig
+	// MaxBatchDelay is the longest an event waits to join a batch while
+	// earlier events are in flight (see Send). 0 means the default,
+	// DefaultMaxBatchDelay; a negative value sends every event at once.
+	MaxBatchDelay time.Duration
 	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
 	// while it is full. The pipeline sets it to twice its in-flight limit,
 	// so that Produce never blocks the replication loop. Default 10,000.
@@ -79,6 +83,12 @@ func (c *Config) Validate() error {
 	if err := c.validateSecurity(); err != nil {
 		return err
 	}
+	if c.MaxBatchDelay == 0 {
+		c.MaxBatchDelay = DefaultMaxBatchDelay
+	}
+	if c.MaxBatchDelay > time.Second {
+		return fmt.Errorf("kafka.max_batch_delay %s: use a value from 0 (off) to 1s", c.MaxBatchDelay)
+	}
 	if c.Linger < 0 || c.Linger > time.Minute {
 		return fmt.Errorf("kafka.linger %s: use a value from 0 to 1m", c.Linger)
 	}
@@ -87,6 +97,10 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// DefaultMaxBatchDelay is MaxBatchDelay's default: a small part of the
+// latency budget, and several broker round trips on a local network.
+const DefaultMaxBatchDelay = 5 * time.Millisecond
 
 // DefaultMaxMessageBytes is Kafka's default message.max.bytes.
 const DefaultMaxMessageBytes = 1_000_012
@@ -97,6 +111,7 @@ type Kafka struct {
 	cfg    Config
 	log    hclog.Logger
 	topics map[string]topicState // read and written by EnsureTopic's goroutine only
+	batch  batcher
 }
 
 // New creates the producer from a validated cfg. It does not connect until
@@ -160,17 +175,25 @@ func ClientOpts(cfg Config, log hclog.Logger) []kgo.Opt {
 func (k *Kafka) Produce(rec *kgo.Record, done func(error)) {
 	// context.Background: records are never cancelled (see doc.go).
 	k.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
-		if err != nil {
-			_, dl := k.cfg.TopicMaxMessageBytes[r.Topic]
-			err = &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err, deadLetter: dl}
-		}
-		done(err)
+		done(k.produceError(r, err))
 	})
 }
 
-// Flush waits until every produced record has its answer, or ctx is done;
-// then it returns ctx's error and the records stay in flight.
-func (k *Kafka) Flush(ctx context.Context) error { return k.cl.Flush(ctx) }
+func (k *Kafka) produceError(r *kgo.Record, err error) error {
+	if err == nil {
+		return nil
+	}
+	_, dl := k.cfg.TopicMaxMessageBytes[r.Topic]
+	return &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err, deadLetter: dl}
+}
+
+// Flush sends what Send holds, then waits until every produced record has
+// its answer, or ctx is done; then it returns ctx's error and the records
+// stay in flight. Call it from the goroutine that calls Send.
+func (k *Kafka) Flush(ctx context.Context) error {
+	k.Release(time.Time{})
+	return k.cl.Flush(ctx)
+}
 
 // Ping checks that a broker answers and accepts the connector's TLS and
 // SASL settings, with ctx as the deadline. A failure a setting must fix is
