@@ -1,0 +1,422 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// The benchmarks in this file measure what a user sees: the built cdc
+// binary, run as its own process with the default settings, timed up to
+// Postgres's confirm of the last event, next to pg_recvlogical reading an
+// identical slot in the same run (docs/benchmarks.md).
+//
+//	make bench                        (real broker, 3 paired runs)
+//	CDC_BENCH_EVENTS=20000 go test -run '^$' -bench 'Drain|Latency' -benchtime 1x ./internal/pipeline
+//
+// CDC_BENCH_OUT names a file each run appends its figures to, as JSON
+// lines, for scripts/benchplot.
+
+// fillTxProcedure writes n outbox rows, committing every per rows.
+const fillTxProcedure = `CREATE PROCEDURE fill_tx(n int, per int) LANGUAGE plpgsql AS $$
+	BEGIN
+	  FOR i IN 1..n LOOP
+	    INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+	    VALUES ('order', 'agg-' || (i % 1000), 'OrderCreated', jsonb_build_object('i', i, 'pad', repeat('x', 200)));
+	    IF i % per = 0 THEN COMMIT; END IF;
+	  END LOOP;
+	END $$`
+
+func benchEvents() int {
+	if v := os.Getenv("CDC_BENCH_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err == nil && n > 0 {
+			return n
+		}
+	}
+	return 100_000
+}
+
+// benchResult is one run's figures, as written to CDC_BENCH_OUT.
+type benchResult struct {
+	Bench      string    `json:"bench"`
+	Broker     string    `json:"broker"`
+	Events     int       `json:"events"`
+	TxSize     int       `json:"tx_size,omitempty"`
+	Rate       float64   `json:"rate,omitempty"`    // events/s offered (latency)
+	Seconds    float64   `json:"seconds,omitempty"` // connector, start to confirm
+	RefSecs    float64   `json:"ref_seconds,omitempty"`
+	Ratio      float64   `json:"ratio,omitempty"` // connector speed / pg_recvlogical speed
+	CPU        float64   `json:"cpu_seconds,omitempty"`
+	RSSMB      float64   `json:"peak_rss_mb,omitempty"`
+	Latency    []float64 `json:"latency_ms,omitempty"` // the CDF: 1001 quantiles
+	PerRequest float64   `json:"events_per_request,omitempty"`
+}
+
+func (r benchResult) save(b *testing.B) {
+	out := os.Getenv("CDC_BENCH_OUT")
+	if out == "" {
+		return
+	}
+	f, err := os.OpenFile(out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := json.NewEncoder(f).Encode(r); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func brokerName() string {
+	if testenv.External() {
+		return "Apache Kafka"
+	}
+	return "kfake"
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// connectorBinary builds cmd/cdc once per test process, as make build does.
+func connectorBinary(b *testing.B) string {
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cdc-bench-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "cdc")
+		out, err := exec.Command("go", "build", "-trimpath", "-o", binPath, "github.com/outboxcdc/cdc/cmd/cdc").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		b.Fatal(binErr)
+	}
+	return binPath
+}
+
+// connector is the cdc binary running on db's outbox_cdc slot.
+type connector struct {
+	cmd   *exec.Cmd
+	start time.Time
+	out   strings.Builder
+	http  string // its metrics endpoint
+}
+
+// metric reads one unlabelled counter or gauge from the connector's
+// /metrics, or sums a labelled one.
+func (c *connector) metric(b *testing.B, name string) float64 {
+	b.Helper()
+	resp, err := http.Get("http://" + c.http + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	sum := 0.0
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// freeAddr is a free local TCP address.
+func freeAddr(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startConnector(b *testing.B, db string, kafka *testenv.Kafka) *connector {
+	b.Helper()
+	cfg := fmt.Sprintf(`postgres:
+  url: %q
+kafka:
+  brokers: [%s]
+tables:
+  - name: public.outbox
+    topic: %q
+checkpoint:
+  topic: %s
+log:
+  level: warn
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())
+	if d := os.Getenv("CDC_BENCH_BATCH_DELAY"); d != "" { // for comparisons
+		cfg = strings.Replace(cfg, "kafka:\n", "kafka:\n  max_batch_delay: "+d+"\n", 1)
+	}
+	file := filepath.Join(b.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	c := &connector{cmd: exec.Command(connectorBinary(b), "run", "--config", file), http: freeAddr(b)}
+	c.cmd.Env = append(os.Environ(), "CDC_HTTP_LISTEN="+c.http)
+	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
+	c.start = time.Now()
+	if err := c.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// stop ends the process with SIGTERM and returns its CPU time and peak RSS.
+func (c *connector) stop(b *testing.B) (cpu time.Duration, rssMB float64) {
+	b.Helper()
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	if err := c.cmd.Wait(); err != nil {
+		b.Fatalf("connector: %v\n%s", err, c.out.String())
+	}
+	ru := c.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return cpu, float64(ru.Maxrss) / 1024
+}
+
+// waitConfirmed polls the slot until Postgres has been told a position past
+// after, and returns when it saw it.
+func (c *connector) waitConfirmed(b *testing.B, conn *pgx.Conn, after pglogrepl.LSN) time.Time {
+	b.Helper()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var s string
+		if err := conn.QueryRow(context.Background(), `SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`).Scan(&s); err != nil {
+			b.Fatal(err)
+		}
+		if l, _ := pglogrepl.ParseLSN(s); l > after {
+			return time.Now()
+		}
+		if c.cmd.ProcessState != nil || time.Now().After(deadline) {
+			b.Fatalf("the connector did not confirm past %s\n%s", after, c.out.String())
+		}
+		time.Sleep(2 * time.Millisecond) // polling Postgres: the sample period
+	}
+}
+
+func pgConnect(b *testing.B, db string) *pgx.Conn {
+	b.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// BenchmarkDrain drains a backlog written in 1-row and in 1000-row
+// transactions: the cdc binary from process start to Postgres's confirm of
+// the last event, against pg_recvlogical (no decoding into events, no
+// Kafka) reading identical slots, before and after it, to the same end.
+func BenchmarkDrain(b *testing.B) {
+	for _, per := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("tx=%d", per), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				drainOnce(b, per)
+			}
+		})
+	}
+}
+
+func drainOnce(b *testing.B, per int) {
+	events := benchEvents()
+	p := testenv.Require(b, pg)
+	recvlogical := filepath.Join(p.Bin, "pg_recvlogical")
+	db := p.NewDatabase(b)
+	kafka := testenv.NewKafka(b)
+	conn := pgConnect(b, db)
+	warmUp(b, db, kafka, conn)
+	// The connector has run before and stopped; the reference slots start
+	// where it did.
+	testenv.Exec(b, db,
+		`SELECT pg_create_logical_replication_slot('ref_before', 'pgoutput')`,
+		`SELECT pg_create_logical_replication_slot('ref_after', 'pgoutput')`)
+	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", events-per, per))
+	beforeLast := testenv.CurrentWAL(b, db)
+	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", per, per))
+	end := testenv.CurrentWAL(b, db)
+
+	b.ResetTimer()
+	refBefore := recvlogicalTime(b, recvlogical, db, "ref_before", end)
+	c := startConnector(b, db, kafka)
+	done := c.waitConfirmed(b, conn, beforeLast)
+	elapsed := done.Sub(c.start)
+	refAfter := recvlogicalTime(b, recvlogical, db, "ref_after", end)
+	b.StopTimer()
+	cpu, rss := c.stop(b)
+
+	ref := (refBefore + refAfter) / 2
+	ratio := ref.Seconds() / elapsed.Seconds()
+	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(cpu.Seconds()*100_000/float64(events), "cpu_s/100k")
+	b.ReportMetric(rss, "peak_rss_MB")
+	fmt.Printf("\ndrain %d events in %d-row transactions (%s):\n", events, per, brokerName())
+	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", elapsed.Seconds(), float64(events)/elapsed.Seconds(), cpu.Seconds(), rss)
+	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", ref.Seconds(), refBefore.Seconds(), refAfter.Seconds())
+	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
+	benchResult{Bench: "drain", Broker: brokerName(), Events: events, TxSize: per, Seconds: elapsed.Seconds(),
+		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss}.save(b)
+}
+
+// warmUp prepares db for a benchmark as a deployment would be: the outbox
+// table and publication, and a connector that has run (its slot,
+// checkpoint and topic exist) and stopped.
+func warmUp(b *testing.B, db string, kafka *testenv.Kafka, conn *pgx.Conn) {
+	b.Helper()
+	testenv.Exec(b, db, schema,
+		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`,
+		`SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`,
+		fillTxProcedure, "CALL fill_tx(1, 1)")
+	last := testenv.CurrentWAL(b, db)
+	c := startConnector(b, db, kafka)
+	c.waitConfirmed(b, conn, last-1)
+	c.stop(b)
+}
+
+// recvlogicalTime is how long pg_recvlogical takes from its start to
+// reaching end on slot.
+func recvlogicalTime(b *testing.B, bin, db, slot string, end pglogrepl.LSN) time.Duration {
+	b.Helper()
+	start := time.Now()
+	out, err := exec.Command(bin, "-d", db, "--slot", slot, "--start", "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names=outbox_cdc",
+		"-E", end.String(), "-f", "/dev/null").CombinedOutput()
+	if err != nil {
+		b.Fatalf("pg_recvlogical: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkLatency writes 1-row transactions at a steady rate while the cdc
+// binary streams them, and measures commit → visible: when a consumer
+// receives each record, minus its timestamp (the transaction's commit time).
+// The first second is warm-up and not counted.
+func BenchmarkLatency(b *testing.B) {
+	seconds := 10
+	if v := os.Getenv("CDC_BENCH_SECONDS"); v != "" {
+		seconds, _ = strconv.Atoi(v)
+	}
+	for _, rate := range []int{1000, 5000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				latencyOnce(b, rate, time.Duration(seconds)*time.Second)
+			}
+		})
+	}
+}
+
+func latencyOnce(b *testing.B, rate int, d time.Duration) {
+	p := testenv.Require(b, pg)
+	db := p.NewDatabase(b)
+	kafka := testenv.NewKafka(b)
+	conn := pgConnect(b, db)
+	warmUp(b, db, kafka, conn)
+	c := startConnector(b, db, kafka)
+	testenv.Eventually(b, time.Minute, "the connector to stream", func() bool {
+		var active bool
+		testenv.QueryRow(b, db, `SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &active)
+		return active
+	})
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...),
+		kgo.ConsumeTopics(kafka.Prefix+"outbox.event.order"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMinAge(50*time.Millisecond), kgo.FetchMaxWait(time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+
+	// The writer: every 10ms, the rows due by then, one transaction each.
+	// The test server runs with synchronous_commit=off, which holds WAL
+	// back from the walsender for up to wal_writer_delay (200ms); an
+	// application's commits are normally synchronous.
+	if _, err := conn.Exec(context.Background(), "SET synchronous_commit = on"); err != nil {
+		b.Fatal(err)
+	}
+	total := rate * int(d/time.Second)
+	start := time.Now()
+	warmEnd := start.Add(time.Second)
+	writeDone := make(chan error, 1)
+	go func() {
+		written := 0
+		for t := time.NewTicker(10 * time.Millisecond); written < total; <-t.C {
+			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
+			if due > written {
+				if _, err := conn.Exec(context.Background(), fmt.Sprintf("CALL fill_tx(%d, 1)", due-written)); err != nil {
+					writeDone <- err
+					return
+				}
+				written = due
+			}
+		}
+		writeDone <- nil
+	}()
+
+	var lat []float64
+	seen := -1 // the warm-up event comes first
+	deadline := time.Now().Add(d + 2*time.Minute)
+	for seen < total && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		now := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			seen++
+			if r.Timestamp.After(warmEnd) {
+				lat = append(lat, float64(now.Sub(r.Timestamp).Microseconds())/1000)
+			}
+		})
+	}
+	if err := <-writeDone; err != nil {
+		b.Fatal(err)
+	}
+	perRequest := c.metric(b, "cdc_events_total") / c.metric(b, "cdc_kafka_produce_requests_total")
+	cpu, rss := c.stop(b)
+	if seen < total {
+		b.Fatalf("consumed %d of %d events", seen, total)
+	}
+	slices.Sort(lat)
+	q := func(f float64) float64 { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	b.ReportMetric(q(0.5), "p50_ms")
+	b.ReportMetric(q(0.99), "p99_ms")
+	b.ReportMetric(lat[len(lat)-1], "max_ms")
+	b.ReportMetric(perRequest, "events/request")
+	fmt.Printf("\ncommit → visible at %d events/s, 1-row transactions, %s (%d events counted):\n", rate, brokerName(), len(lat))
+	fmt.Printf("  p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms  (%.1f events/request, cpu %.2f s, peak RSS %.1f MB)\n\n", q(0.5), q(0.9), q(0.99), lat[len(lat)-1], perRequest, cpu.Seconds(), rss)
+	// Keep the file small: the CDF at 1000 points.
+	cdf := make([]float64, 0, 1001)
+	for i := 0; i <= 1000; i++ {
+		cdf = append(cdf, q(float64(i)/1000))
+	}
+	benchResult{Bench: "latency", Broker: brokerName(), Events: total, Rate: float64(rate), CPU: cpu.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf}.save(b)
+}
