@@ -63,7 +63,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.Tables[0].Columns != outbox.DefaultColumns || cfg.Tables[0].Topic != "outbox.event.{aggregate_type}" {
 		t.Errorf("default table = %+v", cfg.Tables[0])
 	}
-	if cfg.MaxInFlight != 10_000 || cfg.ShutdownTimeout != 30*time.Second || lc.Level != "info" || lc.JSON {
+	if cfg.MaxInFlight != pipeline.DefaultMaxInFlight || cfg.ShutdownTimeout != 30*time.Second || lc.Level != "info" || lc.JSON {
 		t.Errorf("cfg = %+v, log = %+v", cfg, lc)
 	}
 }

@@ -20,6 +20,13 @@ import (
 )
 
 // Config configures a pipeline.
+// DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
+// memory (about 2 KB per event in flight, for the row, the record and
+// franz-go's batch), and covers a round trip of 40 ms to Kafka at
+// 100k events/s; 10,000 cost 10 MB more of peak RSS for no speed on the
+// benchmarks (docs/benchmarks.md).
+const DefaultMaxInFlight = 4096
+
 type Config struct {
 	Postgres wal.Config
 	Kafka    sink.Config
@@ -29,7 +36,7 @@ type Config struct {
 	// Kafka.MaxMessageBytes. Default 1,000,012.
 	DeadLetterMaxMessageBytes int32
 	// MaxInFlight is how many events may wait for Kafka's ack before the
-	// replication loop stops reading. Default 10,000.
+	// replication loop stops reading. Default DefaultMaxInFlight.
 	MaxInFlight int
 	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
 	// Default 30s.
@@ -89,7 +96,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 10_000
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.MaxInFlight < 1 {
 		return fmt.Errorf("max_in_flight must be positive")

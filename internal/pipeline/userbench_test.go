@@ -176,6 +176,7 @@ log:
 	if d := os.Getenv("CDC_BENCH_BATCH_DELAY"); d != "" { // for comparisons
 		cfg = strings.Replace(cfg, "kafka:\n", "kafka:\n  max_batch_delay: "+d+"\n", 1)
 	}
+	cfg += os.Getenv("CDC_BENCH_YAML") // top-level settings to compare, such as max_in_flight
 	file := filepath.Join(b.TempDir(), "cdc.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		b.Fatal(err)
