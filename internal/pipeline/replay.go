@@ -167,7 +167,6 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 	}
 	s := &session{p: p, kafka: k, tracker: checkpoint.NewTracker(start, p.cfg.MaxInFlight), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
 	acks := &replayAcks{Tracker: s.tracker, f: f, kafka: k}
-	k.SetWake(stream.Wake)
 
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()

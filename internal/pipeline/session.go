@@ -74,7 +74,6 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		defer func() { stopWindow(); <-windowDone }()
 	}
 
-	k.SetWake(stream.Wake)
 	runErr := stream.Run(ctx, s.handle, streamAcks{confirmer, k})
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in

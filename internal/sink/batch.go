@@ -1,105 +1,70 @@
 package sink
 
 import (
-	"context"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The event path batches adaptively, in the manner of Nagle's algorithm: a
-// record goes to the producer at once when nothing sent before it is
-// waiting for Kafka, and otherwise waits until everything sent before it
-// has been answered, or until it has waited MaxBatchDelay. An idle stream
+// The event path batches adaptively by pacing: a record goes to the
+// producer at once when no batch went in the last MaxBatchDelay, and
+// otherwise waits, with whatever else arrives, until MaxBatchDelay after
+// the last batch. An idle stream (events further apart than the delay)
 // therefore sends each event as soon as it is decoded, and a busy one sends
-// what piled up during a round trip as one request, so that the number of
-// requests follows the broker's pace rather than the event rate. Sending
-// each event alone under load costs a wake-up, a request and an answer per
-// event, and on a small machine that cost alone can put the connector
-// seconds behind (docs/design.md, "Batching").
+// at most one batch per MaxBatchDelay, so the number of requests follows
+// the delay rather than the event rate. Sending each event alone under load
+// costs a wake-up, a request and an answer per event in the connector and
+// in the broker, and on a small machine that cost alone can put the
+// connector seconds behind (docs/design.md, "Batching").
 
 type heldRecord struct {
 	rec  *kgo.Record
 	done func(error)
 }
 
-// batcher is the state Send, Release and the acks share.
+// batcher is Send's state. Send, Release and Flush are called from one
+// goroutine, the replication loop's, so it needs no lock; that one
+// goroutine is also what keeps records in the order they were sent.
 type batcher struct {
-	mu          sync.Mutex
-	held        []heldRecord
-	since       time.Time // when the oldest held record arrived
-	outstanding int       // records sent and not answered yet
-	wake        func()    // tells the sending goroutine to call Release
+	held []heldRecord
+	last time.Time // when the last batch went
+	now  func() time.Time
 }
 
-// SetWake sets the function an ack calls when held records may go: the
-// replication loop's wake-up. Call it before the first Send.
-func (k *Kafka) SetWake(f func()) { k.batch.wake = f }
-
-// Send produces rec, holding it back while earlier records are in flight
-// (see above); done is called with Kafka's answer. Send and Release must be
-// called from one goroutine, the replication loop's, which is what keeps
-// records in the order they were sent.
+// Send produces rec, at once or with the next batch (see above); done is
+// called with Kafka's answer.
 func (k *Kafka) Send(rec *kgo.Record, done func(error)) {
 	b := &k.batch
-	b.mu.Lock()
-	if k.cfg.MaxBatchDelay < 0 || (b.outstanding == 0 && len(b.held) == 0) {
-		b.outstanding++
-		b.mu.Unlock()
-		k.send(rec, done)
+	if k.cfg.MaxBatchDelay < 0 {
+		k.Produce(rec, done)
 		return
 	}
 	if len(b.held) == 0 {
-		b.since = time.Now()
+		if now := b.now(); now.Sub(b.last) >= k.cfg.MaxBatchDelay {
+			b.last = now
+			k.Produce(rec, done)
+			return
+		}
 	}
 	b.held = append(b.held, heldRecord{rec, done})
-	release := b.outstanding == 0
-	b.mu.Unlock()
-	if release {
-		k.Release(time.Time{})
-	}
 }
 
-// Release sends the held records if they may go: everything before them
-// was answered, or the oldest has waited MaxBatchDelay as of now (the zero
-// time: release regardless). It returns when it must be called again if
-// no ack comes first, or the zero time when nothing is held.
+// Release sends the held records if their batch is due as of now (the zero
+// time: at once). It returns when it must be called again, or the zero
+// time when nothing is held.
 func (k *Kafka) Release(now time.Time) time.Time {
 	b := &k.batch
-	b.mu.Lock()
 	if len(b.held) == 0 {
-		b.mu.Unlock()
 		return time.Time{}
 	}
-	due := b.since.Add(k.cfg.MaxBatchDelay)
-	if b.outstanding > 0 && !now.IsZero() && now.Before(due) {
-		b.mu.Unlock()
+	if due := b.last.Add(k.cfg.MaxBatchDelay); !now.IsZero() && now.Before(due) {
 		return due
 	}
-	held := b.held
-	b.held = make([]heldRecord, 0, cap(held))
-	b.outstanding += len(held)
-	b.mu.Unlock()
-	for _, h := range held {
-		k.send(h.rec, h.done)
+	b.last = b.now()
+	for i, h := range b.held {
+		k.Produce(h.rec, h.done)
+		b.held[i] = heldRecord{}
 	}
+	b.held = b.held[:0]
 	return time.Time{}
-}
-
-// send hands rec to franz-go; its answer counts down the records in flight
-// and wakes the sender when held records may go.
-func (k *Kafka) send(rec *kgo.Record, done func(error)) {
-	// context.Background: records are never cancelled (see doc.go).
-	k.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
-		b := &k.batch
-		b.mu.Lock()
-		b.outstanding--
-		wake := b.outstanding == 0 && len(b.held) > 0
-		b.mu.Unlock()
-		if wake && b.wake != nil {
-			b.wake()
-		}
-		done(k.produceError(r, err))
-	})
 }

@@ -103,20 +103,21 @@ func expectAcks(t *testing.T, acked <-chan string, want ...string) {
 	}
 }
 
-// TestSendBatchesBehindOutstanding: a record sent while nothing is in
-// flight goes at once; records sent while it waits for Kafka are held, and
-// go together, in order, in one request once its answer comes.
-func TestSendBatchesBehindOutstanding(t *testing.T) {
+// fakeClock is the batcher's clock in tests.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+// TestSendPacesBatches: with no batch in the last MaxBatchDelay a record
+// goes at once; records that come sooner are held and go together, in
+// order, in one request when the next batch is due; once the stream has
+// been idle for MaxBatchDelay, a record goes at once again.
+func TestSendPacesBatches(t *testing.T) {
 	c := newCluster(t)
 	log := watchProduces(c)
-	k := newSink(t, c, Config{MaxBatchDelay: time.Second})
-	woken := make(chan struct{}, 1)
-	k.SetWake(func() {
-		select {
-		case woken <- struct{}{}:
-		default:
-		}
-	})
+	k := newSink(t, c, Config{MaxBatchDelay: 20 * time.Millisecond})
+	clock := &fakeClock{t: time.Now()}
+	k.batch.now = clock.now
 
 	acked := sendAll(k, "e0")
 	waitFor(t, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
@@ -124,64 +125,65 @@ func TestSendBatchesBehindOutstanding(t *testing.T) {
 	for i := range more {
 		more[i] = fmt.Sprintf("e%d", i+1)
 	}
+	clock.t = clock.t.Add(5 * time.Millisecond)
 	acked2 := sendAll(k, more...)
 	if n := len(k.batch.held); n != 9 {
-		t.Fatalf("%d records held while the first is in flight, want 9", n)
+		t.Fatalf("%d records held 5ms after a batch went, want 9", n)
 	}
-	if due := k.Release(time.Now()); due.IsZero() || time.Until(due) < 500*time.Millisecond {
-		t.Fatalf("Release before the first answer let the records go or asked to come back at %v; want about 1s from now", due)
+	due := k.Release(clock.t)
+	if want := clock.t.Add(15 * time.Millisecond); !due.Equal(want) {
+		t.Fatalf("Release 5ms after a batch returned %v; want the next batch due 20ms after the last (%v)", due, want)
 	}
-
+	clock.t = due
+	if next := k.Release(clock.t); !next.IsZero() || len(k.batch.held) != 0 {
+		t.Fatalf("Release when due kept %d records (next %v); want all sent", len(k.batch.held), next)
+	}
+	// The first request is still unanswered: franz-go keeps one produce
+	// request in flight per broker, so the nine wait there, together.
 	close(log.gate)
 	expectAcks(t, acked, "e0")
-	select {
-	case <-woken:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first record's answer did not wake the sender")
-	}
-	if due := k.Release(time.Now()); !due.IsZero() {
-		t.Fatalf("Release after the answer returned %v; want the zero time, nothing held", due)
-	}
 	expectAcks(t, acked2, more...)
 	if reqs := log.snapshot(); fmt.Sprint(reqs) != "[1 9]" {
 		t.Fatalf("records per produce request %v; want [1 9]: the first alone, then the nine held ones together", reqs)
 	}
-	if got, want := fmt.Sprint(topicValues(t, c, 10)), fmt.Sprint(append([]string{"e0"}, more...)); got != want {
-		t.Fatalf("the partition holds %s, want %s", got, want)
+
+	// 10ms after the last batch, a record waits; 20ms after, one goes at once.
+	clock.t = clock.t.Add(10 * time.Millisecond)
+	acked3 := sendAll(k, "e10")
+	if len(k.batch.held) != 1 {
+		t.Fatal("e10 went at once 10ms after a batch")
+	}
+	clock.t = clock.t.Add(10 * time.Millisecond)
+	k.Release(clock.t)
+	expectAcks(t, acked3, "e10")
+	clock.t = clock.t.Add(25 * time.Millisecond)
+	acked4 := sendAll(k, "e11")
+	if len(k.batch.held) != 0 {
+		t.Fatal("e11 was held although no batch went in the last 25ms")
+	}
+	expectAcks(t, acked4, "e11")
+
+	want := append(append([]string{"e0"}, more...), "e10", "e11")
+	if got := topicValues(t, c, len(want)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the partition holds %v, want %v", got, want)
 	}
 }
 
-// TestSendReleasesAfterMaxBatchDelay: held records go once the oldest has
-// waited MaxBatchDelay even if the earlier record is still unanswered, so a
-// slow or stuck partition delays the others by at most that much; Flush
-// lets held records go too.
-func TestSendReleasesAfterMaxBatchDelay(t *testing.T) {
+// TestFlushSendsHeld: Flush lets held records go before it waits.
+func TestFlushSendsHeld(t *testing.T) {
 	c := newCluster(t)
-	log := watchProduces(c)
-	k := newSink(t, c, Config{MaxBatchDelay: 20 * time.Millisecond})
-	k.SetWake(func() {})
-
-	acked := sendAll(k, "e0")
-	waitFor(t, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
-	acked1 := sendAll(k, "e1")
-	due := k.Release(time.Now())
-	if due.IsZero() {
-		t.Fatal("Release let e1 go at once while e0 is in flight")
+	k := newSink(t, c, Config{MaxBatchDelay: time.Second})
+	acked := sendAll(k, "e0", "e1", "e2")
+	if len(k.batch.held) != 2 {
+		t.Fatalf("%d records held, want 2", len(k.batch.held))
 	}
-	if next := k.Release(due); !next.IsZero() || len(k.batch.held) != 0 {
-		t.Fatalf("Release at the due time kept %d records (next %v); want them sent", len(k.batch.held), next)
-	}
-	acked2 := sendAll(k, "e2")
-	if len(k.batch.held) != 1 {
-		t.Fatal("e2 was not held behind e0 and e1")
-	}
-	close(log.gate)
 	if err := k.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	expectAcks(t, acked, "e0")
-	expectAcks(t, acked1, "e1")
-	expectAcks(t, acked2, "e2")
+	if len(k.batch.held) != 0 {
+		t.Fatal("Flush left records held")
+	}
+	expectAcks(t, acked, "e0", "e1", "e2")
 }
 
 // TestSendWithoutBatching: a negative MaxBatchDelay sends every record at

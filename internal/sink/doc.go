@@ -10,9 +10,10 @@
 //   - Every record gets exactly one answer through its done callback. An
 //     error answer is a *ProduceError that says what to do; it is never
 //     retried or skipped here. The caller decides (see pipeline).
-//   - Send batches adaptively (batch.go): a record is held while records sent
-//     before it wait for Kafka, at most MaxBatchDelay. Send and Release run on
-//     one goroutine and release records in the order they were sent, so
-//     batching never reorders; a held record has no answer yet, so nothing
-//     behind it can be confirmed.
+//   - Send batches adaptively (batch.go): a record goes at once unless a
+//     batch went less than MaxBatchDelay ago; then it waits for the next
+//     batch, at most MaxBatchDelay. Send and Release run on one goroutine
+//     and let records go in the order they were sent, so batching never
+//     reorders; a held record has no answer yet, so nothing behind it can be
+//     confirmed.
 package sink

@@ -46,9 +46,10 @@ type Config struct {
 	// TLS and SASL say how to reach secured brokers.
 	TLS  TLSConfig
 	SASL SASLConfig
-	// MaxBatchDelay is the longest an event waits to join a batch while
-	// earlier events are in flight (see Send). 0 means the default,
-	// DefaultMaxBatchDelay; a negative value sends every event at once.
+	// MaxBatchDelay is the least time between two batches Send lets go,
+	// and so the longest an event waits to join one (see Send). 0 means
+	// the default, DefaultMaxBatchDelay; a negative value sends every event
+	// at once.
 	MaxBatchDelay time.Duration
 	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
 	// while it is full. The pipeline sets it to twice its in-flight limit,
@@ -98,8 +99,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// DefaultMaxBatchDelay is MaxBatchDelay's default: a small part of the
-// latency budget, and several broker round trips on a local network.
+// DefaultMaxBatchDelay is MaxBatchDelay's default: a small part of a
+// 25 ms latency budget, and enough to cut requests 25-fold at 5k events/s.
 const DefaultMaxBatchDelay = 5 * time.Millisecond
 
 // DefaultMaxMessageBytes is Kafka's default message.max.bytes.
@@ -145,7 +146,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}}, nil
+	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, batch: batcher{now: time.Now}}, nil
 }
 
 // ClientOpts are the options every client of the cluster shares: the

@@ -16,10 +16,9 @@
 //     Confirmed every ConfirmInterval and reports a move at once, at most
 //     one status update per ConfirmInterval.
 //   - The receive takes no context (pgconn would allocate a watcher per
-//     message); the socket's read deadline wakes it, and Stream.Wake moves
-//     that deadline to now when another goroutine (a Kafka answer that lets
-//     batched records go) needs the loop to go round. Acks that batch
-//     (Releaser) are released only from the loop's goroutine.
+//     message); the socket's read deadline wakes it, also when batched
+//     records are due (Releaser), which are released only from the loop's
+//     goroutine.
 //   - Status updates go out every StatusInterval even while Acks is
 //     saturated and the loop has stopped reading, so the walsender never
 //     reaches wal_sender_timeout because Kafka is slow.

@@ -43,8 +43,7 @@ type Acks interface {
 
 // Releaser is implemented by Acks whose records wait to be batched: the
 // loop calls Release at every turn, and wakes up by the time it returns
-// (the zero time: no need). Another goroutine that lets records go sooner
-// calls Stream.Wake.
+// (the zero time: no need).
 type Releaser interface {
 	Release(now time.Time) time.Time
 }
@@ -61,16 +60,6 @@ type Stream struct {
 	// beat is when the loop last went round (unix nanoseconds), for the
 	// health check.
 	beat atomic.Int64
-	// recv is Run's receiver while it runs, for Wake.
-	recv atomic.Pointer[receiver]
-}
-
-// Wake makes Run go round at once, from any goroutine: the receive in
-// progress returns. It is for what Releaser.Release has to do sooner.
-func (s *Stream) Wake() {
-	if r := s.recv.Load(); r != nil {
-		r.kick()
-	}
 }
 
 // Beat returns when Run's loop last went round: at least every
@@ -122,11 +111,9 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	confirmAt := now
 	var pollAt time.Time
 	recv := newReceiver(s.conn.Conn())
-	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
 	defer func() {
 		stop()
-		s.recv.Store(nil)
 		recv.reset()
 	}()
 	rel, _ := acks.(Releaser)
@@ -263,8 +250,6 @@ func (s *Stream) Close(ctx context.Context, acks Acks) pglogrepl.LSN {
 type receiver struct {
 	conn net.Conn
 	at   time.Time // the deadline set; only the loop's goroutine uses it
-	// kicked: kick moved the deadline, so at is stale.
-	kicked atomic.Bool
 
 	mu        sync.Mutex
 	cancelled bool
@@ -274,24 +259,15 @@ func newReceiver(conn net.Conn) *receiver { return &receiver{conn: conn} }
 
 // wakeAt sets the next receive's deadline, unless cancel came first.
 func (r *receiver) wakeAt(at time.Time) {
-	if at.Equal(r.at) && !r.kicked.Load() {
+	if at.Equal(r.at) {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.at = at
-	r.kicked.Store(false)
 	if !r.cancelled {
 		_ = r.conn.SetReadDeadline(at)
 	}
-}
-
-// kick ends the receive in progress, or the next one.
-func (r *receiver) kick() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.kicked.Store(true)
-	_ = r.conn.SetReadDeadline(time.Unix(1, 0))
 }
 
 // cancel ends the receive in progress, and every later one.
