@@ -45,8 +45,25 @@ test-short:       ## unit tests only
 fuzz:             ## fuzz the pgoutput decoder for a minute
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./internal/decode
 
-bench:            ## drain 100k events; compare with pg_recvlogical on the same backlog
-	$(GO) test -run '^$$' -bench 'BenchmarkDrain|BenchmarkReplay' -benchtime 1x -timeout 30m ./internal/pipeline
+# make bench: what users see, on a real Apache Kafka broker, next to
+# pg_recvlogical on the same backlog (docs/benchmarks.md). Each run appends
+# its figures to $(BENCH_DIR)/results.jsonl; scripts/benchplot draws the
+# plots there. CI runs a short version into a scratch directory.
+BENCH_DIR   ?= docs/bench
+BENCH_COUNT ?= 3
+BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay
+
+bench:            ## drain, latency and replay on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
+	./scripts/kafka.sh fetch
+	mkdir -p $(BENCH_DIR) && rm -f $(BENCH_DIR)/results.jsonl
+	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/pipeline
+	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
+	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
+	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
+	echo "bench: Apache Kafka at $$brokers"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
+	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
+	$(GO) run ./scripts/benchplot $(BENCH_DIR)/results.jsonl $(BENCH_DIR)
 
 vet:
 	$(GO) vet ./...
