@@ -232,15 +232,30 @@ log:
 }
 
 // stop ends the process with SIGTERM and returns its CPU time and peak RSS.
+// The peak is the process's own VmHWM, read just before the signal: the
+// rusage of a child counts its parent's RSS too, because Go starts
+// children with vfork, and the exec inherits the parent's high-water mark.
 func (c *connector) stop(b *testing.B) (cpu time.Duration, rssMB float64) {
 	b.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		b.Fatalf("read the connector's peak RSS: %v", err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			rssMB = kb / 1024
+		}
+	}
+	if rssMB == 0 {
+		b.Fatalf("no VmHWM in /proc/%d/status", c.cmd.Process.Pid)
+	}
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	if err := c.cmd.Wait(); err != nil {
 		b.Fatalf("connector: %v\n%s", err, c.out.String())
 	}
 	ru := c.cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	return cpu, float64(ru.Maxrss) / 1024
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), rssMB
 }
 
 // waitConfirmed polls the slot until Postgres has been told a position past

@@ -113,7 +113,7 @@ func table(drains, lats []result) {
 	}
 	sizes := keys(bySize)
 	if len(sizes) > 0 {
-		fmt.Println("| drain, 1-row / 1000-row transactions | runs | cdc (s) | pg_recvlogical (s) | ratio | CPU per 100k events (s) | peak RSS (MB) |")
+		fmt.Println("| drain | runs | cdc (s) | pg_recvlogical (s) | ratio | CPU per 100k events (s) | peak RSS (MB) |")
 		fmt.Println("|---|---|---|---|---|---|---|")
 	}
 	for _, n := range sizes {
