@@ -61,6 +61,9 @@ bench:            ## drain, latency and replay on a real broker vs pg_recvlogica
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
 	echo "bench: Apache Kafka at $$brokers"; \
+	echo "bench: warming the broker's JVM (not recorded)"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_EVENTS=20000 \
+	  $(GO) test -run '^$$' -bench 'BenchmarkDrain/tx=1000' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
 	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
 	$(GO) run ./scripts/benchplot $(BENCH_DIR)/results.jsonl $(BENCH_DIR)

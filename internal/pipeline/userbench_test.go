@@ -129,6 +129,9 @@ type connector struct {
 	start time.Time
 	out   strings.Builder
 	http  string // its metrics endpoint
+
+	exited  chan struct{} // closed when the process has ended
+	waitErr error         // how it ended, once exited is closed
 }
 
 // metric reads one unlabelled counter or gauge from the connector's
@@ -228,6 +231,8 @@ log:
 	if err := c.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	c.exited = make(chan struct{})
+	go func() { c.waitErr = c.cmd.Wait(); close(c.exited) }()
 	return c
 }
 
@@ -251,8 +256,9 @@ func (c *connector) stop(b *testing.B) (cpu time.Duration, rssMB float64) {
 		b.Fatalf("no VmHWM in /proc/%d/status", c.cmd.Process.Pid)
 	}
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
-		b.Fatalf("connector: %v\n%s", err, c.out.String())
+	<-c.exited
+	if c.waitErr != nil {
+		b.Fatalf("connector: %v\n%s", c.waitErr, c.out.String())
 	}
 	ru := c.cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), rssMB
@@ -271,10 +277,14 @@ func (c *connector) waitConfirmed(b *testing.B, conn *pgx.Conn, after pglogrepl.
 		if l, _ := pglogrepl.ParseLSN(s); l > after {
 			return time.Now()
 		}
-		if c.cmd.ProcessState != nil || time.Now().After(deadline) {
+		select {
+		case <-c.exited:
+			b.Fatalf("the connector ended (%v) before it confirmed past %s\n%s", c.waitErr, after, c.out.String())
+		case <-time.After(2 * time.Millisecond): // polling Postgres: the sample period
+		}
+		if time.Now().After(deadline) {
 			b.Fatalf("the connector did not confirm past %s\n%s", after, c.out.String())
 		}
-		time.Sleep(2 * time.Millisecond) // polling Postgres: the sample period
 	}
 }
 
