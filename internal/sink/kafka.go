@@ -137,6 +137,12 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		// reach every broker's metadata, longer on a busy cluster: keep
 		// asking rather than fail its first records (the default is 4).
 		kgo.UnknownTopicRetries(60),
+		// And look again soon: franz-go re-asks every 250ms for 2s, then
+		// waits MetadataMinAge (5s by default) between tries, which on a
+		// busy broker put a new topic's first records seconds late. The
+		// floor only spaces out refreshes an error asked for; the periodic
+		// refresh stays at MetadataMaxAge.
+		kgo.MetadataMinAge(250*time.Millisecond), // pinned by TestNewTopicMetadataRetriesStayQuick
 	)
 	if cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())

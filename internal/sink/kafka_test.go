@@ -187,3 +187,23 @@ func TestEnsureTopic(t *testing.T) {
 		t.Fatal("UNKNOWN_TOPIC_OR_PARTITION from a produce is permanent; the topic may be being created")
 	}
 }
+
+// A topic the connector just created can take seconds to get a leader on a
+// busy broker. franz-go then asks again every 250ms for 2s, and after that
+// no sooner than MetadataMinAge: at its 5s default, a new topic's first
+// records sat 5s in the producer in 1 of 4 benchmark runs
+// (docs/benchmarks.md). The producer keeps that floor low.
+func TestNewTopicMetadataRetriesStayQuick(t *testing.T) {
+	cfg := Config{Brokers: []string{"127.0.0.1:1"}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(cfg, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if got := k.cl.OptValue(kgo.MetadataMinAge).(time.Duration); got > 500*time.Millisecond {
+		t.Fatalf("MetadataMinAge %v: a topic still being created would wait that long between metadata requests", got)
+	}
+}
