@@ -59,7 +59,9 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		ctx:     ctx,
 	}
 	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
-	confirmer.OnSaved(p.m.Checkpoints.Inc)
+	// A checkpoint's ack is what lets the position move: confirm it now,
+	// not at the loop's next poll.
+	confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
 	}

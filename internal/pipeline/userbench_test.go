@@ -329,6 +329,14 @@ func drainOnce(b *testing.B, per int) {
 	beforeLast := testenv.CurrentWAL(b, db)
 	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", per, per))
 	end := testenv.CurrentWAL(b, db)
+	// The test server commits asynchronously, and a walsender sends only
+	// flushed WAL: wait for the flush, or the first reader would be timed
+	// waiting for it (up to wal_writer_delay).
+	testenv.Eventually(b, time.Minute, "the backlog to be flushed", func() bool {
+		var flushed bool
+		testenv.QueryRow(b, db, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, []any{end.String()}, &flushed)
+		return flushed
+	})
 
 	b.ResetTimer()
 	refBefore := recvlogicalTime(b, recvlogical, db, "ref_before", end)

@@ -13,7 +13,8 @@
 //   - Keepalives are handed to Acks, which alone decides whether the slot
 //     may follow the server's WAL end (only with nothing open or in flight).
 //   - Confirms are prompt: while Acks owes anything the loop reads
-//     Confirmed every ConfirmInterval and reports a move at once, at most
+//     Confirmed every ConfirmInterval, and at once when Wake is called (a
+//     checkpoint was acknowledged), and reports a move at once, at most
 //     one status update per ConfirmInterval.
 //   - The receive takes no context (pgconn would allocate a watcher per
 //     message); the socket's read deadline wakes it, also when batched

@@ -60,6 +60,19 @@ type Stream struct {
 	// beat is when the loop last went round (unix nanoseconds), for the
 	// health check.
 	beat atomic.Int64
+	// recv is Run's receiver while it runs, for Wake.
+	recv atomic.Pointer[receiver]
+}
+
+// Wake makes Run look at its Acks now rather than at its next poll: call it
+// when the confirmable position moved, such as when a checkpoint was
+// acknowledged. It is safe from any goroutine, and cheap enough for a few
+// calls per confirm interval; a call while Run is between receives makes
+// its next receive return at once.
+func (s *Stream) Wake() {
+	if r := s.recv.Load(); r != nil {
+		r.wake()
+	}
 }
 
 // Beat returns when Run's loop last went round: at least every
@@ -111,8 +124,10 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	confirmAt := now
 	var pollAt time.Time
 	recv := newReceiver(s.conn.Conn())
+	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
 	defer func() {
+		s.recv.Store(nil)
 		stop()
 		recv.reset()
 	}()
@@ -249,25 +264,46 @@ func (s *Stream) Close(ctx context.Context, acks Acks) pglogrepl.LSN {
 // any, is picked up where it stopped by the next receive.
 type receiver struct {
 	conn net.Conn
-	at   time.Time // the deadline set; only the loop's goroutine uses it
 
 	mu        sync.Mutex
+	at        time.Time // the deadline set
+	woken     bool      // wake was called since the loop last set a deadline
 	cancelled bool
 }
 
 func newReceiver(conn net.Conn) *receiver { return &receiver{conn: conn} }
 
-// wakeAt sets the next receive's deadline, unless cancel came first.
+// past is a deadline that has passed: a receive under it returns at once.
+var past = time.Unix(1, 0)
+
+// wakeAt sets the next receive's deadline, unless cancel came first. After
+// a wake it sets one that has passed instead, so that the loop goes round
+// once more and sees what the wake was for, even if the wake came after
+// the loop had looked.
 func (r *receiver) wakeAt(at time.Time) {
-	if at.Equal(r.at) {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.at = at
-	if !r.cancelled {
+	if r.cancelled {
+		return
+	}
+	if r.woken {
+		r.woken, at = false, past
+	}
+	if !at.Equal(r.at) {
+		r.at = at
 		_ = r.conn.SetReadDeadline(at)
 	}
+}
+
+// wake ends the receive in progress, or the next one.
+func (r *receiver) wake() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancelled {
+		return
+	}
+	r.woken, r.at = true, past
+	_ = r.conn.SetReadDeadline(past)
 }
 
 // cancel ends the receive in progress, and every later one.
@@ -275,7 +311,7 @@ func (r *receiver) cancel() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cancelled = true
-	_ = r.conn.SetReadDeadline(time.Unix(1, 0))
+	_ = r.conn.SetReadDeadline(past)
 }
 
 // reset clears the deadline, for what Close still reads or writes.

@@ -1,0 +1,82 @@
+package wal_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// movingAcks confirms whatever the test sets, and owes nothing, so the
+// loop has no reason of its own to look at it before the status interval.
+type movingAcks struct{ pos atomic.Uint64 }
+
+func (a *movingAcks) Confirmed() pglogrepl.LSN         { return pglogrepl.LSN(a.pos.Load()) }
+func (*movingAcks) Owed() bool                         { return false }
+func (*movingAcks) Keepalive(pglogrepl.LSN, time.Time) {}
+func (*movingAcks) Saturated() bool                    { return false }
+func (*movingAcks) Err() error                         { return nil }
+func (*movingAcks) Changed() <-chan struct{}           { return nil }
+
+// TestWakeConfirmsAtOnce: a position that moves while the loop waits in a
+// receive (a checkpoint acknowledged) is confirmed as soon as Wake is
+// called, not at the next status update, here an hour away.
+func TestWakeConfirmsAtOnce(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg(db)
+	c.StatusInterval, c.ConfirmInterval = time.Hour, 10*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks := &movingAcks{}
+	acks.pos.Store(uint64(st.ConfirmedFlush))
+	commits := make(chan struct{}, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
+			if len(data) > 0 && data[0] == 'C' { // pgoutput's Commit
+				commits <- struct{}{}
+			}
+			return nil
+		}, acks)
+	}()
+	defer func() {
+		cancel()
+		<-done
+		s.Close(context.Background(), acks)
+	}()
+
+	for round := 0; round < 3; round++ {
+		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('a', 'b', 'c')`)
+		end := testenv.CurrentWAL(t, db)
+		// Let the loop take the transaction and go back to its receive.
+		select {
+		case <-commits:
+		case err := <-done:
+			t.Fatalf("Run returned %v", err)
+		case <-time.After(time.Minute):
+			t.Fatalf("the transaction was not streamed")
+		}
+		if pos := testenv.SlotPosition(t, db, "outbox_cdc"); pos >= end {
+			t.Fatalf("slot at %s before the position moved", pos)
+		}
+		acks.pos.Store(uint64(end))
+		s.Wake()
+		testenv.Eventually(t, 10*time.Second, "the woken loop to confirm", func() bool {
+			return testenv.SlotPosition(t, db, "outbox_cdc") >= end
+		})
+	}
+}
