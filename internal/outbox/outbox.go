@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -213,6 +214,14 @@ func (t *Table) addExtra(column string) int {
 // extras.
 func (t *Table) Needed() []string {
 	return append(t.Columns.Names(), t.Extra...)
+}
+
+// Clone returns a copy of t that shares nothing Validate writes.
+func (t *Table) Clone() *Table {
+	c := *t
+	c.Additional = slices.Clone(t.Additional)
+	c.Extra = slices.Clone(t.Extra)
+	return &c
 }
 
 // Validate reports a configuration error in t, fills defaults and derives

@@ -79,6 +79,14 @@ func (c *Config) Validate() error {
 		return errors.New("tables is empty; configure at least one outbox table")
 	}
 	c.Postgres.Messages = false
+	// Validation fills in the tables: fill copies, so that tables shared
+	// with a pipeline already running (a replay next to the stream, in one
+	// process) are never written while that pipeline reads them.
+	tables := make([]*outbox.Table, len(c.Tables))
+	for i, t := range c.Tables {
+		tables[i] = t.Clone()
+	}
+	c.Tables = tables
 	seen := map[string]bool{}
 	for _, t := range c.Tables {
 		if err := t.Validate(); err != nil {
