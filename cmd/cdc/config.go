@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -128,10 +129,17 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		if err != nil {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("read config: %w", err)
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(raw))
-		dec.KnownFields(true)
-		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w (see docs/config.md for the keys)", path, err)
+		var doc yaml.Node
+		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %s", path, oneLine(err))
+		}
+		if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w", path, err)
+		}
+		if doc.Kind != 0 {
+			if err := doc.Decode(&fc); err != nil {
+				return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %s (see docs/config.md)", path, oneLine(err))
+			}
 		}
 	}
 	if v := getenv("CDC_POSTGRES_URL"); v != "" {
@@ -342,4 +350,12 @@ func batchDelay(d *time.Duration) time.Duration {
 		return -1
 	}
 	return *d
+}
+
+// oneLine flattens yaml.v3's multi-line errors ("yaml: unmarshal
+// errors:\n  line 3: ...") into one line.
+func oneLine(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " ")
 }

@@ -124,9 +124,17 @@ func TestLoadConfigErrors(t *testing.T) {
 	tests := []struct {
 		name, body, want string
 	}{
-		{"unknown key", base + "kafak: {}\n", "field kafak not found"},
-		{"unknown nested key", "postgres: {url: 'postgres://u@h/d', slots: x}\nkafka: {brokers: [k:1]}\n", "field slots not found"},
-		{"bad duration", base + "shutdown_timeout: soon\n", "line 3: cannot unmarshal !!str `soon` into time.Duration"},
+		{"unknown key", base + "kafak: {}\n", "unknown key kafak (line 3); did you mean kafka?"},
+		{"unknown nested key", "postgres: {url: 'postgres://u@h/d', slots: x}\nkafka: {brokers: [k:1]}\n", "unknown key postgres.slots (line 1); did you mean slot?"},
+		{"swapped letters", "postgres: {url: 'postgres://u@h/d'}\nkafka:\n  borkers: [k:1]\n", "unknown key kafka.borkers (line 3); did you mean brokers?"},
+		{"unknown key in a table", base + "tables: [{name: outbox, topik: x}]\n", "unknown key tables[0].topik (line 3); did you mean topic?"},
+		{"nothing close", base + "zzz: 1\n", "unknown key zzz (line 3); the keys here are checkpoint, http, kafka,"},
+		{"bad duration", base + "shutdown_timeout: soon\n", `shutdown_timeout (line 3): "soon" is not a duration; write a number with a unit`},
+		{"duration without unit", base + "replay: {window: 5}\n", `replay.window (line 3): "5" is not a duration`},
+		{"bad number", base + "max_in_flight: lots\n", `max_in_flight (line 3): "lots" is not a whole number`},
+		{"bad switch", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1], create_topics: 'yes please'}\n", `kafka.create_topics (line 2): "yes please" is not true or false`},
+		{"section not a mapping", base + "log: debug\n", "log (line 3): expected a mapping of keys"},
+		{"broken YAML", base + "tables: [\n", "line 3: did not find expected node content"},
 		{"no brokers", "postgres: {url: 'postgres://u@h/d'}\n", "CDC_KAFKA_BROKERS"},
 		{"no url", "kafka: {brokers: [k:1]}\n", "CDC_POSTGRES_URL"},
 		{"bad slot", "postgres: {url: 'postgres://u@h/d', slot: Bad-Slot}\nkafka: {brokers: [k:1]}\n", "postgres.slot \"Bad-Slot\""},
@@ -153,6 +161,9 @@ func TestLoadConfigErrors(t *testing.T) {
 			_, _, err := validConfig(writeConfig(t, tt.body), env())
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
+			}
+			if msg := err.Error(); strings.Contains(msg, "\n") || strings.Contains(msg, "struct {") {
+				t.Fatalf("err = %q: want one line, without Go types", msg)
 			}
 		})
 	}
@@ -197,5 +208,17 @@ func TestURLPasswordNeverInErrors(t *testing.T) {
 	_, _, err := validConfig("", env("CDC_POSTGRES_URL", "postgres://u:hunter2@h:notaport/d", "CDC_KAFKA_BROKERS", "k:1"))
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("err = %v; want an error without the password", err)
+	}
+}
+
+// TestZeroDuration: a bare 0 is a duration, as docs/config.md writes it
+// (max_batch_delay: 0 turns batching off); YAML alone would refuse it.
+func TestZeroDuration(t *testing.T) {
+	cfg, _, err := validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1], max_batch_delay: 0}\nshutdown_timeout: 0\n"), env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Kafka.MaxBatchDelay >= 0 {
+		t.Errorf("max_batch_delay: 0 gave %v; want batching off (negative)", cfg.Kafka.MaxBatchDelay)
 	}
 }
