@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,8 +61,15 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"version"}, noEnv, &out, &out); code != 0 || out.String() != "cdc dev\n" {
-		t.Errorf("cdc version: exit %d, %q", code, out.String())
+	var errOut bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, noEnv, &out, &errOut); code != 0 || out.String() != "cdc dev\n" || errOut.Len() != 0 {
+		t.Errorf("cdc version: exit %d, stdout %q, stderr %q; want cdc dev on stdout", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"version", "--verbose"}, noEnv, &out, &errOut); code != 0 ||
+		!strings.Contains(out.String(), runtime.Version()) || !strings.Contains(out.String(), "  github.com/jackc/pgx/v5 v5.") ||
+		!strings.Contains(out.String(), "  github.com/twmb/franz-go v1.") {
+		t.Errorf("cdc version --verbose: exit %d, stdout %q; want the Go version and the dependencies", code, out.String())
 	}
 }
 

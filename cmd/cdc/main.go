@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -18,8 +20,16 @@ import (
 	"github.com/outboxcdc/cdc/internal/pipeline"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=..." (make
+// build and the release do), or else is the module version go install
+// recorded.
+var version = ""
+
+func init() {
+	if version == "" {
+		version = moduleVersion()
+	}
+}
 
 // environ looks a variable up: os.LookupEnv, or a test's map. "Set to
 // empty" and "unset" differ: CDC_HTTP_LISTEN= turns the endpoint off.
@@ -190,10 +200,32 @@ func (c *cli) pipeline(path string) (p *pipeline.Pipeline, log hclog.Logger, cod
 }
 
 func versionCmd(_ context.Context, c *cli, args []string) int {
-	fs := c.flags("version", "")
+	fs := c.flags("version", "[--verbose]")
+	verbose := fs.Bool("verbose", false, "also print the Go version and the version of each dependency")
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
 	fmt.Fprintln(c.stdout, "cdc", version)
+	if !*verbose {
+		return 0
+	}
+	fmt.Fprintf(c.stdout, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Replace != nil {
+				d = d.Replace
+			}
+			fmt.Fprintf(c.stdout, "  %s %s\n", d.Path, d.Version)
+		}
+	}
 	return 0
+}
+
+// moduleVersion is the version go install recorded (cdc@v1.2.3), for a
+// binary built without -ldflags "-X main.version=...".
+func moduleVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
 }
