@@ -205,6 +205,9 @@ type Pipeline struct {
 	// streams, is when its replication loop last ran.
 	state atomic.Pointer[State]
 	beat  atomic.Pointer[func() time.Time]
+	// streamed: a session of this process has streamed, so a refused
+	// connection since is retried (a bounded number of times).
+	streamed atomic.Bool
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
 	// events sent to a dead-letter topic. The stopped line reports both.
@@ -307,6 +310,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	defer func() { stopPoll(); <-pollDone }()
 	first := true
 	backoff := p.cfg.RetryBackoff
+	refused := 0 // AuthErrors in a row
 	for {
 		started := time.Now()
 		err := p.runSession(ctx, first)
@@ -315,6 +319,20 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 		if Permanent(err) {
 			return err
+		}
+		var auth *wal.AuthError
+		if errors.As(err, &auth) {
+			// Refused credentials never fix themselves at start. Once it
+			// has streamed, it may be a password being rotated: retry a
+			// few times, then stop.
+			if !p.streamed.Load() {
+				return err
+			}
+			if refused++; refused > maxRefused {
+				return fmt.Errorf("%w (refused %d times in a row)", err, refused)
+			}
+		} else {
+			refused = 0
 		}
 		if err == nil {
 			err = errors.New("session ended without an error")
@@ -353,6 +371,10 @@ func recordSize(r *kgo.Record) int {
 	}
 	return n
 }
+
+// maxRefused is how many times in a row a connector that has streamed
+// retries Postgres refusing its credentials before it stops.
+const maxRefused = 5
 
 // stallAfter is how long Kafka may leave events unacknowledged before the
 // connector says so.

@@ -47,6 +47,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	beat := stream.Beat
 	p.beat.Store(&beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
+	p.streamed.Store(true)
 	defer func() {
 		p.beat.Store(nil)
 		p.setState(false, "session ended")

@@ -116,7 +116,7 @@ func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 	pc.Password = withPassword.Password
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+		return nil, connectError(err, &pc.Config, "connection")
 	}
 	return conn, nil
 }

@@ -53,7 +53,7 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection to %s:%d: %w", pcfg.Host, pcfg.Port, err)
+		return nil, connectError(err, pcfg, "replication connection")
 	}
 	id, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {

@@ -3,6 +3,11 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
 var (
@@ -41,3 +46,43 @@ func (e *SlotInUseError) Error() string {
 	return fmt.Sprintf("replication slot %q is in use (%v); another instance holds it, or Postgres has not yet noticed a dropped connection (up to wal_sender_timeout)", e.Slot, e.Err)
 }
 func (e *SlotInUseError) Unwrap() error { return e.Err }
+
+// AuthError means Postgres refused the connector itself: a wrong password,
+// no pg_hba.conf entry, a role that may not log in or replicate, a database
+// that does not exist. Retrying cannot fix it, so a connector that never
+// streamed stops at once; one that streamed before retries a few times, in
+// case of a password rotation in progress (docs/operations.md).
+type AuthError struct {
+	Msg string
+	Err error
+}
+
+func (e *AuthError) Error() string { return e.Msg }
+func (e *AuthError) Unwrap() error { return e.Err }
+
+// connectError describes a failed connection in one line. pgconn's own
+// message spans lines (one per address and TLS attempt, tab-indented) and
+// repeats the fallback attempts; the server's refusal is what matters.
+// Neither quotes the password.
+func connectError(err error, pc *pgconn.Config, what string) error {
+	where := fmt.Sprintf("%s:%d", pc.Host, pc.Port)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "28P01": // invalid_password
+			return &AuthError{Err: err, Msg: fmt.Sprintf("postgres at %s rejected the password of role %q (SQLSTATE 28P01): fix the password in postgres.url or postgres.password_file", where, pc.User)}
+		case "28000": // invalid_authorization_specification: pg_hba.conf, or a role that may not log in
+			return &AuthError{Err: err, Msg: fmt.Sprintf("postgres at %s refused role %q: %s (SQLSTATE 28000): allow it in pg_hba.conf, or fix postgres.url's user", where, pc.User, pe.Message)}
+		case "3D000": // invalid_catalog_name
+			return &AuthError{Err: err, Msg: fmt.Sprintf("postgres at %s: %s (SQLSTATE 3D000): fix the database in postgres.url", where, pe.Message)}
+		case "42501": // insufficient_privilege: "must be superuser or replication role to start walsender"
+			return &AuthError{Err: err, Msg: fmt.Sprintf("postgres at %s: role %q may not open a %s: %s (SQLSTATE 42501): ALTER ROLE %s REPLICATION", where, pc.User, what, pe.Message, pgident.Quote(pc.User))}
+		}
+	}
+	return fmt.Errorf("open %s to postgres at %s: %s", what, where, flatten(err))
+}
+
+// flatten puts a multi-line error on one line.
+func flatten(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
