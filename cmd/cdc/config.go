@@ -133,6 +133,9 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %s", path, oneLine(err))
 		}
+		if err := expandEnv(&doc, env, ""); err != nil {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w", path, err)
+		}
 		if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w", path, err)
 		}

@@ -222,3 +222,48 @@ func TestZeroDuration(t *testing.T) {
 		t.Errorf("max_batch_delay: 0 gave %v; want batching off (negative)", cfg.Kafka.MaxBatchDelay)
 	}
 }
+
+// TestEnvExpansion: ${VAR} and ${VAR:-default} in values come from the
+// environment, typed again when unquoted; $${ is a literal; an unset
+// variable without a default is an error naming the key.
+func TestEnvExpansion(t *testing.T) {
+	body := `postgres:
+  url: "postgres://cdc:${PGPASSWORD}@${PGHOST:-localhost}:5432/app"
+kafka:
+  brokers: ["${BROKER}", "other:9092"]
+  sasl: {mechanism: PLAIN, username: cdc, password: "${SASL_PASSWORD}"}
+  create_topics: ${CREATE_TOPICS:-true}
+max_in_flight: ${IN_FLIGHT}
+tables:
+  - name: outbox
+    headers: {tenant: "literal-$${NOT_EXPANDED}"}
+`
+	cfg, _, err := validConfig(writeConfig(t, body), env("PGPASSWORD", "s3cret", "BROKER", "k1:9092", "SASL_PASSWORD", "sasl-secret",
+		"CREATE_TOPICS", "false", "IN_FLIGHT", "123"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Postgres.URL != "postgres://cdc:s3cret@localhost:5432/app" {
+		t.Errorf("postgres.url = %q", cfg.Postgres.URL)
+	}
+	if got := cfg.Kafka.Brokers; len(got) != 2 || got[0] != "k1:9092" || cfg.Kafka.SASL.Password != "sasl-secret" {
+		t.Errorf("kafka = %+v", cfg.Kafka)
+	}
+	if cfg.Kafka.CreateTopics || cfg.MaxInFlight != 123 {
+		t.Errorf("create_topics %v, max_in_flight %d: want false and 123 (typed after expansion)", cfg.Kafka.CreateTopics, cfg.MaxInFlight)
+	}
+	if h := cfg.Tables[0].Headers["tenant"]; h != "literal-${NOT_EXPANDED}" {
+		t.Errorf("headers.tenant = %q; want $${ kept as a literal ${", h)
+	}
+
+	for _, tc := range []struct{ body, want string }{
+		{"postgres: {url: '${NOPE}'}\nkafka: {brokers: [k:1]}\n", "postgres.url (line 1): ${NOPE} is not set: set it, or give a default as ${NOPE:-value}"},
+		{"postgres: {url: 'x${A'}\nkafka: {brokers: [k:1]}\n", "postgres.url (line 1): a ${ without its }"},
+		{"postgres: {url: '${A-B}'}\nkafka: {brokers: [k:1]}\n", "is not an environment variable name"},
+	} {
+		_, _, err := validConfig(writeConfig(t, tc.body), noEnv)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v; want %q", tc.body, err, tc.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -89,7 +90,7 @@ func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 			return fmt.Errorf("%s (line %d): %q is not a duration; write a number with a unit, such as 500ms, 5s or 1m", path, n.Line, n.Value)
 		}
 	case t.Kind() == reflect.Bool:
-		if n.Tag != "!!bool" {
+		if n.ShortTag() != "!!bool" {
 			return fmt.Errorf("%s (line %d): %q is not true or false", path, n.Line, n.Value)
 		}
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
@@ -175,4 +176,92 @@ func orTop(path string) string {
 		return "the file"
 	}
 	return path
+}
+
+// expandEnv replaces ${NAME} and ${NAME:-default} in the file's values
+// with the environment's, so that a secret need never be written in the
+// file; $${ is a literal ${. It works on parsed values, not on the text, so
+// a value can never change the file's structure. An unquoted value is typed
+// again after expansion (port: ${PORT} is a number); a quoted one stays a
+// string.
+func expandEnv(n *yaml.Node, env environ, path string) error {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := path
+			if n.Kind == yaml.SequenceNode {
+				p = fmt.Sprintf("%s[%d]", path, i)
+			}
+			if err := expandEnv(c, env, p); err != nil {
+				return err
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if err := expandEnv(n.Content[i+1], env, join(path, n.Content[i].Value)); err != nil {
+				return err
+			}
+		}
+	case yaml.ScalarNode:
+		if !strings.Contains(n.Value, "${") {
+			return nil
+		}
+		v, err := expandValue(n.Value, env)
+		if err != nil {
+			return fmt.Errorf("%s (line %d): %v", orTop(path), n.Line, err)
+		}
+		n.Value = v
+		if n.Style == 0 {
+			n.Tag = "" // typed again from the new value
+		}
+	}
+	return nil
+}
+
+func expandValue(s string, env environ) (string, error) {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "${")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), nil
+		}
+		if i > 0 && s[i-1] == '$' { // $${: a literal ${
+			b.WriteString(s[:i-1] + "${")
+			s = s[i+2:]
+			continue
+		}
+		b.WriteString(s[:i])
+		end := strings.IndexByte(s[i:], '}')
+		if end < 0 {
+			return "", errors.New("a ${ without its }") // the value may hold a secret: not quoted
+		}
+		ref := s[i+2 : i+end]
+		name, def, hasDef := strings.Cut(ref, ":-")
+		if !validEnvName(name) {
+			return "", fmt.Errorf("${%s}: %q is not an environment variable name", ref, name)
+		}
+		v, ok := env(name)
+		switch {
+		case ok && (v != "" || !hasDef): // as in the shell: :- also replaces an empty value
+			b.WriteString(v)
+		case hasDef:
+			b.WriteString(def)
+		default:
+			return "", fmt.Errorf("${%s} is not set: set it, or give a default as ${%s:-value}", name, name)
+		}
+		s = s[i+end+1:]
+	}
+}
+
+func validEnvName(s string) bool {
+	if s == "" || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

@@ -28,7 +28,9 @@ func TestDocsConfigsValidate(t *testing.T) {
 			if err := os.WriteFile(path, []byte(m[1]), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := validConfig(path, env("CDC_POSTGRES_URL", "postgres://u@h/d", "CDC_KAFKA_BROKERS", "k:9092")); err != nil {
+			// KAFKA_PASSWORD: config.md's ${VAR} example.
+			docEnv := env("CDC_POSTGRES_URL", "postgres://u@h/d", "CDC_KAFKA_BROKERS", "k:9092", "KAFKA_PASSWORD", "example")
+			if _, _, err := validConfig(path, docEnv); err != nil {
 				t.Errorf("%s, yaml block %d: %v\n%s", f, i+1, err, m[1])
 			}
 		}
