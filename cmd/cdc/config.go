@@ -73,6 +73,7 @@ type fileConfig struct {
 	Log             struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
+		Kafka  string `yaml:"kafka"`
 	} `yaml:"log"`
 	HTTP struct {
 		Listen    *string `yaml:"listen"`
@@ -240,6 +241,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 			CreateTopics:           createTopics,
 			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
 				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
+			ClientLog:     fc.Log.Kafka,
 			Linger:        fc.Kafka.Linger,
 			MaxBatchDelay: batchDelay(fc.Kafka.MaxBatchDelay),
 			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,

@@ -19,6 +19,12 @@ type Config struct {
 	Brokers []string
 	// ClientID is sent to the brokers. Default "outbox-cdc".
 	ClientID string
+	// ClientLog is the least level of franz-go's own lines that are
+	// logged: "error" (the default), "warn", "info" or "debug" (every
+	// request on the wire). It is separate from the connector's log
+	// level, so that debug or trace logging of the pipeline does not
+	// bury it in wire traffic.
+	ClientLog string
 	// MaxMessageBytes is the largest record batch the producer builds,
 	// mirroring the broker's message.max.bytes. A record larger than this
 	// fails with MESSAGE_TOO_LARGE. Default DefaultMaxMessageBytes
@@ -62,6 +68,13 @@ type Config struct {
 func (c *Config) Validate() error {
 	if c.ClientID == "" {
 		c.ClientID = "outbox-cdc"
+	}
+	switch c.ClientLog {
+	case "":
+		c.ClientLog = "error"
+	case "error", "warn", "info", "debug":
+	default:
+		return fmt.Errorf("log.kafka %q: use error, warn, info or debug", c.ClientLog)
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
@@ -164,7 +177,7 @@ func ClientOpts(cfg Config, log hclog.Logger) []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
-		kgo.WithLogger(logAdapter{log}),
+		kgo.WithLogger(logAdapter{log, clientLogLevel(cfg.ClientLog)}),
 	}
 	sec, err := securityOpts(cfg)
 	if err != nil {
@@ -285,18 +298,18 @@ func (e *ProduceError) Permanent() bool {
 }
 
 // logAdapter sends franz-go's logs to hclog, so the process has one logger.
-type logAdapter struct{ l hclog.Logger }
-
-// franz-go's info and warn lines (metadata refreshes, producer id
-// initialisation, one line per retry while a broker is down) go to debug, so
-// that the connector logs one line per state change: the pipeline reports a
-// stalled Kafka itself, once, and again when it recovers.
-func (a logAdapter) Level() kgo.LogLevel {
-	if a.l.IsTrace() || a.l.IsDebug() {
-		return kgo.LogLevelDebug
-	}
-	return kgo.LogLevelError
+type logAdapter struct {
+	l     hclog.Logger
+	level kgo.LogLevel
 }
+
+// franz-go's lines are off below Config.ClientLog, whatever the
+// connector's own level: at info and warn they are metadata refreshes,
+// producer ids and one line per retry while a broker is down, and the
+// pipeline reports a stalled Kafka itself, once, and again when it
+// recovers. When asked for, they are logged at info (errors and warnings
+// at their own level), so that log.level need not change to see them.
+func (a logAdapter) Level() kgo.LogLevel { return a.level }
 
 func (a logAdapter) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if msg != "" {
@@ -305,7 +318,21 @@ func (a logAdapter) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	switch level {
 	case kgo.LogLevelError:
 		a.l.Error(msg, keyvals...)
+	case kgo.LogLevelWarn:
+		a.l.Warn(msg, keyvals...)
 	default:
-		a.l.Debug(msg, keyvals...)
+		a.l.Info(msg, keyvals...)
 	}
+}
+
+func clientLogLevel(s string) kgo.LogLevel {
+	switch s {
+	case "debug":
+		return kgo.LogLevelDebug
+	case "info":
+		return kgo.LogLevelInfo
+	case "warn":
+		return kgo.LogLevelWarn
+	}
+	return kgo.LogLevelError
 }

@@ -207,3 +207,42 @@ func TestNewTopicMetadataRetriesStayQuick(t *testing.T) {
 		t.Fatalf("MetadataMinAge %v: a topic still being created would wait that long between metadata requests", got)
 	}
 }
+
+// TestClientLogIsItsOwnSwitch: franz-go's wire-level lines follow
+// log.kafka, not the connector's level: trace logging of the pipeline
+// does not turn them on, and log.kafka: debug does at the default level.
+func TestClientLogIsItsOwnSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		client string
+		level  hclog.Level
+		want   kgo.LogLevel
+	}{
+		{"", hclog.Trace, kgo.LogLevelError},
+		{"debug", hclog.Info, kgo.LogLevelDebug},
+		{"warn", hclog.Error, kgo.LogLevelWarn},
+	} {
+		cfg := Config{Brokers: []string{"127.0.0.1:1"}, ClientLog: tc.client}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		var buf strings.Builder
+		k, err := New(cfg, hclog.New(&hclog.LoggerOptions{Level: tc.level, Output: &buf}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := k.cl.OptValue(kgo.WithLogger).(kgo.Logger)
+		k.Close()
+		if got.Level() != tc.want {
+			t.Errorf("log.kafka %q with log level %s: franz-go at %v, want %v", tc.client, tc.level, got.Level(), tc.want)
+		}
+		if tc.client == "debug" {
+			got.Log(kgo.LogLevelDebug, "Wrote Produce v13")
+			if !strings.Contains(buf.String(), "[INFO]  wrote Produce v13") {
+				t.Errorf("log.kafka: debug at log level info: %q; want the line at info", buf.String())
+			}
+		}
+	}
+	if err := (&Config{Brokers: []string{"k:1"}, ClientLog: "loud"}).Validate(); err == nil || !strings.Contains(err.Error(), "log.kafka \"loud\"") {
+		t.Errorf("log.kafka loud: %v", err)
+	}
+}
