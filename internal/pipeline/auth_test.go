@@ -102,3 +102,24 @@ host all cdc_pw 127.0.0.1/32 scram-sha-256
 		}
 	})
 }
+
+// TestStopDuringBackoffSaysStopped: a SIGTERM while the connector waits to
+// reconnect still ends with the stopped line, as a shutdown after a
+// session does.
+func TestStopDuringBackoffSaysStopped(t *testing.T) {
+	k := testenv.NewKafka(t)
+	e := &env{kafka: k, cfg: newEnvConfig("postgres://cdc@127.0.0.1:1/app?sslmode=disable&connect_timeout=5", k)}
+	e.cfg.RetryBackoff, e.cfg.RetryBackoffMax = time.Hour, time.Hour
+	e.logLevel = hclog.Info
+	logs := &syncBuffer{}
+	r := e.launch(t, logs)
+	testenv.Eventually(t, time.Minute, "the connector to wait before reconnecting", func() bool {
+		return strings.Contains(logs.String(), "session failed; reconnecting")
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run returned %v on shutdown, want nil", err)
+	}
+	if !strings.Contains(logs.String(), "[INFO]  TestStopDuringBackoffSaysStopped: stopped: slot=outbox_cdc") {
+		t.Fatalf("no stopped line after a shutdown during backoff:\n%s", logs.String())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
@@ -208,6 +209,9 @@ type Pipeline struct {
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
+	// confirmed is the last position a session confirmed as it ended, for
+	// the stopped line.
+	confirmed atomic.Uint64
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
 	// events sent to a dead-letter topic. The stopped line reports both.
@@ -304,6 +308,17 @@ func (p *Pipeline) Check(ctx context.Context) error {
 // backoff.
 func (p *Pipeline) Run(ctx context.Context) error {
 	defer p.setState(false, "stopped")
+	defer func() {
+		// One line on every shutdown: after a session, and also when the
+		// signal came during a reconnect's backoff or before streaming.
+		if ctx.Err() != nil {
+			l := []any{"slot", p.cfg.Postgres.Slot}
+			if c := p.confirmed.Load(); c != 0 {
+				l = append(l, "confirmed_lsn", pglogrepl.LSN(c).String())
+			}
+			p.log.Info("stopped", append(l, "dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())...)
+		}
+	}()
 	pollDone := make(chan struct{})
 	pctx, stopPoll := context.WithCancel(ctx)
 	go func() { defer close(pollDone); p.pollSlot(pctx) }()

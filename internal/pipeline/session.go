@@ -92,9 +92,8 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		cancel()
 	}
 	final := stream.Close(context.WithoutCancel(ctx), confirmer)
+	p.confirmed.Store(uint64(final))
 	if ctx.Err() != nil {
-		p.log.Info("stopped", "slot", p.cfg.Postgres.Slot, "confirmed_lsn", final.String(),
-			"dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())
 		return nil
 	}
 	return runErr
