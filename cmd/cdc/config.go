@@ -70,7 +70,11 @@ type fileConfig struct {
 	Tables          []fileTable   `yaml:"tables"`
 	MaxInFlight     int           `yaml:"max_in_flight"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	Log             struct {
+	Reconnect       struct {
+		Backoff    time.Duration `yaml:"backoff"`
+		BackoffMax time.Duration `yaml:"backoff_max"`
+	} `yaml:"reconnect"`
+	Log struct {
 		Level  string `yaml:"level"`
 		Format string `yaml:"format"`
 		Kafka  string `yaml:"kafka"`
@@ -252,6 +256,8 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,
 		ShutdownTimeout:           fc.ShutdownTimeout,
+		RetryBackoff:              fc.Reconnect.Backoff,
+		RetryBackoffMax:           fc.Reconnect.BackoffMax,
 		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},
 		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
 	}

@@ -154,6 +154,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"duplicate table", base + "tables: [{name: outbox}, {name: public.outbox}]\n", "configured twice"},
 		{"no payload", base + "tables: [{name: outbox, columns: {payload: null}}]\n", "payload field must be mapped"},
 		{"bad log level", base + "log: {level: loud}\n", "log.level"},
+		{"bad client log", base + "log: {kafka: wire}\n", "log.kafka \"wire\""},
+		{"backoff max below the first", base + "reconnect: {backoff: 10s, backoff_max: 1s}\n", "reconnect.backoff 10s and backoff_max 1s"},
 		{"bad status interval", "postgres: {url: 'postgres://u@h/d', status_interval: 90s}\nkafka: {brokers: [k:1]}\n", "status_interval"},
 	}
 	for _, tt := range tests {
@@ -265,5 +267,19 @@ tables:
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: err = %v; want %q", tc.body, err, tc.want)
 		}
+	}
+}
+
+func TestReconnectBackoff(t *testing.T) {
+	cfg, _, err := validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nreconnect: {backoff: 250ms, backoff_max: 2m}\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RetryBackoff != 250*time.Millisecond || cfg.RetryBackoffMax != 2*time.Minute {
+		t.Errorf("backoff %v, max %v; want 250ms and 2m", cfg.RetryBackoff, cfg.RetryBackoffMax)
+	}
+	cfg, _, err = validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nreconnect: {backoff: 1m}\n"), noEnv)
+	if err != nil || cfg.RetryBackoffMax != time.Minute {
+		t.Errorf("backoff 1m alone: max %v, err %v; want the max raised to 1m", cfg.RetryBackoffMax, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,9 @@ type Config struct {
 	// Default 30s.
 	ShutdownTimeout time.Duration
 	// RetryBackoff is the first delay before reconnecting after a transient
-	// error; it doubles up to RetryBackoffMax. Defaults 1s and 30s.
+	// error; it doubles up to RetryBackoffMax. Each wait is jittered over
+	// its second half. Defaults 1s and 30s (reconnect.backoff and
+	// reconnect.backoff_max).
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
 	// Checkpoint is where the pipeline keeps its durable progress.
@@ -138,7 +141,10 @@ func (c *Config) Validate() error {
 		c.RetryBackoff = time.Second
 	}
 	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = 30 * time.Second
+		c.RetryBackoffMax = max(30*time.Second, c.RetryBackoff)
+	}
+	if c.RetryBackoff < 10*time.Millisecond || c.RetryBackoffMax < c.RetryBackoff {
+		return fmt.Errorf("reconnect.backoff %s and backoff_max %s: use at least 10ms, and a maximum at least the first", c.RetryBackoff, c.RetryBackoffMax)
 	}
 	if c.Checkpoint.Topic == "" {
 		c.Checkpoint.Topic = checkpoint.DefaultTopic
@@ -365,7 +371,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.setState(false, "reconnecting after: "+err.Error())
 			p.log.Error("session failed; reconnecting", "error", err, "retry_in", backoff)
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(jitter(backoff))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -385,6 +391,12 @@ func recordSize(r *kgo.Record) int {
 		n += len(h.Key) + len(h.Value) + 8
 	}
 	return n
+}
+
+// jitter spreads a reconnect over [d/2, d): instances that lost Postgres
+// or Kafka together do not all come back in the same instant.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
 }
 
 // maxRefused is how many times in a row a connector that has streamed
