@@ -1,29 +1,33 @@
-# The README's commands. Every target works on a machine prepared by
-# `make setup` (Go, PostgreSQL server binaries); no Docker, no Kafka needed.
+# The README's commands. Each target sets up what it needs (scripts/setup.sh:
+# PostgreSQL server binaries and Go modules; Java, Maven and the Kafka jars
+# for the real-broker targets), quickly when that is already done. No Docker.
 
 GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup build demo test test-kafka kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup setup-base build demo test test-kafka kafka-start kafka-stop test-short fuzz bench vet clean
 
-setup:            ## install PostgreSQL server binaries and Go modules
-	./scripts/setup.sh
+setup:            ## install everything: PostgreSQL server binaries, Go modules, Java, Maven, the Kafka jars
+	@./scripts/setup.sh
+
+setup-base:       # what make demo and make test need: PostgreSQL server binaries and Go modules
+	@./scripts/setup.sh --base
 
 build:            ## build bin/cdc
 	$(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./cmd/cdc
 
-demo:             ## see it work: throwaway Postgres, embedded Kafka, an order service
+demo: setup-base ## see it work: throwaway Postgres, embedded Kafka, an order service
 	$(GO) run ./cmd/cdc demo $(DEMO_ARGS)
 
-test: vet         ## unit and integration tests (real Postgres, in-process Kafka)
+test: setup-base vet ## unit and integration tests (real Postgres, in-process Kafka)
 	@$(GO) run ./scripts/testbackend
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 15s ./internal/decode
 
 # The whole suite against a real Apache Kafka broker (scripts/kafka.sh), plus
 # the tests only a real broker can answer (-tags realkafka).
-test-kafka:       ## integration tests against a real Apache Kafka broker
+test-kafka: setup ## integration tests against a real Apache Kafka broker
 	./scripts/kafka.sh fetch
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
@@ -53,7 +57,7 @@ BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
 BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay
 
-bench:            ## drain, latency and replay on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
+bench: setup     ## drain, latency and replay on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
 	mkdir -p $(BENCH_DIR) && rm -f $(BENCH_DIR)/results.jsonl
 	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/pipeline

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on a Debian/Ubuntu
 # machine: the PostgreSQL server binaries (initdb, pg_ctl, pg_recvlogical)
-# and the Go modules. Go itself must already be installed (go.mod names the
-# version). Safe to run again: it skips what is already there.
+# and the Go modules; without --base, also Java, Maven and the Kafka broker
+# jars of make test-kafka and make bench. Go itself must already be
+# installed (go.mod names the version). Safe to run again, and quick: it
+# skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +30,12 @@ else
   # start their own servers on free ports and do not need it.
   $SUDO service postgresql stop >/dev/null 2>&1 || true
   have_pg || { echo "setup: PostgreSQL installed but initdb not found" >&2; exit 1; }
+fi
+
+# make demo and make test need no more than that: the Go modules.
+if [ "${1:-}" = "--base" ]; then
+  go mod download
+  exit 0
 fi
 
 # Java 17+ and Maven run the real Kafka broker of `make test-kafka`.
