@@ -122,79 +122,46 @@ type logConfig struct {
 }
 
 // loadConfig reads the YAML file at path ("" for none) and applies the
-// environment (CDC_POSTGRES_URL, CDC_KAFKA_BROKERS, CDC_LOG_LEVEL,
-// CDC_LOG_FORMAT override the file). It reports what is wrong with the file
-// itself; the packages' own validation, with the defaults, runs once in
-// pipeline.New.
+// environment: ${VAR} in the file's values, then CDC_<KEY> variables,
+// which override the file's keys (docs/config.md, "Environment"). It
+// reports what is wrong with the file itself; the packages' own
+// validation, with the defaults, runs once in pipeline.New.
 func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
-	getenv := env.get
 	var fc fileConfig
+	var doc yaml.Node
+	where := "config " + path
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("read config: %w", err)
 		}
-		var doc yaml.Node
 		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %s", path, oneLine(err))
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %s", where, oneLine(err))
 		}
 		if err := expandEnv(&doc, env, ""); err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w", path, err)
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
 		}
-		if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %w", path, err)
+	} else {
+		where = "config"
+	}
+	if err := applyEnv(&doc, reflect.TypeOf(fc), env); err != nil {
+		return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
+		return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if doc.Kind != 0 {
+		if err := doc.Decode(&fc); err != nil {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %s (see docs/config.md)", where, oneLine(err))
 		}
-		if doc.Kind != 0 {
-			if err := doc.Decode(&fc); err != nil {
-				return pipeline.Config{}, logConfig{}, fmt.Errorf("config %s: %s (see docs/config.md)", path, oneLine(err))
-			}
-		}
-	}
-	if v := getenv("CDC_POSTGRES_URL"); v != "" {
-		fc.Postgres.URL = v
-	}
-	if v := getenv("CDC_KAFKA_BROKERS"); v != "" {
-		fc.Kafka.Brokers = nil
-		for _, b := range strings.Split(v, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				fc.Kafka.Brokers = append(fc.Kafka.Brokers, b)
-			}
-		}
-	}
-	for _, o := range []struct {
-		env string
-		dst *string
-	}{
-		{"CDC_POSTGRES_PASSWORD_FILE", &fc.Postgres.PasswordFile},
-		{"CDC_KAFKA_SASL_MECHANISM", &fc.Kafka.SASL.Mechanism},
-		{"CDC_KAFKA_SASL_USERNAME", &fc.Kafka.SASL.Username},
-		{"CDC_KAFKA_SASL_PASSWORD", &fc.Kafka.SASL.Password},
-		{"CDC_KAFKA_SASL_PASSWORD_FILE", &fc.Kafka.SASL.PasswordFile},
-		{"CDC_KAFKA_SASL_TOKEN_FILE", &fc.Kafka.SASL.TokenFile},
-	} {
-		if v := getenv(o.env); v != "" {
-			*o.dst = v
-		}
-	}
-	if v := getenv("CDC_LOG_LEVEL"); v != "" {
-		fc.Log.Level = v
-	}
-	if v := getenv("CDC_LOG_FORMAT"); v != "" {
-		fc.Log.Format = v
 	}
 
 	lc := logConfig{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: defaultListen, Token: fc.HTTP.Token}}
 	if fc.HTTP.Listen != nil {
 		lc.HTTP.Listen = *fc.HTTP.Listen
 	}
-	if v, ok := env("CDC_HTTP_LISTEN"); ok {
-		lc.HTTP.Listen = v // empty turns it off
-	}
-	if v := getenv("CDC_HTTP_TOKEN"); v != "" {
-		lc.HTTP.Token = v
-	}
-	if v := getenv("CDC_HTTP_TOKEN_FILE"); v != "" {
-		fc.HTTP.TokenFile = v
+	if v, ok := env("CDC_HTTP_LISTEN"); ok && v == "" {
+		lc.HTTP.Listen = "" // set but empty turns it off
 	}
 	if fc.HTTP.TokenFile != "" {
 		b, err := os.ReadFile(fc.HTTP.TokenFile)

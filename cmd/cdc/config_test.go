@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -281,5 +283,54 @@ func TestReconnectBackoff(t *testing.T) {
 	cfg, _, err = validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nreconnect: {backoff: 1m}\n"), noEnv)
 	if err != nil || cfg.RetryBackoffMax != time.Minute {
 		t.Errorf("backoff 1m alone: max %v, err %v; want the max raised to 1m", cfg.RetryBackoffMax, err)
+	}
+}
+
+// TestEverySettingFromTheEnvironment: each key outside tables has a
+// CDC_<KEY> variable that overrides the file, typed like the key; a bad
+// value names the variable.
+func TestEverySettingFromTheEnvironment(t *testing.T) {
+	var names []string
+	envKeys(reflect.TypeOf(fileConfig{}), nil, func(name string, _ []string, _ reflect.Type) { names = append(names, name) })
+	for _, want := range []string{"CDC_POSTGRES_URL", "CDC_POSTGRES_CONFIRM_INTERVAL", "CDC_KAFKA_BROKERS", "CDC_KAFKA_MAX_BATCH_DELAY",
+		"CDC_KAFKA_TOPIC_DEFAULTS_PARTITIONS", "CDC_KAFKA_TLS_CA_FILE", "CDC_KAFKA_SASL_PASSWORD", "CDC_CHECKPOINT_TOPIC", "CDC_REPLAY_WINDOW",
+		"CDC_MAX_IN_FLIGHT", "CDC_LOG_KAFKA", "CDC_HTTP_TOKEN_FILE", "CDC_RECONNECT_BACKOFF_MAX"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no %s among the variables %v", want, names)
+		}
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "CDC_TABLES") {
+			t.Errorf("%s: tables have no variables", n)
+		}
+	}
+
+	file := writeConfig(t, "postgres: {url: 'postgres://file@h/d', slot: from_file}\nkafka: {brokers: [file:1], create_topics: true}\nmax_in_flight: 10\n")
+	cfg, lc, err := validConfig(file, env("CDC_KAFKA_BROKERS", "a:1, b:2", "CDC_KAFKA_MAX_BATCH_DELAY", "0", "CDC_MAX_IN_FLIGHT", "77",
+		"CDC_KAFKA_CREATE_TOPICS", "false", "CDC_KAFKA_TOPIC_DEFAULTS_PARTITIONS", "6", "CDC_REPLAY_WINDOW", "2h", "CDC_LOG_KAFKA", "warn",
+		"CDC_POSTGRES_CONFIRM_INTERVAL", "50ms", "CDC_KAFKA_CLIENT_ID", "0123", "CDC_HTTP_LISTEN", "127.0.0.1:9999"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Kafka.Brokers; len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
+		t.Errorf("brokers = %v", got)
+	}
+	if cfg.Kafka.MaxBatchDelay >= 0 || cfg.MaxInFlight != 77 || cfg.Kafka.CreateTopics || cfg.Kafka.TopicDefaults.Partitions != 6 ||
+		cfg.Replay.Window != 2*time.Hour || cfg.Kafka.ClientLog != "warn" || cfg.Postgres.ConfirmInterval != 50*time.Millisecond ||
+		cfg.Kafka.ClientID != "0123" || lc.HTTP.Listen != "127.0.0.1:9999" {
+		t.Errorf("the environment did not override the file: %+v", cfg)
+	}
+	if cfg.Postgres.Slot != "from_file" || cfg.Postgres.URL != "postgres://file@h/d" {
+		t.Errorf("keys without a variable set must keep the file's values: %+v", cfg.Postgres)
+	}
+
+	_, _, err = validConfig(file, env("CDC_MAX_IN_FLIGHT", "lots"))
+	if err == nil || !strings.Contains(err.Error(), `max_in_flight (from CDC_MAX_IN_FLIGHT): "lots" is not a whole number`) {
+		t.Errorf("a bad variable: %v; want it named", err)
+	}
+	// Without a file, the environment alone.
+	cfg, _, err = validConfig("", env("CDC_POSTGRES_URL", "postgres://u@h/d", "CDC_KAFKA_BROKERS", "k:1", "CDC_POSTGRES_SLOT", "env_slot"))
+	if err != nil || cfg.Postgres.Slot != "env_slot" {
+		t.Errorf("no file: slot %q, err %v", cfg.Postgres.Slot, err)
 	}
 }

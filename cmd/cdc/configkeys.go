@@ -37,7 +37,7 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 	switch t.Kind() {
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			return fmt.Errorf("%s (line %d): expected a mapping of keys (see docs/config.md)", orTop(path), n.Line)
+			return fmt.Errorf("%s (%s): expected a mapping of keys (see docs/config.md)", orTop(path), at(n))
 		}
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -52,7 +52,7 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			return fmt.Errorf("%s (line %d): expected a list, such as [a, b]", path, n.Line)
+			return fmt.Errorf("%s (%s): expected a list, such as [a, b]", path, at(n))
 		}
 		for i, c := range n.Content {
 			if err := checkNode(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
@@ -61,7 +61,7 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
-			return fmt.Errorf("%s (line %d): expected a mapping, such as {key: value}", path, n.Line)
+			return fmt.Errorf("%s (%s): expected a mapping, such as {key: value}", path, at(n))
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			if err := checkNode(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value)); err != nil {
@@ -78,7 +78,7 @@ var durationType = reflect.TypeOf(time.Duration(0))
 
 func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("%s (line %d): expected a single value, not a list or mapping", path, n.Line)
+		return fmt.Errorf("%s (%s): expected a single value, not a list or mapping", path, at(n))
 	}
 	switch {
 	case t == durationType:
@@ -87,15 +87,15 @@ func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 			return nil
 		}
 		if _, err := time.ParseDuration(n.Value); err != nil {
-			return fmt.Errorf("%s (line %d): %q is not a duration; write a number with a unit, such as 500ms, 5s or 1m", path, n.Line, n.Value)
+			return fmt.Errorf("%s (%s): %q is not a duration; write a number with a unit, such as 500ms, 5s or 1m", path, at(n), n.Value)
 		}
 	case t.Kind() == reflect.Bool:
 		if n.ShortTag() != "!!bool" {
-			return fmt.Errorf("%s (line %d): %q is not true or false", path, n.Line, n.Value)
+			return fmt.Errorf("%s (%s): %q is not true or false", path, at(n), n.Value)
 		}
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
 		if _, err := strconv.ParseInt(n.Value, 0, t.Bits()); err != nil {
-			return fmt.Errorf("%s (line %d): %q is not a whole number that fits (%d-bit)", path, n.Line, n.Value, t.Bits())
+			return fmt.Errorf("%s (%s): %q is not a whole number that fits (%d-bit)", path, at(n), n.Value, t.Bits())
 		}
 	}
 	return nil
@@ -264,4 +264,94 @@ func validEnvName(s string) bool {
 		}
 	}
 	return true
+}
+
+// envKeys lists the environment variable of every setting that has one:
+// CDC_ and the key's path in capitals, with _ for . (kafka.max_batch_delay
+// is CDC_KAFKA_MAX_BATCH_DELAY). Lists of tables and free-form maps have
+// none; a list of strings is written comma-separated.
+func envKeys(t reflect.Type, path []string, f func(name string, path []string, t reflect.Type)) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Struct && t != durationType {
+		fields := yamlFields(t)
+		keys := make([]string, 0, len(fields))
+		for k := range fields {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			envKeys(fields[k], append(slices.Clone(path), k), f)
+		}
+		return
+	}
+	if t.Kind() == reflect.Map || (t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.String) {
+		return
+	}
+	f("CDC_"+strings.ToUpper(strings.Join(path, "_")), path, t)
+}
+
+// applyEnv sets every key whose CDC_ variable is set and not empty in the
+// parsed file, creating it if the file lacks it (or if there is no file).
+// The node it sets remembers the variable, for error messages.
+func applyEnv(doc *yaml.Node, t reflect.Type, env environ) error {
+	var err error
+	envKeys(t, nil, func(name string, path []string, ft reflect.Type) {
+		v, ok := env(name)
+		if !ok || v == "" || err != nil {
+			return
+		}
+		if doc.Kind == 0 {
+			*doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
+		}
+		m := doc.Content[0]
+		for _, k := range path[:len(path)-1] {
+			if m, err = child(m, k, name); err != nil {
+				return
+			}
+			if m.Kind != yaml.MappingNode { // null or empty in the file
+				*m = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+			}
+		}
+		var leaf *yaml.Node
+		if leaf, err = child(m, path[len(path)-1], name); err != nil {
+			return
+		}
+		*leaf = yaml.Node{Kind: yaml.ScalarNode, Value: v, HeadComment: "from " + name}
+		if ft.Kind() == reflect.Slice {
+			*leaf = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", HeadComment: "from " + name}
+			for _, item := range strings.Split(v, ",") {
+				if item = strings.TrimSpace(item); item != "" {
+					leaf.Content = append(leaf.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: item, HeadComment: "from " + name})
+				}
+			}
+		} else if ft.Kind() == reflect.String {
+			leaf.Tag = "!!str" // as given: CDC_KAFKA_CLIENT_ID=123 stays a name
+		}
+	})
+	return err
+}
+
+// child returns key's value in mapping m, adding it if missing.
+func child(m *yaml.Node, key, name string) (*yaml.Node, error) {
+	if m.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s: the file's %q is not a mapping, so it cannot be set from the environment", name, key)
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1], nil
+		}
+	}
+	v := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null"}
+	m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}, v)
+	return v, nil
+}
+
+// at says where a value came from: its line, or its variable.
+func at(n *yaml.Node) string {
+	if n.Line == 0 && strings.HasPrefix(n.HeadComment, "from ") {
+		return n.HeadComment
+	}
+	return fmt.Sprintf("line %d", n.Line)
 }

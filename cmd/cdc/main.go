@@ -69,10 +69,12 @@ func init() {
 	}
 }
 
-// envHelp lists the environment variables the config commands read.
-const envHelp = `Environment (overrides the config file): CDC_POSTGRES_URL, CDC_KAFKA_BROKERS
-(comma-separated), CDC_LOG_LEVEL, CDC_LOG_FORMAT, CDC_HTTP_LISTEN (empty: off),
-and the others in docs/config.md.`
+// envHelp says how the config commands read the environment.
+const envHelp = `Environment: every setting outside tables has a variable, CDC_ and its key
+in capitals with _ for . (CDC_POSTGRES_URL, CDC_KAFKA_BROKERS comma-separated,
+CDC_KAFKA_MAX_BATCH_DELAY, ...), which overrides the config file; the file's
+values may use ${VAR} and ${VAR:-default}. CDC_HTTP_LISTEN= (empty) turns the
+endpoint off. See docs/config.md.`
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: cdc <command> [flags]\n\ncommands:")
