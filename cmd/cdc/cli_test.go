@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -116,4 +117,39 @@ http: {listen: "127.0.0.1:0"}
 		return n == 0
 	})
 	t.Logf("killed the replay after %d of %d records", len(rc.Records), total)
+}
+
+// TestCheckListsProblems: cdc check against a role that cannot run the
+// pipeline exits 1 and lists each problem with its fix, one per line; the
+// same config passes once they are fixed.
+func TestCheckListsProblems(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`, `DO $$ BEGIN
+		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cdc_check') THEN CREATE ROLE cdc_check LOGIN; END IF; END $$`)
+	u, err := neturl.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User("cdc_check")
+	k := testenv.NewKafka(t)
+	cfg := writeConfig(t, fmt.Sprintf("postgres: {url: %q, slot: check_slot}\nkafka: {brokers: [%s]}\ncheckpoint: {topic: %s}\n",
+		u.String(), strings.Join(k.Brokers, ", "), k.CheckpointTopic()))
+
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"check", "--config", cfg}, noEnv, &out, &errOut)
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	if code != 1 || len(lines) < 4 || !strings.HasPrefix(lines[0], "cdc: check found 3 problem(s) that would stop cdc run:") ||
+		!strings.Contains(errOut.String(), "\n  - postgres: role cdc_check lacks the REPLICATION attribute") ||
+		!strings.Contains(errOut.String(), "\n  - postgres: role cdc_check may not SELECT from outbox table public.outbox") ||
+		!strings.Contains(errOut.String(), "\n  - postgres: publication outbox_cdc does not exist, and role cdc_check may not create it") {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and the three problems, one per line", code, errOut.String())
+	}
+
+	testenv.Exec(t, db, `ALTER ROLE cdc_check REPLICATION`, `GRANT SELECT ON outbox TO cdc_check`, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
+	out.Reset()
+	errOut.Reset()
+	if code := run(context.Background(), []string{"check", "--config", cfg}, noEnv, &out, &errOut); code != 0 || !strings.Contains(out.String(), "postgres and kafka OK") {
+		t.Fatalf("after the fixes: exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 func runCmd(ctx context.Context, c *cli, args []string) int {
@@ -64,10 +66,18 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := p.Check(ctx); err != nil {
-		fmt.Fprintf(c.stderr, "cdc: %v\n", err)
+		var ce *wal.CheckError
+		if !errors.As(err, &ce) {
+			fmt.Fprintf(c.stderr, "cdc: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(c.stderr, "cdc: check found %d problem(s) that would stop cdc run:\n", len(ce.Problems))
+		for _, pr := range ce.Problems {
+			fmt.Fprintf(c.stderr, "  - %s\n", pr)
+		}
 		return 1
 	}
-	fmt.Fprintln(c.stdout, "postgres and kafka OK")
+	fmt.Fprintln(c.stdout, "postgres and kafka OK: cdc run has what it needs")
 	return 0
 }
 

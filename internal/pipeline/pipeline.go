@@ -295,8 +295,19 @@ func (p *Pipeline) Config() Config { return p.cfg }
 // Check checks Postgres' and Kafka's preconditions without creating or
 // streaming anything.
 func (p *Pipeline) Check(ctx context.Context) error {
-	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.walTables()); err != nil {
-		return fmt.Errorf("postgres: %w", err)
+	var probs []string
+	var slots []string
+	if p.cfg.Replay.Window > 0 {
+		slots = append(slots, p.cfg.replaySlot())
+	}
+	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.walTables(), slots...); err != nil {
+		var ce *wal.CheckError
+		if !errors.As(err, &ce) {
+			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
+		}
+		for _, pr := range ce.Problems {
+			probs = append(probs, "postgres: "+pr)
+		}
 	}
 	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
@@ -304,9 +315,48 @@ func (p *Pipeline) Check(ctx context.Context) error {
 	}
 	defer k.Close()
 	if err := k.Ping(ctx); err != nil {
-		return fmt.Errorf("kafka: %w; check kafka.brokers", err)
+		probs = append(probs, fmt.Sprintf("kafka: %v; check kafka.brokers", err))
+	} else {
+		// The checkpoint topic, which the connector creates itself, and
+		// every topic that is not a template.
+		check := func(topic string, mayCreate, compact bool) {
+			if err := k.CheckTopic(ctx, topic, mayCreate, compact); err != nil {
+				probs = append(probs, "kafka: "+err.Error())
+			}
+		}
+		check(p.cfg.Checkpoint.Topic, true, true)
+		seen := map[string]bool{}
+		for _, t := range p.cfg.Tables {
+			for _, tpl := range []struct {
+				topic string
+				use   bool
+			}{{literal(t.TopicTemplate, t.TopicLowercase), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
+				if tpl.use && tpl.topic != "" && !strings.Contains(tpl.topic, "{") && !seen[tpl.topic] {
+					seen[tpl.topic] = true
+					check(tpl.topic, p.cfg.Kafka.CreateTopics, false)
+				}
+			}
+		}
+	}
+	if len(probs) > 0 {
+		return &wal.CheckError{Problems: probs}
 	}
 	return nil
+}
+
+// literal is a topic template's text when it has no placeholders, else "".
+func literal(t outbox.Template, lower bool) string {
+	var b strings.Builder
+	for _, part := range t.Parts {
+		if part.Kind != outbox.PartLiteral {
+			return ""
+		}
+		b.WriteString(part.Text)
+	}
+	if lower {
+		return strings.ToLower(b.String())
+	}
+	return b.String()
 }
 
 // Run streams until ctx is done, then shuts down cleanly and returns nil;

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TopicDefaults are the settings of the topics the connector creates.
@@ -108,4 +110,63 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 	}
 	return 0, &ProduceError{Topic: topic, Err: kerr.UnknownTopicOrPartition, permanent: true,
 		advice: fmt.Sprintf("the topic does not exist, and the connector may not create it: create it (kafka-topics.sh --create --topic %s), %s, or allow broker auto-creation (kafka.allow_auto_topic_creation: true and auto.create.topics.enable=true)", topic, how)}
+}
+
+// CheckTopic reports what would stop the connector from producing to
+// topic, without creating anything: a topic that is missing and that it
+// may not create (mayCreate: it would try; the broker is asked to validate
+// the creation, which also tests the connector's CREATE right), or, with
+// compact, one whose cleanup.policy would delete records.
+func (k *Kafka) CheckTopic(ctx context.Context, topic string, mayCreate, compact bool) error {
+	// A client of its own: the producer's asks the brokers to auto-create
+	// the topics it looks up (kafka.allow_auto_topic_creation), and a
+	// check must not create anything.
+	cl, err := kgo.NewClient(ClientOpts(k.cfg, k.log)...)
+	if err != nil {
+		return fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	listed, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("look up topic %q: %w", topic, err)
+	}
+	if d, ok := listed[topic]; ok && d.Err == nil {
+		if !compact {
+			return nil
+		}
+		described, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			return fmt.Errorf("describe topic %q: %w", topic, err)
+		}
+		rc, err := described.On(topic, nil)
+		if err != nil || rc.Err != nil {
+			return fmt.Errorf("describe topic %q: %v; grant the connector DESCRIBE_CONFIGS on it", topic, errors.Join(err, rc.Err))
+		}
+		for _, c := range rc.Configs {
+			if c.Key == "cleanup.policy" && c.Value != nil && !strings.Contains(*c.Value, "compact") {
+				return fmt.Errorf("topic %q has cleanup.policy=%s, so Kafka would delete the checkpoint; set cleanup.policy=compact on it", topic, *c.Value)
+			}
+		}
+		return nil
+	}
+	if !mayCreate {
+		if k.cfg.AllowAutoTopicCreation {
+			return nil // the broker may create it on the first record
+		}
+		return fmt.Errorf("topic %q does not exist, and the connector may not create it: create it, or set kafka.create_topics: true", topic)
+	}
+	d := k.cfg.TopicDefaults
+	resp, err := adm.ValidateCreateTopics(ctx, d.Partitions, d.ReplicationFactor, nil, topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	switch {
+	case err == nil, errors.Is(err, kerr.TopicAlreadyExists):
+		return nil
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return fmt.Errorf("topic %q does not exist, and the brokers refuse the connector's CREATE on it (%v): create it, or grant CREATE", topic, err)
+	default:
+		return fmt.Errorf("topic %q does not exist, and creating it would fail: %v", topic, err)
+	}
 }

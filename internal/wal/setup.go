@@ -61,17 +61,6 @@ func (s SlotState) Retained() int64 {
 // user must fix is a *SetupError that says how; a lost slot is one. Logical
 // decoding message sources need no table: cfg.Messages covers them.
 func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, error) {
-	return prepare(ctx, cfg, tables, false, log)
-}
-
-// Check runs Setup's checks without creating anything: a missing
-// publication or slot is fine, one that exists must fit.
-func Check(ctx context.Context, cfg Config, tables []Table) error {
-	_, err := prepare(ctx, cfg, tables, true, hclog.NewNullLogger())
-	return err
-}
-
-func prepare(ctx context.Context, cfg Config, tables []Table, dryRun bool, log hclog.Logger) (SlotState, error) {
 	conn, err := ConnectSQL(ctx, cfg)
 	if err != nil {
 		return SlotState{}, err
@@ -111,7 +100,7 @@ func prepare(ctx context.Context, cfg Config, tables []Table, dryRun bool, log h
 			return SlotState{}, err
 		}
 	}
-	if err := ensurePublication(ctx, conn, cfg.Publication, tables, dryRun, log); err != nil {
+	if err := ensurePublication(ctx, conn, cfg.Publication, tables, false, log); err != nil {
 		return SlotState{}, err
 	}
 	st, err := InspectSlot(ctx, conn, cfg.Slot)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	neturl "net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,3 +254,57 @@ func (fixedAcks) Keepalive(pglogrepl.LSN, time.Time) {}
 func (fixedAcks) Saturated() bool                    { return false }
 func (fixedAcks) Err() error                         { return nil }
 func (fixedAcks) Changed() <-chan struct{}           { return nil }
+
+// TestCheckListsEveryProblem: check reports everything a least-privileged
+// role would trip on, each with its fix, not only the first: no
+// REPLICATION, no SELECT, a publication it may not create, a missing table,
+// and too few free slots for the slot and the replay window's.
+func TestCheckListsEveryProblem(t *testing.T) {
+	testenv.Require(t, pg)
+	srv, err := testenv.StartPostgres("max_replication_slots=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	db := srv.NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL,
+		`CREATE ROLE cdc_weak LOGIN`,
+		`SELECT pg_create_logical_replication_slot('other_a', 'pgoutput')`)
+	u, err := neturl.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User("cdc_weak")
+	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "missing", Columns: []string{"id"}})
+	err = wal.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
+	var ce *wal.CheckError
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v; want a CheckError", err)
+	}
+	for _, want := range []string{
+		`role cdc_weak lacks the REPLICATION attribute; as a superuser run: ALTER ROLE cdc_weak WITH REPLICATION`,
+		`outbox table public.missing does not exist`,
+		`role cdc_weak may not SELECT from outbox table public.outbox; as its owner run: GRANT SELECT ON public.outbox TO cdc_weak`,
+		`publication outbox_cdc does not exist, and role cdc_weak may not create it (it lacks CREATE on the database, it does not own public.outbox)`,
+		`2 replication slot(s) to create (outbox_cdc, outbox_cdc_replay) and 1 free: raise max_replication_slots`,
+	} {
+		found := false
+		for _, p := range ce.Problems {
+			found = found || strings.Contains(p, want)
+		}
+		if !found {
+			t.Errorf("no problem says %q; got:\n%s", want, strings.Join(ce.Problems, "\n"))
+		}
+	}
+	if len(ce.Problems) != 5 {
+		t.Errorf("%d problems, want 5:\n%s", len(ce.Problems), strings.Join(ce.Problems, "\n"))
+	}
+
+	// The same role, once granted what it lacked, passes.
+	testenv.Exec(t, db, `ALTER ROLE cdc_weak REPLICATION`, `GRANT SELECT ON outbox TO cdc_weak`, `ALTER TABLE outbox OWNER TO cdc_weak`,
+		`DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO cdc_weak', current_database()); END $$`,
+		`SELECT pg_drop_replication_slot('other_a')`)
+	if err := wal.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
+		t.Fatalf("after the grants: %v", err)
+	}
+}

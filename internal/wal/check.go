@@ -1,0 +1,176 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/pgident"
+)
+
+// CheckError lists everything Check found that would stop cdc run, each
+// with its fix.
+type CheckError struct{ Problems []string }
+
+func (e *CheckError) Error() string {
+	if len(e.Problems) == 1 {
+		return e.Problems[0]
+	}
+	return fmt.Sprintf("%d problems: %s", len(e.Problems), strings.Join(e.Problems, "; "))
+}
+
+// Check tests, without creating anything, what Setup and streaming will
+// need, and reports every problem rather than the first: wal_level, the
+// role's REPLICATION, each table, its columns and SELECT on it, the
+// publication (that it fits, or that the role may create it), the slot
+// (that it fits, or that a free slot and WAL sender are there for it), and
+// the free slots the others need (the replay window's). Only a connection
+// that fails stops it early.
+func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string) error {
+	conn, err := ConnectSQL(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var probs []string
+	add := func(err error) {
+		if err != nil {
+			probs = append(probs, err.Error())
+		}
+	}
+
+	var walLevel string
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&walLevel, &version); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		add(setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel))
+	}
+	if version < 130000 {
+		add(setupErrorf("PostgreSQL %d.%d is older than 13, the oldest the connector supports (it reads pg_replication_slots.wal_status); upgrade", version/10000, version%10000/100))
+	}
+	if cfg.Messages && version < 140000 {
+		add(setupErrorf("logical decoding messages as an outbox need PostgreSQL 14 or later (pgoutput's messages option); this server is %d", version))
+	}
+
+	var user, db string
+	var replication, super bool
+	if err := conn.QueryRow(ctx, `SELECT current_user, current_database(), rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &db, &replication, &super); err != nil {
+		return fmt.Errorf("read role attributes: %w", err)
+	}
+	if !replication && !super {
+		add(setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user)))
+	}
+
+	var present []Table
+	for _, t := range tables {
+		if err := checkTable(ctx, conn, db, t); err != nil {
+			add(err)
+			continue
+		}
+		present = append(present, t)
+		var sel bool
+		if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'SELECT')`, t.String()).Scan(&sel); err != nil {
+			return fmt.Errorf("read privileges on %s: %w", t, err)
+		}
+		if !sel {
+			add(setupErrorf("role %s may not SELECT from outbox table %s; as its owner run: GRANT SELECT ON %s TO %s", pgident.Quote(user), t, t, pgident.Quote(user)))
+		}
+	}
+	if err := checkPublication(ctx, conn, cfg.Publication, tables, present, user, super); err != nil {
+		add(err)
+	}
+
+	st, err := InspectSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		var se *SetupError
+		if !errors.As(err, &se) {
+			return err
+		}
+		add(err)
+	} else if st.WALStatus == "lost" {
+		add(setupErrorf("replication slot %q is lost: Postgres removed WAL it still needed; see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
+	}
+	if err := checkCapacity(ctx, conn, append([]string{cfg.Slot}, otherSlots...)); err != nil {
+		add(err)
+	}
+	if len(probs) > 0 {
+		return &CheckError{Problems: probs}
+	}
+	return nil
+}
+
+// checkPublication checks an existing publication as Setup does, or that
+// the role may create a missing one: CREATE on the database and ownership
+// of every table in it.
+func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, present []Table, user string, super bool) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("read publication %s: %w", name, err)
+	}
+	if exists {
+		return ensurePublication(ctx, conn, name, present, true, hclog.NewNullLogger())
+	}
+	if super {
+		return nil
+	}
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.String()
+	}
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", name, strings.Join(names, ", "))
+	var why []string
+	var createDB bool
+	if err := conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&createDB); err != nil {
+		return fmt.Errorf("read privileges on the database: %w", err)
+	}
+	if !createDB {
+		why = append(why, "it lacks CREATE on the database")
+	}
+	for _, t := range present {
+		var owns bool
+		err := conn.QueryRow(ctx, `SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2`, t.Schema, t.Name).Scan(&owns)
+		if err != nil {
+			return fmt.Errorf("read the owner of %s: %w", t, err)
+		}
+		if !owns {
+			why = append(why, "it does not own "+t.String())
+		}
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return setupErrorf("publication %s does not exist, and role %s may not create it (%s); as the tables' owner or a superuser run: %s", name, pgident.Quote(user), strings.Join(why, ", "), create)
+}
+
+// checkCapacity checks that the slots among slots that do not exist yet
+// can be created (max_replication_slots), and that a WAL sender is free to
+// stream (max_wal_senders).
+func checkCapacity(ctx context.Context, conn *pgx.Conn, slots []string) error {
+	var freeSlots, freeSenders, missing int
+	var active bool
+	err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots),
+		current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication),
+		(SELECT count(*) FROM unnest($1::text[]) s WHERE s NOT IN (SELECT slot_name FROM pg_replication_slots)),
+		coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $2), false)`, slots, slots[0]).Scan(&freeSlots, &freeSenders, &missing, &active)
+	if err != nil {
+		return fmt.Errorf("read max_replication_slots and max_wal_senders: %w", err)
+	}
+	var why []string
+	if missing > freeSlots {
+		why = append(why, fmt.Sprintf("%d replication slot(s) to create (%s) and %d free: raise max_replication_slots (restart), or drop unused slots", missing, strings.Join(slots, ", "), max(freeSlots, 0)))
+	}
+	if !active && freeSenders < 1 {
+		why = append(why, "no free WAL sender: raise max_wal_senders (restart)")
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return setupErrorf("%s", strings.Join(why, "; "))
+}
