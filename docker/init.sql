@@ -1,5 +1,9 @@
--- Runs once when the compose Postgres starts with an empty volume: the
--- default outbox table (Debezium's layout) and a business table.
+-- Runs once when the compose Postgres starts with an empty volume, as the
+-- superuser in database app: the default outbox table (Debezium's layout),
+-- a business table, and what the connector needs and no more: a role with
+-- REPLICATION that may read the outbox, and the publication, created here
+-- by the table's owner because the connector's role does not own it
+-- (docs/operations.md, "Postgres requirements").
 CREATE TABLE outbox (
   id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
   aggregatetype text NOT NULL,
@@ -12,3 +16,6 @@ CREATE TABLE orders (
   customer text NOT NULL,
   status text NOT NULL
 );
+CREATE ROLE cdc WITH LOGIN REPLICATION PASSWORD 'cdc';
+GRANT SELECT ON outbox TO cdc;
+CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert');

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -402,4 +403,40 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// probeCmd asks a running connector's endpoint whether it is healthy or
+// ready, for probes that can only run a command: a distroless image has no
+// curl, and docker compose's healthcheck runs inside the container.
+func probeCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("probe", "[--ready] [--addr host:port]")
+	ready := fs.Bool("ready", false, "ask /readyz (this instance streams) instead of /healthz (the process is alive)")
+	addr := fs.String("addr", defaultListen, "the connector's http.listen")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	path := "/healthz"
+	if *ready {
+		path = "/readyz"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+path, nil)
+	if err != nil {
+		return c.usageErr("probe: --addr %q: %v", *addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "cdc: probe %s: %v\n", path, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	msg := strings.TrimSpace(string(body))
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(c.stderr, "cdc: probe %s: %s\n", path, msg)
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "%s: %s\n", path, msg)
+	return 0
 }

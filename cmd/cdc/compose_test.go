@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	neturl "net/url"
 	"os"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
 // TestComposeConfigValidates: docker-compose.yml mounts docker/cdc.yaml
@@ -59,5 +63,84 @@ func TestComposeConfigValidates(t *testing.T) {
 		if !strings.Contains(string(init), "CREATE TABLE "+tbl.Name.Name+" (") {
 			t.Errorf("docker/init.sql does not create the configured table %s", tbl.Name)
 		}
+	}
+}
+
+// TestComposeFromTheHost: the compose file publishes Postgres, Kafka (an
+// external listener advertised to the host) and the connector's endpoint;
+// the connector's healthcheck asks /readyz with cdc probe; the viewer
+// refreshes its topic list, so it sees topics created after it started.
+func TestComposeFromTheHost(t *testing.T) {
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Ports       []string          `yaml:"ports"`
+			Environment map[string]string `yaml:"environment"`
+			Command     any               `yaml:"command"`
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &compose); err != nil {
+		t.Fatal(err)
+	}
+	s := compose.Services
+	for svc, port := range map[string]string{"postgres": ":5432", "kafka": ":9094", "connector": ":9187"} {
+		if len(s[svc].Ports) == 0 || !strings.HasSuffix(s[svc].Ports[0], port) {
+			t.Errorf("%s publishes %v; want a port mapped to %s", svc, s[svc].Ports, port)
+		}
+	}
+	k := s["kafka"].Environment
+	if !strings.Contains(k["KAFKA_LISTENERS"], "EXTERNAL://:9094") || !strings.Contains(k["KAFKA_ADVERTISED_LISTENERS"], "EXTERNAL://localhost:") ||
+		!strings.Contains(k["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"], "EXTERNAL:PLAINTEXT") {
+		t.Errorf("kafka has no external listener advertised to the host: %v", k)
+	}
+	if got := strings.Join(s["connector"].Healthcheck.Test, " "); !strings.Contains(got, "cdc probe --ready --addr 127.0.0.1:9187") {
+		t.Errorf("connector healthcheck %q; want cdc probe --ready", got)
+	}
+	if got := fmt.Sprint(s["viewer"].Command); !strings.Contains(got, "metadata.max.age.ms=") {
+		t.Errorf("the viewer's consumer keeps its topic list for 5 minutes: %s", got)
+	}
+}
+
+// TestComposeSQLGivesLeastPrivilege: docker/init.sql runs on a real
+// Postgres, and the role it creates for the connector, which is the one
+// docker/cdc.yaml uses, is not a superuser yet passes cdc check.
+func TestComposeSQLGivesLeastPrivilege(t *testing.T) {
+	testenv.Require(t, pg)
+	srv, err := testenv.StartPostgres() // a server of its own: init.sql creates a role
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	db := srv.NewDatabase(t)
+	init, err := os.ReadFile("../../docker/init.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Exec(t, db, string(init))
+	var super bool
+	testenv.QueryRow(t, db, `SELECT rolsuper FROM pg_roles WHERE rolname = 'cdc'`, nil, &super)
+	if super {
+		t.Fatal("init.sql makes the connector's role a superuser")
+	}
+	file, _, err := loadConfig("../../docker/cdc.yaml", noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	composeURL, _ := neturl.Parse(file.Postgres.URL)
+	u, _ := neturl.Parse(db)
+	u.User = composeURL.User // cdc:cdc, as the compose connector
+	k := testenv.NewKafka(t)
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"check", "--config", "../../docker/cdc.yaml"},
+		env("CDC_POSTGRES_URL", u.String(), "CDC_KAFKA_BROKERS", strings.Join(k.Brokers, ","), "CDC_CHECKPOINT_TOPIC", k.CheckpointTopic(),
+			"CDC_HTTP_LISTEN", ""), &out, &errOut)
+	if code != 0 {
+		t.Fatalf("cdc check as the compose role: exit %d\n%s%s", code, out.String(), errOut.String())
 	}
 }

@@ -176,6 +176,25 @@ replay: {window: 1h}
 		t.Fatalf("standby cdc_streaming = %v", v)
 	}
 
+	// cdc probe, as compose's healthcheck runs it: ready on the active
+	// instance, alive but not ready on the standby, and nothing listening.
+	for _, tc := range []struct {
+		args       []string
+		code       int
+		out, inErr string
+	}{
+		{[]string{"probe", "--ready", "--addr", strings.TrimPrefix(base, "http://")}, 0, "/readyz: ready", ""},
+		{[]string{"probe", "--addr", strings.TrimPrefix(sbase, "http://")}, 0, "/healthz: ok", ""},
+		{[]string{"probe", "--ready", "--addr", strings.TrimPrefix(sbase, "http://")}, 1, "", `cdc: probe /readyz: not ready: standby: waiting for replication slot "outbox_cdc"`},
+		{[]string{"probe", "--addr", "127.0.0.1:1"}, 1, "", "cdc: probe /healthz: "},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), tc.args, noEnv, &out, &errOut)
+		if code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errOut.String(), tc.inErr) || strings.Count(errOut.String(), "\n") > 1 {
+			t.Errorf("cdc %s: exit %d, stdout %q, stderr %q; want exit %d", strings.Join(tc.args, " "), code, out.String(), errOut.String(), tc.code)
+		}
+	}
+
 	// cdc status, as JSON and as a table.
 	var out, errOut bytes.Buffer
 	if code := run(context.Background(), []string{"status", "--config", config, "--json"}, noEnv, &out, &errOut); code != 0 {

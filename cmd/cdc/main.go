@@ -65,6 +65,7 @@ func init() {
 		"reset":   {"accept a gap the connector refused to stream over", resetCmd},
 		"status":  {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
 		"demo":    {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
+		"probe":   {"ask a running connector's /healthz or /readyz, for health checks that run a command", probeCmd},
 		"version": {"print the version", versionCmd},
 	}
 }
