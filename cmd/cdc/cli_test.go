@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	neturl "net/url"
 	"os"
@@ -151,5 +152,33 @@ func TestCheckListsProblems(t *testing.T) {
 	errOut.Reset()
 	if code := run(context.Background(), []string{"check", "--config", cfg}, noEnv, &out, &errOut); code != 0 || !strings.Contains(out.String(), "postgres and kafka OK") {
 		t.Fatalf("after the fixes: exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+}
+
+// TestFatalErrorIsOneLine: a fatal error at start (here a database that
+// does not exist) exits 1 at once, and every log entry is one line, in the
+// text format and in JSON, where each line is an object.
+func TestFatalErrorIsOneLine(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	u, err := neturl.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/no_such_database"
+	k := testenv.NewKafka(t)
+	for _, format := range []string{"text", "json"} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), []string{"run"}, env("CDC_POSTGRES_URL", u.String(), "CDC_KAFKA_BROKERS", strings.Join(k.Brokers, ","),
+			"CDC_LOG_FORMAT", format, "CDC_HTTP_LISTEN", ""), &out, &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), `database \"no_such_database\" does not exist (SQLSTATE 3D000): fix the database in postgres.url`) &&
+			!strings.Contains(errOut.String(), `database "no_such_database" does not exist (SQLSTATE 3D000): fix the database in postgres.url`) {
+			t.Fatalf("%s: exit %d, stderr:\n%s\nwant exit 1 naming the database", format, code, errOut.String())
+		}
+		for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+			var obj map[string]any
+			if format == "json" && json.Unmarshal([]byte(l), &obj) != nil || format == "text" && !strings.HasPrefix(l, "20") {
+				t.Errorf("%s: a log entry spans lines, or is not an entry: %q", format, l)
+			}
+		}
 	}
 }

@@ -42,7 +42,7 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 		log.Info("serving /metrics, /healthz and /readyz", "addr", "http://"+srv.Addr(), "metrics_token", c.http.Token != "")
 	}
 	if err := p.Run(ctx); err != nil {
-		log.Error("stopped on a fatal error", "error", err)
+		log.Error("stopped on a fatal error", "error", flatErr(err))
 		return 1
 	}
 	return 0
@@ -184,7 +184,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	})
 	show.done()
 	if err != nil {
-		log.Error("replay failed", "error", err)
+		log.Error("replay failed", "error", flatErr(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions (%d outside the range or tables skipped) in %s\n",
@@ -238,7 +238,7 @@ func rewindCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	done, err := p.Rewind(ctx, rg)
 	if err != nil {
-		log.Error("rewind failed", "error", err)
+		log.Error("rewind failed", "error", flatErr(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "rewound slot %s from %s to %s; the next cdc run re-delivers from there\n", p.Config().Postgres.Slot, done.From, done.To)
@@ -262,7 +262,7 @@ func resetCmd(ctx context.Context, c *cli, args []string) int {
 	a, err := p.AcceptGap(ctx)
 	switch {
 	case err != nil:
-		log.Error("reset failed", "error", err)
+		log.Error("reset failed", "error", flatErr(err))
 		return 1
 	case a.Gap == nil && a.LostSlot:
 		fmt.Fprintln(c.stdout, "dropped the lost slot; cdc run creates a new one")
@@ -439,4 +439,9 @@ func probeCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	fmt.Fprintf(c.stdout, "%s: %s\n", path, msg)
 	return 0
+}
+
+// flatErr is err's text on one line, for the log (see oneLine).
+func flatErr(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -332,5 +333,21 @@ func TestEverySettingFromTheEnvironment(t *testing.T) {
 	cfg, _, err = validConfig("", env("CDC_POSTGRES_URL", "postgres://u@h/d", "CDC_KAFKA_BROKERS", "k:1", "CDC_POSTGRES_SLOT", "env_slot"))
 	if err != nil || cfg.Postgres.Slot != "env_slot" {
 		t.Errorf("no file: slot %q, err %v", cfg.Postgres.Slot, err)
+	}
+}
+
+// TestMalformedURLHidesThePassword: a URL that does not parse says so, and
+// what is wrong, without the password in it.
+func TestMalformedURLHidesThePassword(t *testing.T) {
+	for url, what := range map[string]string{
+		"postgres://u:s3cr3t@h:notaport/d":          "invalid port",
+		"postgres://u:s3cr3t@h/d?sslmode=sometimes": "sslmode is invalid",
+		"host=h password=s3cr3t port=x":             "invalid port",
+	} {
+		_, _, err := validConfig(writeConfig(t, fmt.Sprintf("postgres: {url: %q}\nkafka: {brokers: [k:1]}\n", url)), noEnv)
+		if err == nil || !strings.Contains(err.Error(), "postgres.url does not parse: ") || !strings.Contains(err.Error(), what) ||
+			strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("url %q: err = %v; want one line saying it does not parse (%s), without the password", url, err, what)
+		}
 	}
 }

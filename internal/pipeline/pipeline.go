@@ -416,10 +416,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		var inUse *wal.SlotInUseError
 		if errors.As(err, &inUse) {
 			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-			p.log.Warn("replication slot is in use; waiting for it", "slot", p.cfg.Postgres.Slot, "error", err, "retry_in", backoff)
+			p.log.Warn("replication slot is in use; waiting for it", "slot", p.cfg.Postgres.Slot, "error", oneLine(err), "retry_in", backoff)
 		} else {
 			p.setState(false, "reconnecting after: "+err.Error())
-			p.log.Error("session failed; reconnecting", "error", err, "retry_in", backoff)
+			p.log.Error("session failed; reconnecting", "error", oneLine(err), "retry_in", backoff)
 		}
 		t := time.NewTimer(jitter(backoff))
 		select {
@@ -523,4 +523,11 @@ func Permanent(err error) bool {
 // that counts produce requests.
 func (p *Pipeline) kafkaOpts() []kgo.Opt {
 	return append(append([]kgo.Opt(nil), p.opts.KafkaOpts...), kgo.WithHooks(p.m.KafkaHook()))
+}
+
+// oneLine is err's text on one line, for the log: an error that spans
+// lines (pgx's connection attempts, a server's DETAIL) would break the
+// text format's one line per entry, which log shippers rely on.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }

@@ -31,7 +31,7 @@ func (p *Pipeline) pollSlot(ctx context.Context) {
 		}
 		if conn != nil {
 			if err := p.readSlots(ctx, conn); err != nil {
-				p.log.Debug("metrics: cannot read the slot; retrying", "error", err)
+				p.log.Debug("metrics: cannot read the slot; retrying", "error", oneLine(err))
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			}

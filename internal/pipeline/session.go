@@ -87,7 +87,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
 		}
 		if err := confirmer.Final(fctx); err != nil {
-			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", err)
+			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", oneLine(err))
 		}
 		cancel()
 	}
@@ -213,7 +213,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 	}
 	s.p.DeadLettered.Add(1)
 	s.p.m.DeadLetter(ev.Table.String())
-	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", cause)
+	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", oneLine(cause))
 	return rec, nil
 }
 

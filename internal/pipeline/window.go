@@ -39,13 +39,13 @@ func (p *Pipeline) keepWindow(ctx context.Context) {
 		if conn == nil {
 			c, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 			if err != nil {
-				p.log.Warn("replay window: cannot connect to postgres; retrying", "error", err)
+				p.log.Warn("replay window: cannot connect to postgres; retrying", "error", oneLine(err))
 				continue
 			}
 			conn = c
 		}
 		if err := p.advanceWindow(ctx, conn); err != nil && ctx.Err() == nil {
-			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.replaySlot(), "error", err)
+			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.replaySlot(), "error", oneLine(err))
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
 		}

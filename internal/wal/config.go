@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -125,8 +126,32 @@ func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 // pgconn's ParseConfig errors quote the connection string.
 func redact(err error) string {
 	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) {
-		return "invalid connection string"
+	if !errors.As(err, &pe) {
+		return err.Error()
 	}
-	return err.Error()
+	// "cannot parse `<the string>`: what (why)": keep what and why, which
+	// say what is wrong, drop the string, and scrub any password that
+	// could still appear in them.
+	msg := pe.Error()
+	if i := strings.Index(msg, "`: "); strings.HasPrefix(msg, "cannot parse `") && i > 0 {
+		msg = msg[i+3:]
+	}
+	var secrets []string
+	if u, err := url.Parse(pe.ConnString); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			secrets = append(secrets, pw)
+		}
+	}
+	for _, m := range passwordKV.FindAllStringSubmatch(pe.ConnString, -1) {
+		secrets = append(secrets, m[1])
+	}
+	for _, s := range secrets {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return msg
 }
+
+// passwordKV finds password=... in a key=value connection string.
+var passwordKV = regexp.MustCompile(`password\s*=\s*'?([^'\s]+)`)
