@@ -136,7 +136,7 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
 func replayCmd(ctx context.Context, c *cli, args []string) int {
-	fs := c.flags("replay", "--config F (--from-lsn L | --from-time T) [--to-lsn L2 | --to-time T2] [--topic-suffix S] [--table NAME]...")
+	fs := c.flags("replay", "--config F (--from-lsn L | --from-time T) [--to-lsn L2 | --to-time T2] [--topic-suffix S] [--table NAME]... [--aggregate-type T]... [--aggregate-id ID]... [--event-type E]...")
 	config := fs.String("config", "", "the YAML config file of the pipeline (required)")
 	rf := rangeFlags{
 		fromLSN:  fs.String("from-lsn", "", "re-send transactions whose commit LSN is at or after this, e.g. 0/16B3748"),
@@ -145,8 +145,11 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 		toTime:   fs.String("to-time", "", "and before this time"),
 	}
 	suffix := fs.String("topic-suffix", "", "send to each topic with this suffix (e.g. .replay) instead of the topic itself")
-	var tables multi
+	var tables, aggTypes, aggIDs, eventTypes multi
 	fs.Var(&tables, "table", "replay only this table (repeatable; as in tables[].name)")
+	fs.Var(&aggTypes, "aggregate-type", "replay only events of this aggregate type, the mapped aggregate_type field (repeatable)")
+	fs.Var(&aggIDs, "aggregate-id", "replay only events of this aggregate id (repeatable)")
+	fs.Var(&eventTypes, "event-type", "replay only events of this type, the mapped event_type field (repeatable)")
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
@@ -169,7 +172,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	if !ok {
 		return code
 	}
-	r := pipeline.Replay{Range: rg, TopicSuffix: *suffix}
+	r := pipeline.Replay{Range: rg, TopicSuffix: *suffix, AggregateTypes: aggTypes, AggregateIDs: aggIDs, EventTypes: eventTypes}
 	for _, name := range tables {
 		t, err := findTable(p.Config().Tables, name)
 		if err != nil {
@@ -177,7 +180,8 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 		}
 		r.Tables = append(r.Tables, t)
 	}
-	log.Info("replaying", "range", rg.String(), "topic_suffix", *suffix, "tables", tables.String())
+	log.Info("replaying", "range", rg.String(), "topic_suffix", *suffix, "tables", tables.String(),
+		"aggregate_types", aggTypes.String(), "aggregate_ids", aggIDs.String(), "event_types", eventTypes.String())
 	show := newProgressLine(c.stderr)
 	sum, err := p.Replay(ctx, r, func(pr pipeline.ReplayProgress) {
 		show.printf("replay: %d events sent, %d acknowledged; at %s of %s", pr.Events, pr.Acked, pr.At, pr.End)
@@ -187,8 +191,8 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 		log.Error("replay failed", "error", flatErr(err))
 		return 1
 	}
-	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions (%d outside the range or tables skipped) in %s\n",
-		sum.Events, sum.Transactions, sum.Skipped, sum.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions in %s: %d matched, %d skipped (outside the range, the tables or the filters)\n",
+		sum.Events, sum.Transactions, sum.Elapsed.Round(time.Millisecond), sum.Events, sum.Skipped)
 	fmt.Fprintf(c.stdout, "  asked:   %s\n  read:    WAL %s to %s\n", rg, sum.Start, sum.End)
 	if sum.Transactions > 0 {
 		fmt.Fprintf(c.stdout, "  sent:    commit LSN %s to %s, committed %s to %s\n", sum.FirstCommit, sum.LastCommit,

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -50,6 +51,67 @@ type Replay struct {
 	Tables []*outbox.Table
 	// TopicSuffix is appended to every topic, dead-letter topics included.
 	TopicSuffix string
+	// AggregateTypes, AggregateIDs and EventTypes limit the replay to
+	// events whose mapped field is one of them; empty: any. A source that
+	// does not map the field has no event that matches.
+	AggregateTypes, AggregateIDs, EventTypes []string
+}
+
+// fieldFilter is one of Replay's field filters.
+type fieldFilter struct {
+	field outbox.Field
+	flag  string
+	want  map[string]bool
+}
+
+// matches reports whether ev's field is one of the wanted values. A JSON
+// string (a message source's member) matches by its text.
+func (ff fieldFilter) matches(ev *outbox.Event) bool {
+	v := ev.Fields[ff.field]
+	if v.Null() {
+		return false
+	}
+	if ff.want[string(v.B)] {
+		return true
+	}
+	var s string
+	return v.Kind == outbox.KindJSON && json.Unmarshal(v.B, &s) == nil && ff.want[s]
+}
+
+// fieldFilters builds r's field filters, refusing a filter on a field that
+// none of the replayed sources maps: it could only match nothing.
+func (r Replay) fieldFilters(all []*outbox.Table) ([]fieldFilter, error) {
+	sources := r.Tables
+	if len(sources) == 0 {
+		sources = all
+	}
+	var out []fieldFilter
+	for _, f := range []struct {
+		field  outbox.Field
+		flag   string
+		values []string
+	}{
+		{outbox.FieldAggregateType, "--aggregate-type", r.AggregateTypes},
+		{outbox.FieldAggregateID, "--aggregate-id", r.AggregateIDs},
+		{outbox.FieldEventType, "--event-type", r.EventTypes},
+	} {
+		if len(f.values) == 0 {
+			continue
+		}
+		mapped := false
+		for _, t := range sources {
+			mapped = mapped || t.Columns[f.field] != ""
+		}
+		if !mapped {
+			return nil, fmt.Errorf("%s: none of the replayed sources maps %s (tables[].columns), so no event could match", f.flag, f.field)
+		}
+		ff := fieldFilter{field: f.field, flag: f.flag, want: map[string]bool{}}
+		for _, v := range f.values {
+			ff.want[v] = true
+		}
+		out = append(out, ff)
+	}
+	return out, nil
 }
 
 // ReplayProgress is a replay's state, reported while it runs.
@@ -63,7 +125,7 @@ type ReplayProgress struct {
 // ReplaySummary is what a finished replay did.
 type ReplaySummary struct {
 	ReplayProgress
-	Skipped                 int64         // events read in the WAL but outside the range or tables
+	Skipped                 int64         // events read in the WAL but outside the range, tables or filters
 	Transactions            int64         // transactions with at least one event sent
 	FirstCommit, LastCommit pglogrepl.LSN // commit LSNs of the first and last transaction sent
 	FirstTime, LastTime     time.Time     // and their commit times
@@ -107,6 +169,10 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 	}
 	if err := route.ValidTopic("x" + r.TopicSuffix); r.TopicSuffix != "" && err != nil {
 		return ReplaySummary{}, fmt.Errorf("--topic-suffix %q: use only letters, digits, '.', '_' and '-'", r.TopicSuffix)
+	}
+	fields, err := r.fieldFilters(p.cfg.Tables)
+	if err != nil {
+		return ReplaySummary{}, err
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
@@ -158,7 +224,7 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 	if err != nil {
 		return ReplaySummary{}, err
 	}
-	f := &replayFilter{Range: r.Range, end: end, suffix: r.TopicSuffix}
+	f := &replayFilter{Range: r.Range, end: end, suffix: r.TopicSuffix, fields: fields}
 	if len(r.Tables) > 0 {
 		f.tables = map[*outbox.Table]bool{}
 		for _, t := range r.Tables {
@@ -269,6 +335,7 @@ type replayFilter struct {
 	end    pglogrepl.LSN
 	suffix string
 	tables map[*outbox.Table]bool // nil: every source
+	fields []fieldFilter          // all must match
 
 	inRange bool
 	open    bool // between BEGIN and COMMIT
@@ -307,6 +374,12 @@ func (f *replayFilter) take(ev *outbox.Event) bool {
 	if !f.inRange || (f.tables != nil && !f.tables[ev.Table]) {
 		f.skipped++
 		return false
+	}
+	for _, ff := range f.fields {
+		if !ff.matches(ev) {
+			f.skipped++
+			return false
+		}
 	}
 	f.sent.Add(1)
 	if !f.txnSent {

@@ -32,16 +32,16 @@ func (e *env) newPipeline(t *testing.T) *pipeline.Pipeline {
 
 // delivered is one event as the consumer saw it.
 type delivered struct {
-	id, key string
-	commit  pglogrepl.LSN
-	at      time.Time
+	id, key, topic string
+	commit         pglogrepl.LSN
+	at             time.Time
 }
 
 func deliveredOf(recs []*kgo.Record) []delivered {
 	var out []delivered
 	for _, r := range recs {
 		lsn, _ := pglogrepl.ParseLSN(testenv.Header(r, route.HeaderCommitLSN))
-		out = append(out, delivered{id: testenv.Header(r, route.HeaderID), key: string(r.Key), commit: lsn, at: r.Timestamp})
+		out = append(out, delivered{id: testenv.Header(r, route.HeaderID), key: string(r.Key), topic: r.Topic, commit: lsn, at: r.Timestamp})
 	}
 	return out
 }
@@ -78,7 +78,7 @@ func writeEvents(t *testing.T, e *env, c *testenv.Consumer, n int, typ string) [
 }
 
 // replayed reads the replay's suffixed topics and checks that they hold
-// exactly want, each once, in commit order per key.
+// exactly want, each once, in commit order per topic and key.
 func replayed(t *testing.T, e *env, suffix string, want []string) {
 	t.Helper()
 	c := e.kafka.NewConsumer(t, "^"+regexp.QuoteMeta(e.kafka.Prefix)+`.*`+regexp.QuoteMeta(suffix)+"$")
@@ -92,16 +92,16 @@ func replayed(t *testing.T, e *env, suffix string, want []string) {
 	for i, id := range want {
 		pos[id] = i
 	}
-	last := map[string]int{}
+	last := map[string]int{} // per topic and key: order holds within a partition
 	for _, d := range got {
 		i, ok := pos[d.id]
 		if !ok {
 			t.Fatalf("replay delivered event %s (commit %s), outside the range", d.id, d.commit)
 		}
-		if prev, seen := last[d.key]; seen && i <= prev {
-			t.Fatalf("key %s: replayed event %d after %d; per-key order broken", d.key, i, prev)
+		if prev, seen := last[d.topic+"/"+d.key]; seen && i <= prev {
+			t.Fatalf("%s key %s: replayed event %d after %d; per-key order broken", d.topic, d.key, i, prev)
 		}
-		last[d.key] = i
+		last[d.topic+"/"+d.key] = i
 		delete(pos, d.id)
 	}
 	if len(pos) != 0 {
@@ -257,5 +257,53 @@ func TestRewindRedelivers(t *testing.T) {
 		if n := ids(c.Records)[id]; n != 1 {
 			t.Fatalf("event %d, before the rewind point, delivered %d times", i, n)
 		}
+	}
+}
+
+// TestReplayFiltered: a replay filtered by aggregate type and event type
+// (seed 004's "by aggregate type and date range"), or by aggregate id,
+// delivers exactly the matching events of the range, each once, in order
+// per key; the summary counts the others as skipped.
+func TestReplayFiltered(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Replay.Window = time.Hour
+	e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	conn := connect(t, e.db)
+	type ev struct{ id, aggType, aggID, typ string }
+	var evs []ev
+	aggTypes, types := []string{"order", "payment", "invoice"}, []string{"Created", "Paid"}
+	for i := 0; i < 40; i++ {
+		x := ev{aggType: aggTypes[i%3], aggID: fmt.Sprintf("a-%d", i%4), typ: types[i%2]}
+		x.id, _ = insertEventTx(t, conn, x.aggType, x.aggID, x.typ, `'{}'`)
+		evs = append(evs, x)
+	}
+	c.WaitCount(t, time.Minute, len(evs))
+	from, to := commitOf(c.Records, evs[5].id), commitOf(c.Records, evs[35].id)
+
+	for _, tc := range []struct {
+		suffix string
+		r      pipeline.Replay
+		match  func(ev) bool
+	}{
+		{".by-type", pipeline.Replay{AggregateTypes: []string{"order", "payment"}, EventTypes: []string{"Created"}},
+			func(x ev) bool { return (x.aggType == "order" || x.aggType == "payment") && x.typ == "Created" }},
+		{".by-id", pipeline.Replay{AggregateIDs: []string{"a-1"}}, func(x ev) bool { return x.aggID == "a-1" }},
+	} {
+		var want []string
+		for _, x := range evs[5:35] {
+			if tc.match(x) {
+				want = append(want, x.id)
+			}
+		}
+		tc.r.Range, tc.r.TopicSuffix = pipeline.Range{FromLSN: from, ToLSN: to}, tc.suffix
+		sum, err := e.newPipeline(t).Replay(context.Background(), tc.r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Events != int64(len(want)) || sum.Skipped < int64(30-len(want)) {
+			t.Fatalf("%s: summary %+v; want %d matched and at least %d skipped", tc.suffix, sum, len(want), 30-len(want))
+		}
+		replayed(t, e, tc.suffix, want)
 	}
 }
