@@ -101,8 +101,8 @@ func (in Inbox) Cleanup(ctx context.Context, db Execer, retention time.Duration)
 	}
 	var total int64
 	for {
-		tag, err := db.Exec(ctx, "DELETE FROM "+t+" WHERE ctid IN (SELECT ctid FROM "+t+" WHERE processed_at < now() - $1::interval LIMIT 10000)",
-			fmt.Sprintf("%d microseconds", retention.Microseconds()))
+		tag, err := db.Exec(ctx, "DELETE FROM "+t+" WHERE ctid IN (SELECT ctid FROM "+t+" WHERE processed_at < now() - make_interval(secs => $1) LIMIT 10000)",
+			retention.Seconds())
 		if err != nil {
 			return total, fmt.Errorf("inbox: clean up: %w", err)
 		}

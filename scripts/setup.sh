@@ -46,6 +46,14 @@ if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null
 fi
+# unzip and xz unpack the PostgreSQL builds of make test-pg (scripts/pgbin.sh).
+if ! command -v unzip >/dev/null 2>&1 || ! command -v xz >/dev/null 2>&1; then
+  echo "setup: installing unzip and xz-utils (for make test-pg)"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq unzip xz-utils >/dev/null
+fi
 if ! command -v python3 >/dev/null 2>&1; then
   echo "setup: python3 is needed by scripts/kafka.sh to pick free ports; install it (apt-get install python3)" >&2
   exit 1

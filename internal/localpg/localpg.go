@@ -27,9 +27,20 @@ type Server struct {
 	cred *syscall.SysProcAttr
 }
 
-// FindBinaries returns the directory holding initdb and pg_ctl of the newest
-// PostgreSQL (15 or later) on this machine.
+// FindBinaries returns the directory holding initdb and pg_ctl: CDC_PG_BIN
+// when set (any supported major, 14 or later: scripts/pgbin.sh fetches
+// them), else those of the newest PostgreSQL (15 or later) on this machine.
 func FindBinaries() (string, error) {
+	if d := os.Getenv("CDC_PG_BIN"); d != "" {
+		out, err := exec.Command(filepath.Join(d, "pg_ctl"), "--version").Output()
+		if err != nil {
+			return "", fmt.Errorf("CDC_PG_BIN=%s: no working pg_ctl there (%v); scripts/pgbin.sh <major> fetches one", d, err)
+		}
+		if v := majorOf(string(out)); v < 14 {
+			return "", fmt.Errorf("CDC_PG_BIN=%s holds PostgreSQL %d; the connector needs 14 or later", d, v)
+		}
+		return d, nil
+	}
 	var dirs []string
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if r, err := filepath.EvalSymlinks(p); err == nil {
@@ -48,16 +59,22 @@ func FindBinaries() (string, error) {
 		if err != nil {
 			continue
 		}
-		m := regexp.MustCompile(`(\d+)\.`).FindStringSubmatch(string(out))
-		if m == nil {
-			continue
-		}
-		if v, _ := strconv.Atoi(m[1]); v >= 15 {
+		if majorOf(string(out)) >= 15 {
 			return d, nil
 		}
 	}
 	return "", fmt.Errorf("PostgreSQL 15+ server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin; " +
 		"install them (apt-get install postgresql) or point CDC_TEST_POSTGRES_URL at a server with wal_level=logical")
+}
+
+// majorOf reads the major version from pg_ctl --version.
+func majorOf(out string) int {
+	m := regexp.MustCompile(`(\d+)\.`).FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(m[1])
+	return v
 }
 
 func version(dir string) int {

@@ -51,8 +51,8 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 	if walLevel != "logical" {
 		add(setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel))
 	}
-	if version < 130000 {
-		add(setupErrorf("PostgreSQL %d.%d is older than 13, the oldest the connector supports (it reads pg_replication_slots.wal_status); upgrade", version/10000, version%10000/100))
+	if version < 140000 {
+		add(setupErrorf("PostgreSQL %d is older than 14, the oldest the connector is tested on; upgrade", version/10000))
 	}
 	if cfg.Messages && version < 140000 {
 		add(setupErrorf("logical decoding messages as an outbox need PostgreSQL 14 or later (pgoutput's messages option); this server is %d", version))
