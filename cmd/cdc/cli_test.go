@@ -127,7 +127,8 @@ func TestCheckListsProblems(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`, `DO $$ BEGIN
-		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cdc_check') THEN CREATE ROLE cdc_check LOGIN; END IF; END $$`)
+		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cdc_check') THEN CREATE ROLE cdc_check LOGIN; END IF; END $$`,
+		`ALTER ROLE cdc_check NOREPLICATION`) // the server outlives one run of the test (-count)
 	u, err := neturl.Parse(db)
 	if err != nil {
 		t.Fatal(err)
