@@ -6,7 +6,7 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup setup-base build demo test test-kafka test-pg kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup setup-base build demo test test-kafka test-pg chaos kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install everything: PostgreSQL server binaries, Go modules, Java, Maven, the Kafka jars
 	@./scripts/setup.sh
@@ -46,6 +46,20 @@ test-pg: setup-base ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-
 	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy)$$'; fi; \
 	echo "test-pg: PostgreSQL $(PG) from $$bin"; \
 	CDC_PG_BIN=$$bin $(GO) test -count=1 -timeout 20m -skip "$$skip" ./...
+
+# The fault suite (cmd/cdc/chaos_test.go, -tags chaos) on a real broker:
+# every event counted through faults. CI runs a short version.
+CHAOS_KILLS ?= 37
+CHAOS_RATE  ?= 1000
+chaos: setup      ## fault suite on a real broker: a kill -9 loop with 8 writers, counting lost, duplicated and reordered events
+	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
+	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
+	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
+	echo "chaos: Apache Kafka at $$brokers, $(CHAOS_KILLS) kills, writers at $(CHAOS_RATE) events/s"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_CHAOS_KILLS=$(CHAOS_KILLS) CDC_CHAOS_RATE=$(CHAOS_RATE) \
+	  $(GO) test -tags chaos -run '^TestChaos' -count=1 -v -timeout 60m ./cmd/cdc > "$$dir/chaos.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |ok|FAIL)|chaos_test.go' "$$dir/chaos.log"; \
+	[ $$rc = 0 ] || tail -60 "$$dir/chaos.log"; exit $$rc
 
 kafka-start:      ## start a real broker for manual use; prints its address
 	./scripts/kafka.sh start
