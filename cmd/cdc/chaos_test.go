@@ -90,22 +90,7 @@ log: {level: warn}
 
 	// Every committed event, from the table; rolled-back rows are not in
 	// it, and their type says what they were.
-	want := map[string]bool{}
-	func() {
-		conn, err := pgx.Connect(context.Background(), db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		rows, _ := conn.Query(context.Background(), `SELECT id::text FROM outbox`)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, id := range ids {
-			want[id] = true
-		}
-	}()
+	want := outboxIDs(t, db)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
 		seen := map[string]bool{}

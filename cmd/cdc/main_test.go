@@ -86,6 +86,27 @@ func startCmd(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// outboxIDs is the set of event ids the outbox table holds: every
+// committed event (a rolled-back row is not there).
+func outboxIDs(t *testing.T, db string) map[string]bool {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, _ := conn.Query(context.Background(), `SELECT id::text FROM outbox`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	return want
+}
+
 func slotActive(t *testing.T, db string) bool {
 	var active bool
 	testenv.QueryRow(t, db, `SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'), false)`, nil, &active)
@@ -184,23 +205,10 @@ log:
 	if err := <-writerDone; err != nil {
 		t.Fatal(err)
 	}
-	var want map[string]bool
-	func() {
-		conn, err := pgx.Connect(context.Background(), db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		rows, _ := conn.Query(context.Background(), `SELECT id::text FROM outbox`)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || len(ids) != total {
-			t.Fatalf("outbox holds %d rows (%v)", len(ids), err)
-		}
-		want = map[string]bool{}
-		for _, id := range ids {
-			want[id] = true
-		}
-	}()
+	want := outboxIDs(t, db)
+	if len(want) != total {
+		t.Fatalf("outbox holds %d rows, want %d", len(want), total)
+	}
 	seen := func(recs []*kgo.Record) map[string]int {
 		m := map[string]int{}
 		for _, r := range recs {
