@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/mattn/go-isatty"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -199,6 +201,98 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 			sum.FirstTime.UTC().Format(time.RFC3339Nano), sum.LastTime.UTC().Format(time.RFC3339Nano))
 	}
 	return 0
+}
+
+func backfillCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("backfill", "--config F --table NAME [--where CONDITION] [--no-wait]")
+	config := fs.String("config", "", "the YAML config file of the running pipeline (required)")
+	table := fs.String("table", "", "the outbox table, as in tables[].name (required)")
+	where := fs.String("where", "", "an SQL condition on the table's columns (default: the table's backfill.where, else every row)")
+	noWait := fs.Bool("no-wait", false, "return once the request is made, without following it")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	if *config == "" || *table == "" {
+		return c.usageErr("backfill needs --config (the running pipeline's) and --table")
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	t, err := findTable(p.Config().Tables, *table)
+	if err != nil {
+		return c.usageErr("--table %v", err)
+	}
+	cond := *where
+	if !isSet(fs, "where") && t.Backfill != nil {
+		cond = t.Backfill.Where
+	}
+	req, err := p.RequestBackfill(ctx, t, cond)
+	if err != nil {
+		log.Error("backfill not started", "error", flatErr(err))
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "requested backfill %s of %s: %d rows match %s\n", req.ID, req.Table, req.Rows, orAll(req.Where))
+	if *noWait {
+		fmt.Fprintln(c.stdout, "the connector runs it; cdc status shows its progress")
+		return 0
+	}
+	show := newProgressLine(c.stderr)
+	started := time.Now()
+	job, err := p.WatchBackfill(ctx, req, func(j checkpoint.Backfill) {
+		if j.ID == "" {
+			if time.Since(started) > 5*time.Second {
+				show.printf("backfill: waiting for the connector to start it; is cdc run running with this config?")
+			}
+			return
+		}
+		show.printf("backfill: %s", progressText(j))
+	})
+	show.done()
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintln(c.stdout, "stopped following; the connector goes on with the backfill, and cdc status shows it")
+		return 0
+	case err != nil:
+		log.Error("backfill failed", "error", flatErr(err))
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "backfilled %d rows of %s in %s\n", job.Rows, job.Table, job.Finished.Sub(job.Started).Round(time.Millisecond))
+	return 0
+}
+
+// progressText is a job's progress for a person: rows, share, rate, and
+// time left.
+func progressText(j checkpoint.Backfill) string {
+	s := fmt.Sprintf("%d of %d rows", j.Rows, j.Total)
+	if j.Total > 0 {
+		s += fmt.Sprintf(" (%d%%)", min(100, j.Rows*100/j.Total))
+	}
+	if el := time.Since(j.Started); el > time.Second && j.Rows > 0 && !j.Done() {
+		rate := float64(j.Rows) / el.Seconds()
+		s += fmt.Sprintf(", %.0f rows/s", rate)
+		if left := j.Total - j.Rows; left > 0 {
+			s += fmt.Sprintf(", about %s left", time.Duration(float64(left)/rate*float64(time.Second)).Round(time.Second))
+		}
+	}
+	if j.Done() {
+		s += ", done"
+	}
+	return s
+}
+
+func orAll(where string) string {
+	if where == "" {
+		return "(every row)"
+	}
+	return where
+}
+
+// isSet reports whether the command line set flag name.
+func isSet(fs *flagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // findTable finds a configured table by name, written as in SQL.

@@ -109,6 +109,11 @@ type fileTable struct {
 	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
 	OnInvalid               string            `yaml:"on_invalid"`
 	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
+	Backfill                *struct {
+		Where     string `yaml:"where"`
+		OrderBy   string `yaml:"order_by"`
+		ChunkSize int    `yaml:"chunk_size"`
+	} `yaml:"backfill"`
 }
 
 // defaultListen is where cdc run serves /metrics, /healthz and /readyz.
@@ -314,6 +319,16 @@ func (ft fileTable) table() (*outbox.Table, error) {
 			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
 		}
 		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	}
+	if b := ft.Backfill; b != nil {
+		t.Backfill = &outbox.Backfill{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}
+		if strings.TrimSpace(b.OrderBy) != "" {
+			cols, err := pgident.ParseList(b.OrderBy)
+			if err != nil {
+				return nil, fmt.Errorf("backfill.order_by: %w", err)
+			}
+			t.Backfill.OrderBy = cols
+		}
 	}
 	return t, nil
 }

@@ -58,15 +58,16 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"run":     {"stream outbox inserts to Kafka until SIGINT/SIGTERM", runCmd},
-		"check":   {"check the config, and Postgres and Kafka, without streaming", checkCmd},
-		"replay":  {"re-send the transactions of an LSN or time range from the replay window", replayCmd},
-		"rewind":  {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
-		"reset":   {"accept a gap the connector refused to stream over", resetCmd},
-		"status":  {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
-		"demo":    {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
-		"probe":   {"ask a running connector's /healthz or /readyz, for health checks that run a command", probeCmd},
-		"version": {"print the version", versionCmd},
+		"run":      {"stream outbox inserts to Kafka until SIGINT/SIGTERM", runCmd},
+		"check":    {"check the config, and Postgres and Kafka, without streaming", checkCmd},
+		"replay":   {"re-send the transactions of an LSN or time range from the replay window", replayCmd},
+		"backfill": {"send a table's existing rows through the running connector, beside its stream", backfillCmd},
+		"rewind":   {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
+		"reset":    {"accept a gap the connector refused to stream over", resetCmd},
+		"status":   {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
+		"demo":     {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
+		"probe":    {"ask a running connector's /healthz or /readyz, for health checks that run a command", probeCmd},
+		"version":  {"print the version", versionCmd},
 	}
 }
 
@@ -85,7 +86,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintf(w, "\ncdc <command> --help shows a command's flags.\n%s\n", envHelp)
 }

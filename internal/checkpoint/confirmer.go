@@ -83,8 +83,15 @@ func (p *Progress) next(pos Position, now time.Time) Record {
 	if p.pending != nil && p.pending.LSN > r.Window.LSN {
 		r.Window = *p.pending
 	}
+	if pos.Backfills != nil {
+		r.Backfills = *pos.Backfills
+	}
 	return r
 }
+
+// Store records r, written and acknowledged outside a session (the first
+// start's backfill), as the saved checkpoint.
+func (p *Progress) Store(r Record) { p.acked(r) }
 
 func (p *Progress) acked(r Record) {
 	p.mu.Lock()

@@ -40,6 +40,87 @@ type Record struct {
 	// History records what an operator accepted or did: gaps, rewinds. The
 	// newest maxHistory entries are kept.
 	History []Event
+	// Backfills are the backfill jobs: unfinished ones in the order they
+	// run, and the newest finished ones (docs/migrating-from-polling.md).
+	Backfills []Backfill
+}
+
+// Backfill is one backfill job's durable progress. A running pipeline
+// writes it with the confirmed position it belongs to: the rows it counts
+// as sent are acknowledged by Kafka, and a restart continues after After.
+type Backfill struct {
+	ID    string
+	Table string // the table, as SQL names it
+	Where string // the condition; "" for every row
+	// After is the key (order_by and primary key columns, as text) of the
+	// last row sent; nil before the first.
+	After []string
+	Rows  int64 // rows sent
+	Total int64 // rows that matched when it started (an estimate after)
+	// Initial: started in the snapshot of the first start.
+	Initial  bool
+	Started  time.Time
+	Finished time.Time // zero while it runs
+	// Error says why a finished job stopped before its last row.
+	Error string
+}
+
+// Done reports whether the job finished.
+func (b *Backfill) Done() bool { return !b.Finished.IsZero() }
+
+// maxFinishedBackfills is how many finished jobs a record keeps.
+const maxFinishedBackfills = 10
+
+// ActiveBackfill returns the first unfinished job, or nil.
+func (r *Record) ActiveBackfill() *Backfill {
+	for i := range r.Backfills {
+		if !r.Backfills[i].Done() {
+			return &r.Backfills[i]
+		}
+	}
+	return nil
+}
+
+// FindBackfill returns the job with id, or nil.
+func (r *Record) FindBackfill(id string) *Backfill {
+	for i := range r.Backfills {
+		if r.Backfills[i].ID == id {
+			return &r.Backfills[i]
+		}
+	}
+	return nil
+}
+
+// SetBackfill records b, replacing the job with its id or adding it, and
+// keeps the newest maxFinishedBackfills finished jobs. It copies the list:
+// a record's slices may be shared with the one last saved.
+func (r *Record) SetBackfill(b Backfill) {
+	jobs := make([]Backfill, 0, len(r.Backfills)+1)
+	found := false
+	for _, j := range r.Backfills {
+		if j.ID == b.ID {
+			j, found = b, true
+		}
+		jobs = append(jobs, j)
+	}
+	if !found {
+		jobs = append(jobs, b)
+	}
+	finished := 0
+	for _, j := range jobs {
+		if j.Done() {
+			finished++
+		}
+	}
+	out := jobs[:0]
+	for _, j := range jobs {
+		if j.Done() && finished > maxFinishedBackfills {
+			finished--
+			continue
+		}
+		out = append(out, j)
+	}
+	r.Backfills = out
 }
 
 // Mark is a WAL position and a time at which the WAL had reached it.
@@ -99,17 +180,31 @@ type jsonEvent struct {
 }
 
 type jsonRecord struct {
-	Slot         string      `json:"slot"`
-	SystemID     string      `json:"system_identifier"`
-	Timeline     int32       `json:"timeline"`
-	Confirmed    string      `json:"confirmed_lsn"`
-	CommitLSN    string      `json:"commit_lsn"`
-	CommitTime   *time.Time  `json:"commit_time,omitempty"`
-	Version      string      `json:"connector_version"`
-	UpdatedAt    time.Time   `json:"updated_at"`
-	ReplayWindow *jsonMark   `json:"replay_window,omitempty"`
-	Marks        []jsonMark  `json:"replay_marks,omitempty"`
-	History      []jsonEvent `json:"history,omitempty"`
+	Slot         string         `json:"slot"`
+	SystemID     string         `json:"system_identifier"`
+	Timeline     int32          `json:"timeline"`
+	Confirmed    string         `json:"confirmed_lsn"`
+	CommitLSN    string         `json:"commit_lsn"`
+	CommitTime   *time.Time     `json:"commit_time,omitempty"`
+	Version      string         `json:"connector_version"`
+	UpdatedAt    time.Time      `json:"updated_at"`
+	ReplayWindow *jsonMark      `json:"replay_window,omitempty"`
+	Marks        []jsonMark     `json:"replay_marks,omitempty"`
+	History      []jsonEvent    `json:"history,omitempty"`
+	Backfills    []jsonBackfill `json:"backfills,omitempty"`
+}
+
+type jsonBackfill struct {
+	ID       string     `json:"id"`
+	Table    string     `json:"table"`
+	Where    string     `json:"where,omitempty"`
+	After    []string   `json:"after,omitempty"`
+	Rows     int64      `json:"rows"`
+	Total    int64      `json:"total"`
+	Initial  bool       `json:"initial,omitempty"`
+	Started  time.Time  `json:"started_at"`
+	Finished *time.Time `json:"finished_at,omitempty"`
+	Error    string     `json:"error,omitempty"`
 }
 
 // MarshalJSON writes the documented JSON shape.
@@ -131,6 +226,14 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	}
 	for _, e := range r.History {
 		j.History = append(j.History, jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
+	}
+	for _, b := range r.Backfills {
+		jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
+		if b.Done() {
+			t := b.Finished.UTC()
+			jb.Finished = &t
+		}
+		j.Backfills = append(j.Backfills, jb)
 	}
 	return json.Marshal(j)
 }
@@ -182,6 +285,13 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			return err
 		}
 		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
+	}
+	for _, b := range j.Backfills {
+		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error}
+		if b.Finished != nil {
+			rb.Finished = *b.Finished
+		}
+		r.Backfills = append(r.Backfills, rb)
 	}
 	return nil
 }

@@ -144,6 +144,60 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // key. readCommitted skips records of aborted or open Kafka transactions,
 // as exactly-once delivery needs.
 func (s *Store) Load(ctx context.Context, readCommitted bool) (map[string]Record, error) {
+	return s.load(ctx, readCommitted, nil)
+}
+
+// BackfillRequest is what cdc backfill asks a running pipeline to do. It
+// is kept in the checkpoint topic, where only the operator's Kafka
+// credentials can write: the WAL message that announces it names only its
+// ID, since any database role can write logical decoding messages.
+type BackfillRequest struct {
+	ID          string    `json:"id"`
+	Table       string    `json:"table"`
+	Where       string    `json:"where,omitempty"`
+	RequestedAt time.Time `json:"requested_at"`
+}
+
+// RequestKey is the key of backfill request id of the pipeline whose
+// checkpoint key is key.
+func RequestKey(key, id string) string { return key + "/backfill/" + id }
+
+// SaveRequest writes a backfill request for the pipeline with checkpoint
+// key key.
+func (s *Store) SaveRequest(ctx context.Context, key string, req BackfillRequest) error {
+	v, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
+	if err != nil {
+		return fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Key: []byte(RequestKey(key, req.ID)), Value: v}).FirstErr(); err != nil {
+		return fmt.Errorf("write the backfill request to topic %q: %w", s.topic, err)
+	}
+	return nil
+}
+
+// LoadRequest reads backfill request id of the pipeline with checkpoint key
+// key; ok is false when there is none.
+func (s *Store) LoadRequest(ctx context.Context, key, id string) (req BackfillRequest, ok bool, err error) {
+	raw := map[string][]byte{}
+	if _, err := s.load(ctx, false, raw); err != nil {
+		return req, false, err
+	}
+	v, ok := raw[RequestKey(key, id)]
+	if !ok {
+		return req, false, nil
+	}
+	if err := json.Unmarshal(v, &req); err != nil {
+		return req, false, fmt.Errorf("backfill request %s in topic %q: %w", id, s.topic, err)
+	}
+	return req, req.ID == id, nil
+}
+
+func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]byte) (map[string]Record, error) {
 	cl, err := kgo.NewClient(s.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
@@ -218,6 +272,12 @@ func (s *Store) Load(ctx context.Context, readCommitted bool) (map[string]Record
 			if r.Value == nil { // a tombstone deletes the key
 				delete(out, string(r.Key))
 				return
+			}
+			if raw != nil {
+				raw[string(r.Key)] = r.Value
+			}
+			if strings.Count(string(r.Key), "/") != 1 {
+				return // not a checkpoint: a backfill request
 			}
 			var rec Record
 			if err := json.Unmarshal(r.Value, &rec); err != nil {

@@ -16,6 +16,9 @@ type Txn struct {
 	end        pglogrepl.LSN
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
+	// backfills, when set, is the backfill jobs' state once this
+	// transaction is delivered.
+	backfills *[]Backfill
 }
 
 // Position is the watermark and where it came from.
@@ -31,6 +34,9 @@ type Position struct {
 	// (zero before the first).
 	CommitLSN  pglogrepl.LSN
 	CommitTime time.Time
+	// Backfills, when set, is the backfill jobs' state at LSN: that of the
+	// last resolved transaction that carried one (Tracker.Note).
+	Backfills *[]Backfill
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -99,6 +105,14 @@ func (t *Tracker) Ack(tx *Txn, err error) {
 	t.notify()
 }
 
+// Note attaches the backfill jobs' state to tx: once tx is delivered, and
+// the watermark passes it, checkpoints record jobs.
+func (t *Tracker) Note(tx *Txn, jobs []Backfill) {
+	t.mu.Lock()
+	tx.backfills = &jobs
+	t.mu.Unlock()
+}
+
 // Commit closes tx: commit is the LSN of its commit record (pgoutput's
 // Begin.FinalLSN), end the end of that record, at the commit time. No Track
 // may follow for tx.
@@ -119,7 +133,10 @@ func (t *Tracker) resolveLocked() bool {
 	n := 0
 	for n < len(t.txns) && t.txns[n].committed && t.txns[n].pending == 0 {
 		if tx := t.txns[n]; tx.end > t.pos.LSN {
-			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime}
+			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills}
+		}
+		if tx := t.txns[n]; tx.backfills != nil {
+			t.pos.Backfills = tx.backfills
 		}
 		t.txns[n] = nil
 		n++

@@ -33,7 +33,15 @@ const (
 	KindIgnoredMessage
 	// KindCommit closes the open transaction; Message.EndLSN is set.
 	KindCommit
+	// KindControl is a transactional logical decoding message with the
+	// connector's own prefix (ControlPrefix): a backfill's request or
+	// watermark. Message.Control holds its content.
+	KindControl
 )
+
+// ControlPrefix is the pg_logical_emit_message prefix of the connector's
+// own messages: backfill requests and watermarks (docs/design.md).
+const ControlPrefix = "outbox-cdc"
 
 // Message is the result of decoding one pgoutput message.
 type Message struct {
@@ -45,6 +53,8 @@ type Message struct {
 	Commit  pglogrepl.LSN      // KindBegin, KindCommit: LSN of the commit record
 	// CommitTime is the transaction's commit time (KindBegin, KindCommit).
 	CommitTime time.Time
+	// Control is a KindControl message's content; it aliases the input.
+	Control []byte
 }
 
 // Type OIDs the decoder reads specially (pg_type.dat).
@@ -264,7 +274,11 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	if r.err != nil {
 		return Message{}, nil
 	}
-	ev := d.newEvent(rel.table)
+	return d.row(rel, d.newEvent(rel.table))
+}
+
+// row builds the event of one row of rel, from the values in d.vals.
+func (d *Decoder) row(rel *relation, ev outbox.Event) (Message, error) {
 	ev.Extra = make([]outbox.Value, len(rel.extra))
 	// One copy of the row's text values, out of the replication buffer
 	// pgconn reuses: one allocation per row rather than one per column.
@@ -339,6 +353,9 @@ func (d *Decoder) message(r *reader) (Message, error) {
 	content := r.bytes(int(int32(r.uint32())))
 	if r.err != nil {
 		return Message{}, nil
+	}
+	if prefix == ControlPrefix && flags&1 != 0 && d.inTx {
+		return Message{Kind: KindControl, XID: d.begin.XID, Commit: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Control: content}, nil
 	}
 	t, ok := d.messages[prefix]
 	if !ok || flags&1 == 0 {

@@ -25,6 +25,7 @@ type Metrics struct {
 
 	events         *prometheus.CounterVec
 	deadLetters    *prometheus.CounterVec
+	backfillRows   *prometheus.CounterVec
 	InvalidEvents  prometheus.Counter
 	LagBytes       prometheus.Gauge
 	RetainedWAL    prometheus.Gauge
@@ -62,6 +63,8 @@ func New() *Metrics {
 		Help: "Events Kafka acknowledged, by source (table or message prefix) and topic."}, []string{"source", "topic"})
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_dead_letters_total",
 		Help: "Invalid events written to a dead-letter topic, by source."}, []string{"source"})
+	m.backfillRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_backfill_rows_total",
+		Help: "Rows a backfill sent, by table."}, []string{"table"})
 	m.InvalidEvents = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_invalid_events_total",
 		Help: "Events that could not be delivered as configured (dead-lettered, or stopping the connector)."})
 	m.LagBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_lag_bytes",
@@ -96,7 +99,7 @@ func New() *Metrics {
 		Help: "Produce requests written to the brokers (events, dead letters and checkpoints together)."})
 	for _, c := range []prometheus.Collector{m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
-		m.Streaming, m.WindowsLost, m.Checkpoints,
+		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}
@@ -106,6 +109,11 @@ func New() *Metrics {
 // EventCounter is cdc_events_total for one source and topic; keep it.
 func (m *Metrics) EventCounter(source, topic string) prometheus.Counter {
 	return m.events.WithLabelValues(source, topic)
+}
+
+// BackfillRows is cdc_backfill_rows_total for table.
+func (m *Metrics) BackfillRows(table string) prometheus.Counter {
+	return m.backfillRows.WithLabelValues(table)
 }
 
 // DeadLetter counts one dead-lettered event of source.

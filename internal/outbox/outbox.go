@@ -169,6 +169,10 @@ type Table struct {
 	// OnInvalid is OnInvalidFail (default) or OnInvalidDeadLetter.
 	OnInvalid       string
 	DeadLetterTopic string
+	// Backfill, when set, sends the rows already in the table that match
+	// its condition on the first start (docs/migrating-from-polling.md),
+	// and is the default of cdc backfill for this table.
+	Backfill *Backfill
 
 	// Derived by Validate. Extra lists the columns, besides the mapped
 	// fields, that Additional and {column:NAME} placeholders need, each
@@ -180,6 +184,22 @@ type Table struct {
 	KeyTemplate    Template
 	SourceTemplate Template
 }
+
+// Backfill selects the rows of a table to send that were committed before
+// the slot existed: a poller's pending rows.
+type Backfill struct {
+	// Where is an SQL condition on the table's columns; "" takes every row.
+	Where string
+	// OrderBy lists the columns (catalog form, ascending) that give the
+	// events' order, such as a sequence or a creation time; empty: the
+	// primary key. The primary key's columns are added to make it unique.
+	OrderBy []string
+	// ChunkSize is how many rows one query reads; DefaultChunkSize.
+	ChunkSize int
+}
+
+// DefaultChunkSize is Backfill.ChunkSize's default.
+const DefaultChunkSize = 1000
 
 // IsMessage reports whether the source is logical decoding messages.
 func (t *Table) IsMessage() bool { return t.MessagePrefix != "" }
@@ -221,6 +241,11 @@ func (t *Table) Clone() *Table {
 	c := *t
 	c.Additional = slices.Clone(t.Additional)
 	c.Extra = slices.Clone(t.Extra)
+	if t.Backfill != nil {
+		b := *t.Backfill
+		b.OrderBy = slices.Clone(b.OrderBy)
+		c.Backfill = &b
+	}
 	return &c
 }
 
@@ -280,6 +305,20 @@ func (t *Table) Validate() error {
 			t.Additional[i].As = a.Column
 		}
 		t.addExtra(a.Column)
+	}
+	if b := t.Backfill; b != nil {
+		if t.IsMessage() {
+			return fmt.Errorf("%s: backfill applies to tables, not logical decoding messages", t)
+		}
+		if t.Columns[FieldID] == "" {
+			return fmt.Errorf("%s: backfill needs the id field mapped: it tells a backfilled row from the same row arriving live", t)
+		}
+		if b.ChunkSize == 0 {
+			b.ChunkSize = DefaultChunkSize
+		}
+		if b.ChunkSize < 1 || b.ChunkSize > 100000 {
+			return fmt.Errorf("%s: backfill.chunk_size %d: use 1 to 100000", t, b.ChunkSize)
+		}
 	}
 	var err error
 	if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {

@@ -112,3 +112,34 @@ func split(s string) ([]string, error) {
 		s = s[1:]
 	}
 }
+
+// ParseList parses a comma-separated list of column names as written in
+// SQL ("created_at, id", `"createdAt"`): each is folded or unquoted as
+// Parse does. Anything else, such as a sort direction, is an error.
+func ParseList(s string) ([]string, error) {
+	var names []string
+	for s = strings.TrimSpace(s); s != ""; {
+		// Find the comma that ends this name, outside quotes.
+		end, quoted := len(s), false
+		for i := 0; i < len(s); i++ {
+			if s[i] == '"' {
+				quoted = !quoted
+			} else if s[i] == ',' && !quoted {
+				end = i
+				break
+			}
+		}
+		name, err := Parse(s[:end])
+		if err != nil {
+			return nil, fmt.Errorf("%w; list column names, separated by commas (ascending order only)", err)
+		}
+		names = append(names, name)
+		if end == len(s) {
+			break
+		}
+		if s = strings.TrimSpace(s[end+1:]); s == "" {
+			return nil, fmt.Errorf("empty name after the last comma")
+		}
+	}
+	return names, nil
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -102,6 +103,11 @@ func (c *Config) Validate() error {
 		seen[t.String()] = true
 		if t.IsMessage() {
 			c.Postgres.Messages = true
+		}
+	}
+	for _, t := range c.Tables {
+		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
+			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
 		}
 	}
 	if err := c.Postgres.Validate(); err != nil {
@@ -218,6 +224,10 @@ type Pipeline struct {
 	// confirmed is the last position a session confirmed as it ended, for
 	// the stopped line.
 	confirmed atomic.Uint64
+	// bf is the backfill jobs as the stream has reached them; snapshot
+	// is the first start's exported snapshot, for its backfill.
+	bf       backfills
+	snapshot string
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
 	// events sent to a dead-letter topic. The stopped line reports both.
@@ -235,6 +245,7 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{cfg: cfg, opts: opts, log: log, router: r, m: opts.Metrics}
+	p.bf.wake = make(chan struct{}, 1)
 	if p.m == nil {
 		p.m = metrics.New()
 	}
@@ -509,9 +520,10 @@ func Permanent(err error) bool {
 		gap    *checkpoint.GapError
 		topic  *checkpoint.TopicError
 		conn   *sink.ConnectError
+		bf     *backfill.Error
 	)
 	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn):
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf):
 		return true
 	case errors.As(err, &prod):
 		return prod.Permanent()

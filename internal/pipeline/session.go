@@ -39,6 +39,25 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	if err != nil {
 		return err
 	}
+	s := &session{
+		p:       p,
+		kafka:   k,
+		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
+		dec:     decode.New(p.cfg.Tables),
+		ctx:     ctx,
+	}
+	if snap := p.snapshot; snap != "" {
+		// Before anything else on the replication connection, which
+		// would end the snapshot's export (docs/design.md, rule 18).
+		p.snapshot = ""
+		if err := p.initialBackfill(ctx, s, snap, from); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
 	stream, err := conn.Start(ctx, p.cfg.Postgres.Slot, from)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -52,13 +71,6 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		p.beat.Store(nil)
 		p.setState(false, "session ended")
 	}()
-	s := &session{
-		p:       p,
-		kafka:   k,
-		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
-		dec:     decode.New(p.cfg.Tables),
-		ctx:     ctx,
-	}
 	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
 	// A checkpoint's ack is what lets the position move: confirm it now,
 	// not at the loop's next poll.
@@ -76,6 +88,13 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		go func() { defer close(windowDone); p.keepWindow(wctx) }()
 		defer func() { stopWindow(); <-windowDone }()
 	}
+
+	// Backfills run beside the stream, from the saved checkpoint's state.
+	p.bf.reset(p.progress.Saved().Backfills)
+	bctx, stopBackfills := context.WithCancel(ctx)
+	backfillsDone := make(chan struct{})
+	go func() { defer close(backfillsDone); p.runBackfills(bctx) }()
+	defer func() { stopBackfills(); <-backfillsDone }()
 
 	runErr := stream.Run(ctx, s.handle, streamAcks{confirmer, k})
 	if ctx.Err() != nil {
@@ -126,6 +145,9 @@ type session struct {
 	// ctx is the session's, for the admin calls EnsureTopic makes.
 	ctx      context.Context
 	counters map[counterKey]prometheus.Counter
+	// window is the backfill chunk whose watermarks the stream is
+	// between, if any.
+	window *liveChunk
 }
 
 // handle takes one pgoutput message from the stream.
@@ -146,9 +168,16 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if s.replay != nil && !s.replay.take(&m.Event) {
 			return nil
 		}
+		if w := s.window; w != nil && m.Event.Table == w.table {
+			w.seen[string(m.Event.Fields[outbox.FieldID].B)] = struct{}{}
+		}
 		return s.event(&m)
 	case decode.KindIgnoredMessage:
 		s.p.IgnoredMessages.Add(1)
+	case decode.KindControl:
+		if s.replay == nil {
+			return s.control(&m)
+		}
 	case decode.KindCommit:
 		s.tracker.Commit(s.tx, m.Commit, m.EndLSN, m.CommitTime)
 		s.tx = nil

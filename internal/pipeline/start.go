@@ -30,6 +30,7 @@ func (p *Pipeline) start(ctx context.Context, first bool) (*wal.Conn, pglogrepl.
 	}
 	from, err := p.position(ctx, conn, slot, first)
 	if err != nil {
+		p.snapshot = "" // it ends with the connection
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, 0, err
 	}
@@ -78,14 +79,35 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		if !first {
 			return 0, errors.New("internal: a slot is created only by the first session")
 		}
-		if from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
-			return 0, err
+		rec = p.newRecord(sys, 0)
+		if rec.Backfills = p.initialJobs(true); len(rec.Backfills) > 0 {
+			// A condition or order that does not work stops the first
+			// start before anything exists.
+			if err := p.checkBackfills(ctx, rec.Backfills); err != nil {
+				return 0, err
+			}
+			// The backfill reads the rows committed before the slot in
+			// the snapshot of its consistent point (rule 18).
+			if from, p.snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot); err != nil {
+				return 0, err
+			}
+			p.log.Info("first start: created the replication slot; rows committed before this position are sent by the tables' backfill, the rest by the stream", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
+		} else {
+			if from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
+				return 0, err
+			}
+			p.log.Warn("first start: created the replication slot; events committed before this position are not streamed (set backfill on a table to send them)", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
 		}
-		p.log.Warn("first start: created the replication slot; events committed before this position are not streamed", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
-		rec = p.newRecord(sys, from)
+		rec.Confirmed = from
 	case checkpoint.StartAdopt:
 		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
 		rec = p.newRecord(sys, from)
+		// The slot was made by someone else, or by a first start that
+		// stopped before its checkpoint: the rows before it can only be
+		// backfilled beside the stream now.
+		if rec.Backfills = p.initialJobs(false); len(rec.Backfills) > 0 {
+			p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
+		}
 	case checkpoint.StartResume:
 		if rec.Timeline != sys.Timeline {
 			p.log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline)
@@ -100,7 +122,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	}
 	p.progress = checkpoint.NewProgress(*rec, p.cfg.Replay.Window)
 	if err := p.prepareReplaySlot(ctx, from); err != nil {
-		p.progress = nil
+		p.progress, p.snapshot = nil, ""
 		return 0, err
 	}
 	return from, nil

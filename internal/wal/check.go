@@ -54,9 +54,6 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 	if version < 140000 {
 		add(setupErrorf("PostgreSQL %d is older than 14, the oldest the connector is tested on; upgrade", version/10000))
 	}
-	if cfg.Messages && version < 140000 {
-		add(setupErrorf("logical decoding messages as an outbox need PostgreSQL 14 or later (pgoutput's messages option); this server is %d", version))
-	}
 
 	var user, db string
 	var replication, super bool

@@ -106,6 +106,17 @@ func (c Config) pgconnConfig() (*pgconn.Config, error) {
 // ConnectSQL opens an ordinary (not replication) connection with cfg's URL,
 // TLS settings and password.
 func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
+	return connectSQL(ctx, cfg, false)
+}
+
+// ConnectRows opens a connection for reading outbox rows as text: with the
+// output formats a replication connection has, so that a row read here
+// decodes to the same bytes as its INSERT streamed.
+func ConnectRows(ctx context.Context, cfg Config) (*pgx.Conn, error) {
+	return connectSQL(ctx, cfg, true)
+}
+
+func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error) {
 	pc, err := pgx.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
@@ -115,6 +126,12 @@ func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 		return nil, err
 	}
 	pc.Password = withPassword.Password
+	if pinned {
+		pinFormats(pc.RuntimeParams)
+		if pc.RuntimeParams["application_name"] == "" {
+			pc.RuntimeParams["application_name"] = "outbox-cdc-backfill"
+		}
+	}
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, connectError(err, &pc.Config, "connection")

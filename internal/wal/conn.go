@@ -42,12 +42,7 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 		return nil, err
 	}
 	pcfg.RuntimeParams["replication"] = "database"
-	// pgoutput renders column values with the walsender's settings: pin
-	// the formats the decoder and router read.
-	pcfg.RuntimeParams["TimeZone"] = "UTC"
-	pcfg.RuntimeParams["DateStyle"] = "ISO, YMD"
-	pcfg.RuntimeParams["bytea_output"] = "hex"
-	pcfg.RuntimeParams["extra_float_digits"] = "3"
+	pinFormats(pcfg.RuntimeParams)
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
@@ -62,6 +57,16 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 	}
 	return &Conn{cfg: cfg, conn: conn, log: log, host: pcfg.Host, db: pcfg.Database,
 		system: System{ID: id.SystemID, Timeline: id.Timeline, WALEnd: id.XLogPos}}, nil
+}
+
+// pinFormats sets the output formats the decoder and router read: pgoutput
+// renders column values with the walsender's settings, and a backfill
+// reads rows as text with its session's, which must be the same.
+func pinFormats(params map[string]string) {
+	params["TimeZone"] = "UTC"
+	params["DateStyle"] = "ISO, YMD"
+	params["bytea_output"] = "hex"
+	params["extra_float_digits"] = "3"
 }
 
 // System returns what IDENTIFY_SYSTEM said.
@@ -83,6 +88,28 @@ func (c *Conn) CreateSlot(ctx context.Context, name string) (pglogrepl.LSN, erro
 		return 0, fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
 	}
 	return lsn, nil
+}
+
+// CreateSlotWithSnapshot creates the slot as CreateSlot does, and exports
+// the snapshot of its consistent point: a transaction that imports it
+// (SET TRANSACTION SNAPSHOT) sees exactly the rows committed before the
+// first transaction the slot streams (docs/design.md, rule 18). The
+// snapshot lives until the next command on this connection, so import it
+// before calling Start.
+func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogrepl.LSN, string, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, c.conn, pgident.Quote(name), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return 0, "", fmt.Errorf("create replication slot %q: %w", name, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, "", fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
+	}
+	if res.SnapshotName == "" {
+		return 0, "", fmt.Errorf("create replication slot %q: the server exported no snapshot", name)
+	}
+	return lsn, res.SnapshotName, nil
 }
 
 // CopySlot copies the logical slot src to dst at src's position
@@ -143,10 +170,9 @@ func (c *Conn) queryLSN(ctx context.Context, sql string) (pglogrepl.LSN, error) 
 // START_REPLICATION; docs/design.md, rule 6); from is only logged and
 // seeds the position reported before the first ack.
 func (c *Conn) Start(ctx context.Context, slot string, from pglogrepl.LSN) (*Stream, error) {
-	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", c.cfg.Publication)}
-	if c.cfg.Messages {
-		args = append(args, "messages 'true'")
-	}
+	// Messages always: the connector's own (decode.ControlPrefix) carry
+	// backfill requests and watermarks, besides any message source.
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", c.cfg.Publication), "messages 'true'"}
 	err := pglogrepl.StartReplication(ctx, c.conn, pgident.Quote(slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		return nil, startError(slot, err)

@@ -75,14 +75,14 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
 	}
 
-	if cfg.Messages {
-		var version int
-		if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-			return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
-		}
-		if version < 140000 {
-			return SlotState{}, setupErrorf("logical decoding messages as an outbox need PostgreSQL 14 or later (pgoutput's messages option); this server is %d", version)
-		}
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
+	}
+	if version < 140000 {
+		// pgoutput's messages option, which carries logical decoding
+		// message sources and the connector's own backfill watermarks.
+		return SlotState{}, setupErrorf("PostgreSQL %d is older than 14, the oldest the connector supports; upgrade", version/10000)
 	}
 
 	var user, db string

@@ -1,0 +1,236 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
+)
+
+// Plan is how to read one table's matching rows in chunks.
+type Plan struct {
+	Table *outbox.Table
+	Where string
+	// Key lists the key columns, order_by's then the primary key's.
+	Key []string
+	// first and next are the chunk queries without and with a key to
+	// start after; Columns are their result columns.
+	first, next string
+	Columns     []decode.Column
+	keyAt       int // index of the first key column in a row
+	chunk       int
+}
+
+// Error is a problem with a backfill's configuration or condition that the
+// operator must fix: the condition does not parse, a column does not
+// exist, or the table has no usable key.
+type Error struct{ Msg string }
+
+func (e *Error) Error() string { return e.Msg }
+
+func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(format, args...)} }
+
+// NewPlan works out the key and the queries of a backfill of t's rows
+// matching where ("" for all), ordered by orderBy (catalog names; nil for
+// the primary key), and has the server check them. conn must be a
+// wal.ConnectRows connection.
+func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string, orderBy []string, chunk int) (*Plan, error) {
+	type col struct {
+		name, typ string
+		notNull   bool
+	}
+	cols := map[string]col{}
+	var pk []string
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.String())
+	if err != nil {
+		return nil, errorf("backfill of %s: %v", t, oneLine(err))
+	}
+	for rows.Next() {
+		var c col
+		if err := rows.Scan(&c.name, &c.typ, &c.notNull); err != nil {
+			return nil, fmt.Errorf("read the columns of %s: %w", t, err)
+		}
+		cols[c.name] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", t, err)
+	}
+	pkRows, err := conn.Query(ctx, `
+		SELECT a.attname FROM pg_index i
+		JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY k.ord`, t.Name.String())
+	if err != nil {
+		return nil, fmt.Errorf("read the primary key of %s: %w", t, err)
+	}
+	if pk, err = pgx.CollectRows(pkRows, pgx.RowTo[string]); err != nil {
+		return nil, fmt.Errorf("read the primary key of %s: %w", t, err)
+	}
+	if len(pk) == 0 {
+		return nil, errorf("backfill of %s: the table has no primary key, which a backfill needs to read it in chunks without skipping or repeating a row; add one", t)
+	}
+
+	var key []string
+	seen := map[string]bool{}
+	for _, name := range append(append([]string(nil), orderBy...), pk...) {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		c, ok := cols[name]
+		if !ok {
+			return nil, errorf("backfill.order_by of %s: no column %s; name existing columns, such as the primary key (%s)", t, pgident.Quote(name), quoteAll(pk))
+		}
+		if !c.notNull {
+			return nil, errorf("backfill.order_by of %s: column %s can be NULL, and rows where it is would be skipped; order by NOT NULL columns such as the primary key (%s), or run ALTER TABLE %s ALTER COLUMN %s SET NOT NULL", t, pgident.Quote(name), quoteAll(pk), t, pgident.Quote(name))
+		}
+		key = append(key, name)
+	}
+
+	p := &Plan{Table: t, Where: strings.TrimSpace(where), Key: key, chunk: chunk}
+	var sel []string
+	for _, c := range t.Needed() {
+		sel = append(sel, pgident.Quote(c))
+	}
+	p.keyAt = len(sel)
+	var keyList, params []string
+	for i, k := range key {
+		sel = append(sel, pgident.Quote(k))
+		keyList = append(keyList, pgident.Quote(k))
+		params = append(params, fmt.Sprintf("CAST($%d AS %s)", i+1, cols[k].typ))
+	}
+	cond := "true"
+	if p.Where != "" {
+		cond = "(" + p.Where + ")"
+	}
+	base := fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), t.Name, cond)
+	order := fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keyList, ", "), chunk)
+	p.first = base + order
+	p.next = base + fmt.Sprintf(" AND (%s) > (%s)", strings.Join(keyList, ", "), strings.Join(params, ", ")) + order
+
+	// Have the server parse both queries: a bad condition fails here,
+	// before anything is sent.
+	for _, q := range []string{p.first, p.next} {
+		sd, err := conn.Prepare(ctx, "", q)
+		if err != nil {
+			return nil, errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))
+		}
+		if q == p.first {
+			for _, f := range sd.Fields {
+				p.Columns = append(p.Columns, decode.Column{Name: f.Name, TypeOID: f.DataTypeOID})
+			}
+		}
+	}
+	if _, err := decode.NewRowDecoder(t, p.Columns); err != nil {
+		return nil, errorf("backfill of %s: %v", t, err)
+	}
+	return p, nil
+}
+
+// Count counts the matching rows, for the progress's estimate.
+func (p *Plan) Count(ctx context.Context, conn *pgx.Conn) (int64, error) {
+	cond := "true"
+	if p.Where != "" {
+		cond = "(" + p.Where + ")"
+	}
+	var n int64
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.Table.Name, cond)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count the rows to backfill from %s: %s", p.Table, pgMessage(err))
+	}
+	return n, nil
+}
+
+// Chunk is one chunk of rows: each row's column values as text, nil for
+// NULL, in Plan.Columns' order.
+type Chunk struct {
+	Rows [][][]byte
+	// Last is the key of the last row, to read the next chunk after; nil
+	// when the chunk is empty.
+	Last []string
+	// Final: the chunk is not full, so no row is left after it.
+	Final bool
+}
+
+// Read reads the chunk after key after (nil: from the first row) on conn,
+// in whatever transaction conn is in.
+func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after []string) (Chunk, error) {
+	q, params := p.first, [][]byte(nil)
+	if after != nil {
+		if len(after) != len(p.Key) {
+			return Chunk{}, fmt.Errorf("backfill of %s: the saved position has %d key values, the key has %d columns (%s); was order_by changed? start the backfill again", p.Table, len(after), len(p.Key), strings.Join(p.Key, ", "))
+		}
+		q = p.next
+		for _, a := range after {
+			params = append(params, []byte(a))
+		}
+	}
+	rr := conn.PgConn().ExecParams(ctx, q, params, nil, nil, nil)
+	var c Chunk
+	for rr.NextRow() {
+		src := rr.Values()
+		row := make([][]byte, len(src))
+		size := 0
+		for _, v := range src {
+			size += len(v)
+		}
+		buf := make([]byte, 0, size) // one allocation for the row's values
+		for i, v := range src {
+			if v != nil {
+				start := len(buf)
+				buf = append(buf, v...)
+				row[i] = buf[start:len(buf):len(buf)]
+			}
+		}
+		c.Rows = append(c.Rows, row)
+	}
+	if _, err := rr.Close(); err != nil {
+		return Chunk{}, fmt.Errorf("backfill of %s: read a chunk: %s", p.Table, pgMessage(err))
+	}
+	if n := len(c.Rows); n > 0 {
+		last := c.Rows[n-1][p.keyAt:]
+		c.Last = make([]string, len(last))
+		for i, v := range last {
+			c.Last[i] = string(v)
+		}
+	}
+	c.Final = len(c.Rows) < p.chunk
+	return c, nil
+}
+
+// ChunkSize is how many rows a full chunk holds.
+func (p *Plan) ChunkSize() int { return p.chunk }
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgident.Quote(n)
+	}
+	return strings.Join(q, ", ")
+}
+
+// pgMessage is a server error's message (with its position's hint), or
+// err's text, on one line.
+func pgMessage(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		msg := pe.Message
+		if pe.Hint != "" {
+			msg += " (" + pe.Hint + ")"
+		}
+		return msg
+	}
+	return oneLine(err)
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
