@@ -20,12 +20,13 @@ type Plan struct {
 	Where string
 	// Key lists the key columns, order_by's then the primary key's.
 	Key []string
-	// first and next are the chunk queries without and with a key to
-	// start after; Columns are their result columns.
-	first, next string
-	Columns     []decode.Column
-	keyAt       int // index of the first key column in a row
-	chunk       int
+	// queries are the chunk queries, by whether they have a key to start
+	// after and a key to stop at; Columns are their result columns.
+	queries [2][2]string
+	last    string // the query of the last key
+	Columns []decode.Column
+	keyAt   int // index of the first key column in a row
+	chunk   int
 }
 
 // Error is a problem with a backfill's configuration or condition that the
@@ -102,29 +103,48 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 		sel = append(sel, pgident.Quote(c))
 	}
 	p.keyAt = len(sel)
-	var keyList, params []string
-	for i, k := range key {
+	var keyList, desc []string
+	params := func(from int) string {
+		var ps []string
+		for i, k := range key {
+			ps = append(ps, fmt.Sprintf("CAST($%d AS %s)", from+i, cols[k].typ))
+		}
+		return strings.Join(ps, ", ")
+	}
+	for _, k := range key {
 		sel = append(sel, pgident.Quote(k))
 		keyList = append(keyList, pgident.Quote(k))
-		params = append(params, fmt.Sprintf("CAST($%d AS %s)", i+1, cols[k].typ))
+		desc = append(desc, pgident.Quote(k)+" DESC")
 	}
 	cond := "true"
 	if p.Where != "" {
 		cond = "(" + p.Where + ")"
 	}
-	base := fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), t.Name, cond)
-	order := fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keyList, ", "), chunk)
-	p.first = base + order
-	p.next = base + fmt.Sprintf(" AND (%s) > (%s)", strings.Join(keyList, ", "), strings.Join(params, ", ")) + order
+	keys := "(" + strings.Join(keyList, ", ") + ")"
+	for after := 0; after < 2; after++ {
+		for until := 0; until < 2; until++ {
+			q := fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), t.Name, cond)
+			n := 1
+			if after == 1 {
+				q += fmt.Sprintf(" AND %s > (%s)", keys, params(n))
+				n += len(key)
+			}
+			if until == 1 {
+				q += fmt.Sprintf(" AND %s <= (%s)", keys, params(n))
+			}
+			p.queries[after][until] = q + fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keyList, ", "), chunk)
+		}
+	}
+	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), t.Name, cond, strings.Join(desc, ", "))
 
-	// Have the server parse both queries: a bad condition fails here,
+	// Have the server parse the queries: a bad condition fails here,
 	// before anything is sent.
-	for _, q := range []string{p.first, p.next} {
+	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last} {
 		sd, err := conn.Prepare(ctx, "", q)
 		if err != nil {
 			return nil, errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))
 		}
-		if q == p.first {
+		if i == 0 {
 			for _, f := range sd.Fields {
 				p.Columns = append(p.Columns, decode.Column{Name: f.Name, TypeOID: f.DataTypeOID})
 			}
@@ -160,19 +180,45 @@ type Chunk struct {
 	Final bool
 }
 
-// Read reads the chunk after key after (nil: from the first row) on conn,
-// in whatever transaction conn is in.
-func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after []string) (Chunk, error) {
-	q, params := p.first, [][]byte(nil)
-	if after != nil {
-		if len(after) != len(p.Key) {
-			return Chunk{}, fmt.Errorf("backfill of %s: the saved position has %d key values, the key has %d columns (%s); was order_by changed? start the backfill again", p.Table, len(after), len(p.Key), strings.Join(p.Key, ", "))
-		}
-		q = p.next
-		for _, a := range after {
-			params = append(params, []byte(a))
+// Last returns the key of the last matching row, or nil when none
+// matches: a backfill beside the stream stops there, since the stream
+// sends the rows committed after it started.
+func (p *Plan) Last(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	rr := conn.PgConn().ExecParams(ctx, p.last, nil, nil, nil, nil)
+	var last []string
+	for rr.NextRow() {
+		for _, v := range rr.Values() {
+			last = append(last, string(v))
 		}
 	}
+	if _, err := rr.Close(); err != nil {
+		return nil, fmt.Errorf("backfill of %s: read the last key: %s", p.Table, pgMessage(err))
+	}
+	return last, nil
+}
+
+// Read reads the chunk after key after (nil: from the first row), up to
+// and including key until (nil: to the end), on conn, in whatever
+// transaction conn is in.
+func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) (Chunk, error) {
+	var params [][]byte
+	a, u := 0, 0
+	for _, k := range []struct {
+		key []string
+		set *int
+	}{{after, &a}, {until, &u}} {
+		if k.key == nil {
+			continue
+		}
+		if len(k.key) != len(p.Key) {
+			return Chunk{}, fmt.Errorf("backfill of %s: the saved position has %d key values, the key has %d columns (%s); was order_by changed? start the backfill again", p.Table, len(k.key), len(p.Key), strings.Join(p.Key, ", "))
+		}
+		*k.set = 1
+		for _, v := range k.key {
+			params = append(params, []byte(v))
+		}
+	}
+	q := p.queries[a][u]
 	rr := conn.PgConn().ExecParams(ctx, q, params, nil, nil, nil)
 	var c Chunk
 	for rr.NextRow() {

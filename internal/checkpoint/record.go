@@ -55,6 +55,11 @@ type Backfill struct {
 	// After is the key (order_by and primary key columns, as text) of the
 	// last row sent; nil before the first.
 	After []string
+	// Until is the key of the last row that matched when a backfill
+	// beside the stream started: it stops there, since the stream sends
+	// what committed after. nil for the first start's, which reads a
+	// snapshot.
+	Until []string
 	Rows  int64 // rows sent
 	Total int64 // rows that matched when it started (an estimate after)
 	// Initial: started in the snapshot of the first start.
@@ -199,6 +204,7 @@ type jsonBackfill struct {
 	Table    string     `json:"table"`
 	Where    string     `json:"where,omitempty"`
 	After    []string   `json:"after,omitempty"`
+	Until    []string   `json:"until,omitempty"`
 	Rows     int64      `json:"rows"`
 	Total    int64      `json:"total"`
 	Initial  bool       `json:"initial,omitempty"`
@@ -228,7 +234,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.History = append(j.History, jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
 	}
 	for _, b := range r.Backfills {
-		jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
+		jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
 		if b.Done() {
 			t := b.Finished.UTC()
 			jb.Finished = &t
@@ -287,7 +293,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
 	}
 	for _, b := range j.Backfills {
-		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error}
+		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error}
 		if b.Finished != nil {
 			rb.Finished = *b.Finished
 		}

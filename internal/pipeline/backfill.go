@@ -82,12 +82,14 @@ type liveChunk struct {
 	n        int
 	table    *outbox.Table
 	// seen holds the ids of the table's events the stream met since the
-	// low watermark; the stream's goroutine alone uses it.
+	// low watermark, at low; the stream's goroutine alone uses them.
 	seen map[string]struct{}
+	low  pglogrepl.LSN
 	// Set by the runner before it writes the high watermark.
 	rows  *backfill.Chunk
 	dec   *decode.RowDecoder
 	total int64
+	until []string
 	done  chan struct{} // closed once the stream handled the high watermark
 }
 
@@ -264,7 +266,7 @@ func (p *Pipeline) initialJob(ctx context.Context, s *session, conn *pgx.Conn, j
 	rows0 := job.Rows
 	limit := max(p.cfg.MaxInFlight-plan.ChunkSize(), 1)
 	for {
-		c, err := plan.Read(ctx, conn, job.After)
+		c, err := plan.Read(ctx, conn, job.After, nil)
 		if err != nil {
 			return err
 		}
@@ -370,7 +372,7 @@ func (s *session) control(m *decode.Message) error {
 	case controlLow:
 		bf.mu.Lock()
 		if ch := bf.chunk; ch != nil && ch.run == c.Run && ch.job == c.Job && ch.n == c.Chunk {
-			ch.seen = map[string]struct{}{}
+			ch.seen, ch.low = map[string]struct{}{}, m.Commit
 			s.window = ch
 		}
 		bf.mu.Unlock()
@@ -402,6 +404,9 @@ func (s *session) control(m *decode.Message) error {
 			sent++
 		}
 		s.p.m.BackfillRows(ch.table.String()).Add(float64(sent))
+		if f := s.p.opts.OnBackfillChunk; f != nil {
+			f(ch.low, m.Commit, len(rows.Rows), sent)
+		}
 		jobs := bf.update(ch.job, func(j *checkpoint.Backfill) {
 			j.Rows += int64(sent)
 			if rows.Last != nil {
@@ -409,6 +414,9 @@ func (s *session) control(m *decode.Message) error {
 			}
 			if j.Total == 0 {
 				j.Total = total
+			}
+			if j.Until == nil {
+				j.Until = ch.until
 			}
 			if rows.Final {
 				j.Finished = time.Now()
@@ -556,17 +564,26 @@ func (p *Pipeline) runJob(ctx context.Context, conn *pgx.Conn, run string, job c
 	} else {
 		p.log.Info("backfill resuming", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "total", total)
 	}
+	// Stop at the last row that matches now: the stream sends the rows
+	// committed from now on, and a backfill that chased them on a busy
+	// table would never end.
+	until := job.Until
+	if until == nil {
+		if until, err = plan.Last(ctx, conn); err != nil {
+			return err
+		}
+	}
 	after := job.After
 	started, logged, rows0 := time.Now(), time.Now(), job.Rows
 	for n := 0; ; n++ {
-		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, done: make(chan struct{})}
+		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, until: until, done: make(chan struct{})}
 		p.bf.mu.Lock()
 		p.bf.chunk = ch
 		p.bf.mu.Unlock()
 		if err := emit(ctx, conn, control{Type: controlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
-		c, err := readChunk(ctx, conn, plan, after)
+		c, err := readChunk(ctx, conn, plan, after, until)
 		if err != nil {
 			return err
 		}
@@ -610,12 +627,16 @@ func (p *Pipeline) job(id string) checkpoint.Backfill {
 }
 
 // readChunk reads one chunk in a read-only transaction of its own, which
-// starts after the low watermark committed.
-func readChunk(ctx context.Context, conn *pgx.Conn, plan *backfill.Plan, after []string) (backfill.Chunk, error) {
+// starts after the low watermark committed. Without an end (nothing
+// matched at the start) there is nothing to read.
+func readChunk(ctx context.Context, conn *pgx.Conn, plan *backfill.Plan, after, until []string) (backfill.Chunk, error) {
+	if until == nil {
+		return backfill.Chunk{Final: true}, nil
+	}
 	if _, err := conn.Exec(ctx, "BEGIN READ ONLY"); err != nil {
 		return backfill.Chunk{}, err
 	}
-	c, err := plan.Read(ctx, conn, after)
+	c, err := plan.Read(ctx, conn, after, until)
 	if err != nil {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		return backfill.Chunk{}, err

@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -62,16 +66,20 @@ func backfillWriters(t *testing.T, db string, n, aggs int, next []int, stop <-ch
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// About 250 rows a second each: a busy table, which the
+			// stream keeps up with on a small machine.
+			tick := time.NewTicker(4 * time.Millisecond)
+			defer tick.Stop()
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
-				default:
+				case <-tick.C:
 				}
 				a := w + n*(i%(aggs/n))
 				agg := fmt.Sprintf("agg-%d", a)
-				var id int
-				err := conn.QueryRow(context.Background(), `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'live', $2) RETURNING id`,
+				var id string
+				err := conn.QueryRow(context.Background(), `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'live', $2) RETURNING id::text`,
 					agg, seqPayload(agg, next[a])).Scan(&id)
 				if err != nil {
 					t.Error(err)
@@ -79,7 +87,7 @@ func backfillWriters(t *testing.T, db string, n, aggs int, next []int, stop <-ch
 				}
 				next[a]++
 				mu.Lock()
-				committed[fmt.Sprint(id)] = true
+				committed[id] = true
 				mu.Unlock()
 				count.Add(1)
 			}
@@ -233,3 +241,161 @@ func TestBackfillBadInput(t *testing.T) {
 type ioDiscard struct{}
 
 func (ioDiscard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestBackfillBesideStream: cdc backfill's job, while 4 writers insert.
+// 5,000 rows committed before the slot are each sent once. A live row is
+// sent by the stream, and again by a chunk only when it committed before
+// that chunk's low watermark (a backfill re-sends what matches); a row
+// that committed between a chunk's watermarks is never sent twice (with
+// random keys, live rows fall inside the chunks being read), and no
+// backfilled copy arrives before the live one: within each aggregate the
+// first arrivals keep commit order.
+func TestBackfillBesideStream(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	// Random keys: live rows land between the keys of old ones, inside
+	// the chunks being read, so the watermarks have work to do.
+	testenv.Exec(t, db, strings.Replace(pollerSchema, "id serial PRIMARY KEY", "id uuid PRIMARY KEY DEFAULT gen_random_uuid()", 1))
+	const aggs, perAgg = 100, 50
+	testenv.Exec(t, db, fmt.Sprintf(`
+		INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || a, 'old', jsonb_build_object('agg', 'agg-' || a, 'seq', s)
+		FROM generate_series(0, %d) s, generate_series(0, %d) a ORDER BY s, a`, perAgg-1, aggs-1))
+	var old []string
+	testenv.QueryRow(t, db, `SELECT array_agg(id::text) FROM event_outbox`, nil, &old)
+
+	type window struct{ low, high pglogrepl.LSN }
+	var mu sync.Mutex
+	var windows []window
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, nil)}
+	e.onChunk = func(low, high pglogrepl.LSN, read, sent int) {
+		mu.Lock()
+		windows = append(windows, window{low, high})
+		mu.Unlock()
+	}
+	// The first start, without a backfill, creates the slot after the
+	// old rows; the second has the table's chunk size for cdc backfill.
+	if err := e.start(t).stop(t); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 200})}
+	r := e.start(t)
+
+	next := make([]int, aggs)
+	for a := range next {
+		next[a] = perAgg
+	}
+	stop := make(chan struct{})
+	wait, written := backfillWriters(t, db, 4, aggs, next, stop)
+	testenv.Eventually(t, 10*time.Second, "the writers to start", func() bool { return written.Load() > 100 })
+
+	// As cdc backfill does: another pipeline of the same config asks.
+	cfg := e.cfg
+	admin, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := admin.RequestBackfill(ctx, cfg.Tables[0], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	live := wait()
+	if len(windows) < 10 {
+		t.Fatalf("%d chunks, want at least 10", len(windows))
+	}
+
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, time.Minute, "every row", func(recs []*kgo.Record) bool {
+		seen := map[string]bool{}
+		for _, r := range recs {
+			seen[testenv.Header(r, "id")] = true
+		}
+		for _, id := range old {
+			if !seen[id] {
+				return false
+			}
+		}
+		for id := range live {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	c.Settle(time.Second)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	copies := map[string][]pglogrepl.LSN{}
+	firstSeq := map[string]int{}
+	for _, rec := range c.Records {
+		id := testenv.Header(rec, "id")
+		lsn, err := pglogrepl.ParseLSN(testenv.Header(rec, "commit_lsn"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := len(copies[id]) == 0
+		copies[id] = append(copies[id], lsn)
+		var ev seqEvent
+		if err := json.Unmarshal(rec.Value, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if first && live[id] {
+			if prev, ok := firstSeq[ev.Agg]; ok && ev.Seq <= prev {
+				t.Errorf("%s: live seq %d arrived after %d", ev.Agg, ev.Seq, prev)
+			}
+			firstSeq[ev.Agg] = ev.Seq
+		}
+	}
+	for _, id := range old {
+		if n := len(copies[id]); n != 1 {
+			t.Errorf("row %s from before the slot arrived %d times, want once", id, n)
+		}
+	}
+	// inWindow: committed between some chunk's watermarks.
+	inWindow := func(lsn pglogrepl.LSN) bool {
+		for _, w := range windows {
+			if lsn > w.low && lsn < w.high {
+				return true
+			}
+		}
+		return false
+	}
+	doubled, within := 0, 0
+	for id := range live {
+		cs := copies[id]
+		switch {
+		case len(cs) > 2:
+			t.Errorf("live row %s arrived %d times", id, len(cs))
+		case len(cs) == 2:
+			doubled++
+			if cs[1] <= cs[0] {
+				t.Errorf("live row %s: its backfilled copy (commit lsn %s) came before the live one (%s)", id, cs[1], cs[0])
+			}
+			// The chunk that re-sent it is the one whose high watermark is
+			// the copy's commit LSN.
+			for _, w := range windows {
+				if w.high == cs[1] && cs[0] > w.low {
+					t.Errorf("live row %s committed at %s, between the watermarks (%s, %s) of the chunk that sent it again", id, cs[0], w.low, w.high)
+				}
+			}
+		}
+		if len(cs) > 0 && inWindow(cs[0]) {
+			within++
+		}
+	}
+	if job.Rows < int64(len(old)) || !job.Done() {
+		t.Errorf("job %+v: want it done with at least %d rows", job, len(old))
+	}
+	t.Logf("%d chunks; %d old rows; %d live rows, %d of them re-sent by the backfill, %d committed between watermarks", len(windows), len(old), len(live), doubled, within)
+}

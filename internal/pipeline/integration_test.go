@@ -55,6 +55,8 @@ type env struct {
 	cfg   pipeline.Config
 	// logLevel is the pipeline's log level; CDC_TEST_LOG overrides it.
 	logLevel hclog.Level
+	// onChunk is the pipeline's Options.OnBackfillChunk.
+	onChunk func(low, high pglogrepl.LSN, read, sent int)
 }
 
 func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
@@ -108,8 +110,9 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 	}
 	r := &running{done: make(chan error, 1)}
 	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: logOut}), pipeline.Options{
-		KafkaOpts: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
-		OnSession: func(tr *checkpoint.Tracker) { r.tracker.Store(tr) },
+		KafkaOpts:       []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
+		OnSession:       func(tr *checkpoint.Tracker) { r.tracker.Store(tr) },
+		OnBackfillChunk: e.onChunk,
 	})
 	if err != nil {
 		t.Fatal(err)

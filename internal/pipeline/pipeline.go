@@ -193,6 +193,11 @@ type Options struct {
 	// and offset are set. It runs on franz-go's promise goroutine and must
 	// not block.
 	OnDelivered func(rec *kgo.Record, err error)
+	// OnBackfillChunk, if set, is called on the stream's goroutine as a
+	// backfill chunk is sent at its high watermark: the watermarks'
+	// commit LSNs, the rows read and the rows sent (those the stream had
+	// not met between the watermarks). Tests use it.
+	OnBackfillChunk func(low, high pglogrepl.LSN, read, sent int)
 	// ConfigFile is the config's path, for the commands error messages
 	// tell the operator to run.
 	ConfigFile string

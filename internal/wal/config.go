@@ -131,6 +131,10 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		if pc.RuntimeParams["application_name"] == "" {
 			pc.RuntimeParams["application_name"] = "outbox-cdc-backfill"
 		}
+		// A backfill's watermarks must reach the walsender at once: it
+		// sends only flushed WAL, and with synchronous_commit off a
+		// commit waits for the WAL writer (up to wal_writer_delay).
+		pc.RuntimeParams["synchronous_commit"] = "local"
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
