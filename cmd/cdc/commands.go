@@ -471,6 +471,13 @@ func printStatus(w io.Writer, st pipeline.Status) {
 		for _, h := range cp.History {
 			fmt.Fprintf(tw, "  %s\t%s to %s at %s: %s\n", h.Kind, h.From, h.To, h.At.UTC().Format(time.RFC3339), h.Reason)
 		}
+		for _, b := range cp.Backfills {
+			state := progressText(b)
+			if b.Error != "" {
+				state += ": failed: " + b.Error
+			}
+			fmt.Fprintf(tw, "  backfill %s\t%s where %s: %s\n", b.ID, b.Table, orAll(b.Where), state)
+		}
 	} else {
 		fmt.Fprintf(tw, "checkpoint\t%s\n", st.CheckpointError)
 	}

@@ -70,6 +70,18 @@ type Backfill struct {
 	Error string
 }
 
+func (b Backfill) toJSON() jsonBackfill {
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
+	if b.Done() {
+		t := b.Finished.UTC()
+		jb.Finished = &t
+	}
+	return jb
+}
+
+// MarshalJSON writes a job as the checkpoint does.
+func (b Backfill) MarshalJSON() ([]byte, error) { return json.Marshal(b.toJSON()) }
+
 // Done reports whether the job finished.
 func (b *Backfill) Done() bool { return !b.Finished.IsZero() }
 
@@ -234,12 +246,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.History = append(j.History, jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
 	}
 	for _, b := range r.Backfills {
-		jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
-		if b.Done() {
-			t := b.Finished.UTC()
-			jb.Finished = &t
-		}
-		j.Backfills = append(j.Backfills, jb)
+		j.Backfills = append(j.Backfills, b.toJSON())
 	}
 	return json.Marshal(j)
 }

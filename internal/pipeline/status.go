@@ -56,6 +56,8 @@ type CheckpointStatus struct {
 	UpdatedAt    time.Time          `json:"updated_at"`
 	Version      string             `json:"connector_version"`
 	History      []checkpoint.Event `json:"history,omitempty"`
+	// Backfills are the running and the last finished backfills.
+	Backfills []checkpoint.Backfill `json:"backfills,omitempty"`
 }
 
 // WindowStatus is the replay window.
@@ -104,7 +106,7 @@ func (p *Pipeline) Status(ctx context.Context) (Status, error) {
 		st.CheckpointError = "no checkpoint yet for this slot and database (the connector has not run, or runs a version without one)"
 	default:
 		c := &CheckpointStatus{Topic: p.cfg.Checkpoint.Topic, ConfirmedLSN: rec.Confirmed.String(), CommitLSN: rec.CommitLSN.String(),
-			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History}
+			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History, Backfills: rec.Backfills}
 		if !rec.CommitTime.IsZero() {
 			c.CommitTime = &rec.CommitTime
 		}
