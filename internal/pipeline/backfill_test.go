@@ -220,13 +220,27 @@ func TestBackfillBadInput(t *testing.T) {
 		e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
 		e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &tc.b)}
 		e.cfg.Postgres.Slot = fmt.Sprintf("bad_%d", time.Now().UnixNano())
+		// cdc check lists it,
+		chk, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := chk.Check(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("check of backfill %+v: %v, want a problem with %q", tc.b, err, tc.want)
+		}
+		// and cdc run stops on it before creating anything.
 		r := e.launch(t, ioDiscard{})
-		err := waitFatal(t, r)
+		err = waitFatal(t, r)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("backfill %+v: error %v, want one line with %q", tc.b, err, tc.want)
 		}
 		if !pipeline.Permanent(err) {
 			t.Errorf("backfill %+v: %v is retried, want it fatal", tc.b, err)
+		}
+		var exists bool
+		testenv.QueryRow(t, db, `SELECT exists(SELECT FROM pg_replication_slots WHERE slot_name = $1)`, []any{e.cfg.Postgres.Slot}, &exists)
+		if exists {
+			t.Errorf("backfill %+v: the slot was created despite the error", tc.b)
 		}
 	}
 	c := kafka.NewConsumer(t, kafka.AllTopics())

@@ -325,6 +325,14 @@ func (p *Pipeline) Check(ctx context.Context) error {
 			probs = append(probs, "postgres: "+pr)
 		}
 	}
+	if len(probs) == 0 {
+		// The backfills' conditions and orders, which need the tables.
+		for _, j := range p.initialJobs(false) {
+			if err := p.checkBackfills(ctx, []checkpoint.Backfill{j}); err != nil {
+				probs = append(probs, "postgres: "+oneLine(err))
+			}
+		}
+	}
 	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
