@@ -79,9 +79,9 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 # plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
-BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay
+BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay|BenchmarkBackfill
 
-bench: setup     ## drain, latency and replay on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
+bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
 	mkdir -p $(BENCH_DIR) && rm -f $(BENCH_DIR)/results.jsonl
 	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/pipeline

@@ -203,6 +203,11 @@ func freeAddr(b *testing.B) string {
 }
 
 func startConnector(b *testing.B, db string, kafka *testenv.Kafka) *connector {
+	return startConnectorWith(b, db, kafka, "")
+}
+
+// startConnectorWith starts it with more settings for the outbox table.
+func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table string) *connector {
 	b.Helper()
 	cfg := fmt.Sprintf(`postgres:
   url: %q
@@ -211,11 +216,12 @@ kafka:
 tables:
   - name: public.outbox
     topic: %q
+%s
 checkpoint:
   topic: %s
 log:
   level: warn
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
 	if d := os.Getenv("CDC_BENCH_BATCH_DELAY"); d != "" { // for comparisons
 		cfg = strings.Replace(cfg, "kafka:\n", "kafka:\n  max_batch_delay: "+d+"\n", 1)
 	}
@@ -358,6 +364,77 @@ func drainOnce(b *testing.B, per int) {
 	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", ref.Seconds(), refBefore.Seconds(), refAfter.Seconds())
 	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
 	benchResult{Bench: "drain", Broker: brokerName(), Events: events, TxSize: per, Seconds: elapsed.Seconds(),
+		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss}.save(b)
+}
+
+// BenchmarkBackfill is a first start on a table that holds a backlog of
+// rows (1,000,000 by default, CDC_BENCH_BACKFILL_ROWS): the cdc binary from
+// process start until it streams, which it does once Kafka acknowledged
+// every backfilled row and the checkpoint says so. The reference is psql
+// copying the same rows, in the same order, to /dev/null: what reading them
+// out of Postgres costs.
+func BenchmarkBackfill(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		backfillOnce(b)
+	}
+}
+
+func backfillOnce(b *testing.B) {
+	rows := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("CDC_BENCH_BACKFILL_ROWS")); err == nil && v > 0 {
+		rows = v
+	}
+	p := testenv.Require(b, pg)
+	db := p.NewDatabase(b)
+	kafka := testenv.NewKafka(b)
+	testenv.Exec(b, db, schema, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'agg-' || (i %% 1000), 'OrderCreated', jsonb_build_object('i', i, 'pad', repeat('x', 200))
+		FROM generate_series(1, %d) i`, rows), "VACUUM ANALYZE outbox")
+
+	b.ResetTimer()
+	refStart := time.Now()
+	out, err := exec.Command(filepath.Join(p.Bin, "psql"), "-X", "-q", "-d", db, "-c",
+		`\copy (SELECT id, aggregatetype, aggregateid, type, payload FROM outbox ORDER BY id) TO '/dev/null'`).CombinedOutput()
+	if err != nil {
+		b.Fatalf("psql: %v\n%s", err, out)
+	}
+	ref := time.Since(refStart)
+	c := startConnectorWith(b, db, kafka, "    backfill: {}")
+	deadline := time.Now().Add(20 * time.Minute)
+	// The endpoint comes up once the config is read.
+	testenv.Eventually(b, time.Minute, "the connector's endpoint", func() bool {
+		resp, err := http.Get("http://" + c.http + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	for c.metric(b, "cdc_streaming") != 1 {
+		select {
+		case <-c.exited:
+			b.Fatalf("the connector ended (%v) before it streamed\n%s", c.waitErr, c.out.String())
+		case <-time.After(5 * time.Millisecond): // polling its endpoint: the sample period
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the connector did not finish the backfill\n%s", c.out.String())
+		}
+	}
+	elapsed := time.Since(c.start)
+	b.StopTimer()
+	sent := c.metric(b, "cdc_backfill_rows_total")
+	cpu, rss := c.stop(b)
+	if int(sent) != rows {
+		b.Fatalf("the backfill sent %.0f rows, want %d", sent, rows)
+	}
+	ratio := ref.Seconds() / elapsed.Seconds()
+	b.ReportMetric(float64(rows)/elapsed.Seconds(), "rows/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(rss, "peak_rss_MB")
+	fmt.Printf("\nbackfill %d rows on the first start (%s):\n", rows, brokerName())
+	fmt.Printf("  cdc, start to streaming: %7.3f s  %8.0f rows/s  cpu %.2f s  peak RSS %.1f MB\n", elapsed.Seconds(), float64(rows)/elapsed.Seconds(), cpu.Seconds(), rss)
+	fmt.Printf("  psql \\copy to /dev/null: %7.3f s\n", ref.Seconds())
+	fmt.Printf("  ratio:                   %7.2f  (cdc speed / psql's)\n\n", ratio)
+	benchResult{Bench: "backfill", Broker: brokerName(), Events: rows, Seconds: elapsed.Seconds(),
 		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss}.save(b)
 }
 

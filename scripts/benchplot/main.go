@@ -50,16 +50,19 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
 		os.Exit(1)
 	}
-	var drains, lats []result
+	var drains, lats, backfills []result
 	for _, r := range rs {
 		switch r.Bench {
 		case "drain":
 			drains = append(drains, r)
 		case "latency":
 			lats = append(lats, r)
+		case "backfill":
+			backfills = append(backfills, r)
 		}
 	}
 	table(drains, lats)
+	backfillTable(backfills)
 	if len(lats) > 0 {
 		if err := latencyCDF(lats, filepath.Join(os.Args[2], "latency-cdf.png")); err != nil {
 			fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
@@ -91,6 +94,27 @@ func read(path string) ([]result, error) {
 		rs = append(rs, r)
 	}
 	return rs, sc.Err()
+}
+
+// backfillTable prints the first-start backfill's medians.
+func backfillTable(runs []result) {
+	if len(runs) == 0 {
+		return
+	}
+	col := func(f func(result) float64) float64 {
+		var v []float64
+		for _, r := range runs {
+			v = append(v, f(r))
+		}
+		return median(v)
+	}
+	fmt.Println()
+	fmt.Println("| backfill | runs | cdc (s) | rows/s | psql \\copy (s) | ratio | CPU (s) | peak RSS (MB) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Printf("| %d rows, first start | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
+		col(func(r result) float64 { return r.Seconds }), col(func(r result) float64 { return float64(r.Events) / r.Seconds }),
+		col(func(r result) float64 { return r.RefSecs }), col(func(r result) float64 { return r.Ratio }),
+		col(func(r result) float64 { return r.CPU }), col(func(r result) float64 { return r.RSSMB }))
 }
 
 func median(xs []float64) float64 {
