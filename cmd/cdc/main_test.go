@@ -109,7 +109,9 @@ func outboxIDs(t *testing.T, db string) map[string]bool {
 
 func slotActive(t *testing.T, db string) bool {
 	var active bool
-	testenv.QueryRow(t, db, `SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'), false)`, nil, &active)
+	// Slot names are the cluster's: tests of other databases have slots
+	// of the same name.
+	testenv.QueryRow(t, db, `SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc' AND database = current_database()), false)`, nil, &active)
 	return active
 }
 

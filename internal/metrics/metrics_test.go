@@ -17,6 +17,7 @@ func names(t *testing.T) map[string]bool {
 	m := New()
 	m.EventCounter("s", "t").Inc()
 	m.DeadLetter("s")
+	m.BackfillRows("t").Inc()
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {
