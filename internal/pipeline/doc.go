@@ -9,7 +9,9 @@
 // against the checkpoint, whether it may create the slot or must refuse a
 // gap (start.go); the checkpoint then lives in the Pipeline across sessions.
 // Replay (replay.go) and the operator commands (admin.go) reuse the same
-// pieces. A session ends on shutdown, on a fatal error, or on a
+// pieces, and so do backfills (backfill.go): the first start's, read in the
+// slot's exported snapshot before the stream, and cdc backfill's, read in
+// chunks between watermarks beside it. A session ends on shutdown, on a fatal error, or on a
 // transient one; transient errors start a new session after a backoff, and
 // Postgres re-sends everything after the slot's confirmed position.
 //
@@ -22,6 +24,12 @@
 //     record is acked.
 //   - The slot is confirmed only up to a checkpoint Kafka has acknowledged,
 //     and never moves over a gap an operator has not accepted.
+//   - A backfilled row goes through the same routing and tracking as a
+//     streamed one. The first start's rows are each in the snapshot or in
+//     the stream, not both; a chunk beside the stream is sent at its high
+//     watermark, without the rows the stream met between its watermarks,
+//     and its progress is checkpointed with that position
+//     (docs/design.md, rule 18).
 //   - Shutdown stops reading, waits for Kafka's acks up to ShutdownTimeout,
 //     writes the last checkpoint, sends a final status update with what it
 //     covers, and closes.
