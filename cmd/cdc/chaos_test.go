@@ -32,7 +32,13 @@ import (
 // while the connector is killed with SIGKILL every 1-2 s and started
 // again. Nothing may be lost, reordered or invented; duplicates are
 // counted per kill.
-func TestChaosKillLoop(t *testing.T) {
+func TestChaosKillLoop(t *testing.T) { chaosKillLoop(t, false) }
+
+// TestChaosKillLoopExactlyOnce: the same loop with delivery: exactly-once,
+// read by a read_committed consumer: not one duplicate either (issue 11).
+func TestChaosKillLoopExactlyOnce(t *testing.T) { chaosKillLoop(t, true) }
+
+func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 	kills, rate := 10, 1000
 	if v := os.Getenv("CDC_CHAOS_KILLS"); v != "" {
 		kills, _ = strconv.Atoi(v)
@@ -53,7 +59,8 @@ tables: [{name: outbox, topic: %q}]
 checkpoint: {topic: %s}
 http: {listen: ""}
 log: {level: warn}
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+delivery: %s
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic(), delivery(exactlyOnce))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	proc := startProc(t, config)
@@ -92,6 +99,9 @@ log: {level: warn}
 	// it, and their type says what they were.
 	want := outboxIDs(t, db)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
+	if exactlyOnce {
+		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	}
 	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
 		seen := map[string]bool{}
 		for _, r := range recs {
@@ -135,11 +145,21 @@ log: {level: warn}
 			lost++
 		}
 	}
-	t.Logf("kill loop: %d kills, writers at %d events/s, %d events, %d records: %d lost, %d duplicates (%.0f per kill), %d reordered, %d rolled-back rows seen, %d unknown",
-		kills, rate, len(want), len(c.Records), lost, dups, float64(dups)/float64(max(kills, 1)), reordered, rolledBack, invented)
+	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %d events, %d records: %d lost, %d duplicates (%.0f per kill), %d reordered, %d rolled-back rows seen, %d unknown",
+		delivery(exactlyOnce), kills, rate, len(want), len(c.Records), lost, dups, float64(dups)/float64(max(kills, 1)), reordered, rolledBack, invented)
 	if lost+reordered+rolledBack+invented > 0 {
 		t.Fatalf("%d lost, %d reordered, %d rolled-back rows seen, %d unknown; want 0 each", lost, reordered, rolledBack, invented)
 	}
+	if exactlyOnce && dups > 0 {
+		t.Fatalf("%d duplicates in exactly-once mode; want 0", dups)
+	}
+}
+
+func delivery(exactlyOnce bool) string {
+	if exactlyOnce {
+		return "exactly-once"
+	}
+	return "at-least-once"
 }
 
 // chaosWriter commits 1-3 row transactions (2 rows on average) for

@@ -67,6 +67,12 @@ type fileConfig struct {
 	Replay struct {
 		Window time.Duration `yaml:"window"`
 	} `yaml:"replay"`
+	Delivery    string `yaml:"delivery"`
+	ExactlyOnce struct {
+		CommitEvents       int           `yaml:"commit_events"`
+		CommitInterval     time.Duration `yaml:"commit_interval"`
+		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
+	} `yaml:"exactly_once"`
 	Tables          []fileTable   `yaml:"tables"`
 	MaxInFlight     int           `yaml:"max_in_flight"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -232,6 +238,9 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		RetryBackoffMax:           fc.Reconnect.BackoffMax,
 		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},
 		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
+		Delivery:                  fc.Delivery,
+		ExactlyOnce: pipeline.ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
+			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
 	}
 	if len(fc.Tables) == 0 {
 		// Debezium's default layout, so that a config-less start works.

@@ -63,6 +63,10 @@ func (p *Progress) windowPending() bool {
 	return p.pending != nil && p.pending.LSN > p.saved.Window.LSN
 }
 
+// Next is the record to write for pos: exactly-once delivery writes it in
+// its Kafka transaction.
+func (p *Progress) Next(pos Position, now time.Time) Record { return p.next(pos, now) }
+
 // next is the record to write for pos.
 func (p *Progress) next(pos Position, now time.Time) Record {
 	p.mu.Lock()

@@ -271,6 +271,11 @@ func (p *Pipeline) initialJob(ctx context.Context, s *session, conn *pgx.Conn, j
 			return err
 		}
 		now := time.Now()
+		if s.eos != nil {
+			if err := s.eos.begin(); err != nil {
+				return err
+			}
+		}
 		s.tx = s.tracker.Begin(now)
 		for _, row := range c.Rows {
 			m, err := dec.Row(row, at, now)
@@ -337,6 +342,11 @@ func waitInFlight(ctx context.Context, s *session, n int) error {
 // saveJob writes the checkpoint with job's progress, through the session's
 // producer, and waits for it.
 func (p *Pipeline) saveJob(ctx context.Context, s *session, job checkpoint.Backfill) error {
+	if s.eos != nil {
+		// Exactly once: the progress goes in the transaction with the
+		// rows it counts.
+		return s.eos.commitNow(ctx, func(r *checkpoint.Record) { r.SetBackfill(job) })
+	}
 	rec := p.progress.Saved()
 	rec.SetBackfill(job)
 	rec.UpdatedAt = time.Now()

@@ -54,6 +54,10 @@ type Config struct {
 	Checkpoint CheckpointConfig
 	// Replay keeps WAL for replays and rewinds.
 	Replay ReplayConfig
+	// Delivery is DeliveryAtLeastOnce (the default) or
+	// DeliveryExactlyOnce, which ExactlyOnce configures.
+	Delivery    string
+	ExactlyOnce ExactlyOnceConfig
 }
 
 // CheckpointConfig configures the checkpoint store.
@@ -112,6 +116,17 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Postgres.Validate(); err != nil {
 		return err
+	}
+	if err := c.validateDelivery(); err != nil {
+		return err
+	}
+	if c.exactlyOnce() {
+		// Records wait for their transaction's commit anyway; holding
+		// them to pace requests would only delay it. The session's
+		// producer gets its transactional id, which names the database
+		// system, when it connects.
+		c.Kafka.MaxBatchDelay = -1
+		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
@@ -534,9 +549,10 @@ func Permanent(err error) bool {
 		topic  *checkpoint.TopicError
 		conn   *sink.ConnectError
 		bf     *backfill.Error
+		fence  *sink.FencedError
 	)
 	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf):
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf), errors.As(err, &fence):
 		return true
 	case errors.As(err, &prod):
 		return prod.Permanent()

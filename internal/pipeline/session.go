@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // runSession sets up, runs and shuts down one replication session.
@@ -23,7 +24,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	if err != nil {
 		return err
 	}
-	defer k.Close()
+	defer func() { k.Close() }() // the transactional producer replaces it
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = k.Ping(pingCtx)
 	cancel()
@@ -35,7 +36,19 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		return err
 	}
 
-	conn, from, err := p.start(ctx, first)
+	var connected func(wal.System) error
+	if p.cfg.exactlyOnce() {
+		connected = func(sys wal.System) error {
+			tk, err := p.fence(ctx, sys)
+			if err != nil {
+				return err
+			}
+			k.Close()
+			k = tk
+			return nil
+		}
+	}
+	conn, from, err := p.start(ctx, first, connected)
 	if err != nil {
 		return err
 	}
@@ -45,6 +58,9 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
 		dec:     decode.New(p.cfg.Tables),
 		ctx:     ctx,
+	}
+	if p.cfg.exactlyOnce() {
+		s.eos = newCommitter(s, p.progress, p.store, p.cfg.ExactlyOnce, p.cfg.Postgres.StatusInterval)
 	}
 	if snap := p.snapshot; snap != "" {
 		// Before anything else on the replication connection, which
@@ -71,10 +87,18 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		p.beat.Store(nil)
 		p.setState(false, "session ended")
 	}()
-	confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
-	// A checkpoint's ack is what lets the position move: confirm it now,
-	// not at the loop's next poll.
-	confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
+	var acks sessionAcks
+	if p.cfg.exactlyOnce() {
+		c := s.eos
+		c.onSaved = func() { p.m.Checkpoints.Inc(); stream.Wake() }
+		acks = c
+	} else {
+		confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
+		// A checkpoint's ack is what lets the position move: confirm it
+		// now, not at the loop's next poll.
+		confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
+		acks = streamAcks{confirmer, k}
+	}
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
 	}
@@ -96,7 +120,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	go func() { defer close(backfillsDone); p.runBackfills(bctx) }()
 	defer func() { stopBackfills(); <-backfillsDone }()
 
-	runErr := stream.Run(ctx, s.handle, streamAcks{confirmer, k})
+	runErr := stream.Run(ctx, s.handle, acks)
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
 		// flight, write the checkpoint, then confirm what it covers.
@@ -105,17 +129,24 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
 				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
 		}
-		if err := confirmer.Final(fctx); err != nil {
+		if err := acks.Final(fctx); err != nil {
 			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", oneLine(err))
 		}
 		cancel()
 	}
-	final := stream.Close(context.WithoutCancel(ctx), confirmer)
+	final := stream.Close(context.WithoutCancel(ctx), acks)
 	p.confirmed.Store(uint64(final))
 	if ctx.Err() != nil {
 		return nil
 	}
 	return runErr
+}
+
+// sessionAcks is what the replication loop reads, and what shutdown
+// finishes: streamAcks at least once, the committer exactly once.
+type sessionAcks interface {
+	wal.Acks
+	Final(ctx context.Context) error
 }
 
 // streamAcks is what the replication loop reads: the confirmer, and the
@@ -148,6 +179,11 @@ type session struct {
 	// window is the backfill chunk whose watermarks the stream is
 	// between, if any.
 	window *liveChunk
+	// eos commits Kafka transactions in exactly-once mode (nil otherwise);
+	// skipping is set between the BEGIN and COMMIT of a Postgres
+	// transaction that a committed Kafka transaction already holds.
+	eos      *committer
+	skipping bool
 }
 
 // handle takes one pgoutput message from the stream.
@@ -158,6 +194,15 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 	}
 	switch m.Kind {
 	case decode.KindBegin:
+		if s.eos != nil {
+			if s.eos.skip(m.Commit) {
+				s.skipping = true
+				return nil
+			}
+			if err := s.eos.begin(); err != nil {
+				return err
+			}
+		}
 		if s.replay != nil {
 			if err := s.replay.begin(&m); err != nil {
 				return err
@@ -165,6 +210,9 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		}
 		s.tx = s.tracker.Begin(m.CommitTime)
 	case decode.KindEvent, decode.KindInvalid:
+		if s.skipping {
+			return nil
+		}
 		if s.replay != nil && !s.replay.take(&m.Event) {
 			return nil
 		}
@@ -175,10 +223,14 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 	case decode.KindIgnoredMessage:
 		s.p.IgnoredMessages.Add(1)
 	case decode.KindControl:
-		if s.replay == nil {
+		if s.replay == nil && !s.skipping {
 			return s.control(&m)
 		}
 	case decode.KindCommit:
+		if s.skipping {
+			s.skipping = false
+			return nil
+		}
 		s.tracker.Commit(s.tx, m.Commit, m.EndLSN, m.CommitTime)
 		s.tx = nil
 		if s.replay != nil {
@@ -258,6 +310,9 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 		stamped, _ = route.ParseTimestamp(string(v.B))
 	}
 	s.tracker.Track(tx)
+	if s.eos != nil {
+		s.eos.produced()
+	}
 	s.kafka.Send(rec, func(err error) {
 		s.tracker.Ack(tx, err)
 		if err != nil {

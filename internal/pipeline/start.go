@@ -19,7 +19,7 @@ import (
 // the slot with the checkpoint (docs/design.md, rule 16): it creates the
 // slot only on a first start, and refuses a gap; later sessions hold the
 // checkpoint in memory and refuse a slot that vanished or moved under them.
-func (p *Pipeline) start(ctx context.Context, first bool) (*wal.Conn, pglogrepl.LSN, error) {
+func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, error) {
 	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
 	if err != nil {
 		return nil, 0, err
@@ -27,6 +27,12 @@ func (p *Pipeline) start(ctx context.Context, first bool) (*wal.Conn, pglogrepl.
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
 		return nil, 0, err
+	}
+	if connected != nil {
+		if err := connected(conn.System()); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, 0, err
+		}
 	}
 	from, err := p.position(ctx, conn, slot, first)
 	if err != nil {
@@ -39,7 +45,7 @@ func (p *Pipeline) start(ctx context.Context, first bool) (*wal.Conn, pglogrepl.
 
 func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, first bool) (pglogrepl.LSN, error) {
 	sys := conn.System()
-	if p.progress != nil {
+	if p.progress != nil && !p.cfg.exactlyOnce() {
 		saved := p.progress.Saved()
 		switch {
 		case !slot.Exists:
@@ -54,14 +60,10 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		return slot.ConfirmedFlush, nil
 	}
 
-	if p.store == nil {
-		store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
-		if err != nil {
-			return 0, err
-		}
-		p.store = store
+	if err := p.openStore(ctx); err != nil {
+		return 0, err
 	}
-	records, err := p.store.Load(ctx, false)
+	records, err := p.store.Load(ctx, p.cfg.exactlyOnce())
 	if err != nil {
 		return 0, err
 	}
@@ -126,6 +128,19 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		return 0, err
 	}
 	return from, nil
+}
+
+// openStore opens the checkpoint store, creating its topic when missing.
+func (p *Pipeline) openStore(ctx context.Context) error {
+	if p.store != nil {
+		return nil
+	}
+	store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	if err != nil {
+		return err
+	}
+	p.store = store
+	return nil
 }
 
 func (p *Pipeline) newRecord(sys wal.System, at pglogrepl.LSN) *checkpoint.Record {

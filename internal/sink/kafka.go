@@ -57,6 +57,13 @@ type Config struct {
 	// the default, DefaultMaxBatchDelay; a negative value sends every event
 	// at once.
 	MaxBatchDelay time.Duration
+	// TransactionalID, when set, makes the producer transactional, for
+	// exactly-once delivery: records go only inside BeginTxn and
+	// CommitTxn, and a second producer with the same id fences this one.
+	// TransactionTimeout is how long a transaction may stay open;
+	// DefaultTransactionTimeout when 0.
+	TransactionalID    string
+	TransactionTimeout time.Duration
 	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
 	// while it is full. The pipeline sets it to twice its in-flight limit,
 	// so that Produce never blocks the replication loop. Default 10,000.
@@ -99,6 +106,14 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchDelay == 0 {
 		c.MaxBatchDelay = DefaultMaxBatchDelay
+	}
+	if c.TransactionalID != "" {
+		// Records wait for the transaction's commit anyway; holding them
+		// to pace requests would only delay that commit.
+		c.MaxBatchDelay = -1
+		if c.TransactionTimeout == 0 {
+			c.TransactionTimeout = DefaultTransactionTimeout
+		}
 	}
 	if c.MaxBatchDelay > time.Second {
 		return fmt.Errorf("kafka.max_batch_delay %s: use a value from 0 (off) to 1s", c.MaxBatchDelay)
@@ -160,6 +175,9 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if cfg.AllowAutoTopicCreation {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
+	if cfg.TransactionalID != "" {
+		opts = append(opts, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
+	}
 	opts = append(opts, extra...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -195,6 +213,10 @@ func ClientOpts(cfg Config, log hclog.Logger) []kgo.Opt {
 func (k *Kafka) Produce(rec *kgo.Record, done func(error)) {
 	// context.Background: records are never cancelled (see doc.go).
 	k.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		if err != nil && k.Transactional() && fenced(err) {
+			done(&FencedError{TransactionalID: k.cfg.TransactionalID, Err: err})
+			return
+		}
 		done(k.produceError(r, err))
 	})
 }

@@ -77,20 +77,27 @@ type Consumer struct {
 }
 
 // NewConsumer consumes the topics matching the regular expression.
-func (k *Kafka) NewConsumer(t testing.TB, topicRegex string) *Consumer {
+func (k *Kafka) NewConsumer(t testing.TB, topicRegex string, opts ...kgo.Opt) *Consumer {
 	t.Helper()
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(k.Brokers...),
 		kgo.ConsumeRegex(), kgo.ConsumeTopics(topicRegex),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+		kgo.MetadataMinAge(100 * time.Millisecond), kgo.MetadataMaxAge(time.Second),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
 	return &Consumer{cl: cl}
+}
+
+// NewCommittedConsumer is NewConsumer with isolation.level=read_committed,
+// as exactly-once consumers read: records of aborted or open transactions
+// are not returned.
+func (k *Kafka) NewCommittedConsumer(t testing.TB, topicRegex string) *Consumer {
+	return k.NewConsumer(t, topicRegex, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 }
 
 // Settle keeps reading for d, so that records beyond those a test waited
