@@ -212,6 +212,20 @@ func (p *Server) run(name string, args ...string) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
+// Crash stops the server as a crash would (pg_ctl stop -m immediate: no
+// shutdown checkpoint, crash recovery on the next start) and starts it
+// again on the same port and data.
+func (p *Server) Crash() error {
+	data := filepath.Join(p.dir, "data")
+	if out, err := p.run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", data); err != nil {
+		return fmt.Errorf("pg_ctl stop -m immediate: %v\n%s", err, out)
+	}
+	if out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", filepath.Join(p.dir, "postgres.log")); err != nil {
+		return fmt.Errorf("pg_ctl start after the crash: %v\n%s", err, out)
+	}
+	return nil
+}
+
 // Stop stops the server and removes its files.
 func (p *Server) Stop() {
 	if p.dir == "" {

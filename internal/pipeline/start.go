@@ -29,6 +29,12 @@ func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.Sys
 		return nil, 0, err
 	}
 	if connected != nil {
+		if slot.Active {
+			// Another instance streams: do not fence it, wait as a
+			// standby (its walsender ends when it is gone).
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, 0, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+		}
 		if err := connected(conn.System()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, 0, err

@@ -25,7 +25,17 @@ type Postgres struct {
 	// Via says where the server comes from.
 	Via string
 
-	stop func()
+	stop  func()
+	crash func() error
+}
+
+// Crash stops the server as a crash would and starts it again (local
+// servers only: a container's cannot be crashed from here).
+func (p *Postgres) Crash() error {
+	if p.crash == nil {
+		return fmt.Errorf("this Postgres (%s) cannot be crashed and restarted by the tests", p.Via)
+	}
+	return p.crash()
 }
 
 // PostgresFromEnvOrStart returns the server named by CDC_TEST_POSTGRES_URL,

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// eosConfig writes an exactly-once config for db; Postgres ends a
+// replication connection that is silent for 2s (wal_sender_timeout, set
+// for the connector's connections only).
+func eosConfig(t *testing.T, db string, kafka *testenv.Kafka) string {
+	t.Helper()
+	url := db + "&options=-c%20wal_sender_timeout%3D2s"
+	if !strings.Contains(db, "?") {
+		url = db + "?options=-c%20wal_sender_timeout%3D2s"
+	}
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q, status_interval: 200ms}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+reconnect: {backoff: 200ms, backoff_max: 1s}
+delivery: exactly-once
+`, url, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+// fencedMsg is what a fenced instance says as it stops.
+const fencedMsg = "another instance of this pipeline took over"
+
+// TestExactlyOnceFrozenInstance: the active instance freezes (SIGSTOP)
+// while events flow; once Postgres drops its connection a second instance
+// takes the slot and fences it. When the first resumes it sends nothing:
+// it stops on the fence, or finds the slot taken and waits. A
+// read_committed consumer sees every event exactly once.
+func TestExactlyOnceFrozenInstance(t *testing.T) {
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	kafka := testenv.NewKafka(t)
+	config := eosConfig(t, db, kafka)
+	a := startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the first instance to hold the slot", func() bool { return slotActive(t, db) })
+
+	// A writer commits small transactions throughout.
+	var written atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), db)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		tick := time.NewTicker(2 * time.Millisecond) // the writer's pace
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			case <-tick.C:
+			}
+			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', $2)`,
+				fmt.Sprintf("a-%d", i%20), fmt.Sprintf(`{"i": %d}`, i)); err != nil {
+				done <- err
+				return
+			}
+			written.Add(1)
+		}
+	}()
+	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 300)
+
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozenAt := written.Load()
+	b := startProc(t, config)
+	testenv.Eventually(t, time.Minute, "the second instance to take over", func() bool {
+		return strings.Contains(b.out.String(), "streaming from replication slot")
+	})
+	testenv.Eventually(t, time.Minute, "events after the takeover", func() bool { return written.Load() > frozenAt+500 })
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The resumed one either stops on the fence or waits for the slot.
+	testenv.Eventually(t, time.Minute, "the resumed instance to stop or wait", func() bool {
+		out := a.out.String()
+		return strings.Contains(out, fencedMsg) || strings.Contains(out, "replication slot is in use")
+	})
+	testenv.Eventually(t, time.Minute, "more events after the resume", func() bool { return written.Load() > frozenAt+1000 })
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.out.String(), fencedMsg) {
+		t.Fatalf("the instance that took over was fenced by the one resumed:\n%s", b.out)
+	}
+
+	want := outboxIDs(t, db)
+	c.WaitFor(t, 2*time.Minute, "every event", func(recs []*kgo.Record) bool {
+		got := map[string]bool{}
+		for _, r := range recs {
+			got[testenv.Header(r, route.HeaderID)] = true
+		}
+		return len(got) >= len(want)
+	})
+	c.Settle(2 * time.Second)
+	counts := map[string]int{}
+	for _, r := range c.Records {
+		counts[testenv.Header(r, route.HeaderID)]++
+	}
+	dups := 0
+	for id := range want {
+		switch n := counts[id]; {
+		case n == 0:
+			t.Errorf("event %s lost", id)
+		case n > 1:
+			dups++
+		}
+	}
+	if dups > 0 || len(c.Records) != len(want) {
+		t.Errorf("%d events, %d records, %d duplicated; want each once", len(want), len(c.Records), dups)
+	}
+	how := "waited for the slot"
+	if strings.Contains(a.out.String(), fencedMsg) {
+		how = "stopped on the fence"
+	}
+	t.Logf("%d events, each once; the resumed instance %s", len(want), how)
+}
