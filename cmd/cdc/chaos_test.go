@@ -216,3 +216,95 @@ func chaosWriter(ctx context.Context, db string, w, rate int) error {
 	}
 	return nil
 }
+
+// TestChaosBrokerOutageExactlyOnce: the broker stops for CDC_CHAOS_OUTAGE
+// (60s by default; make chaos) while writers commit, and starts again on
+// its data. The connector in exactly-once mode keeps answering Postgres,
+// then commits or redoes its open transaction: a read_committed consumer
+// sees every event once, in order.
+func TestChaosBrokerOutageExactlyOnce(t *testing.T) {
+	outage := time.Minute
+	if v := os.Getenv("CDC_CHAOS_OUTAGE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("CDC_CHAOS_OUTAGE: %v", err)
+		}
+		outage = d
+	}
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	broker := testenv.StartBroker(t)
+	kafka := broker.Kafka()
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+delivery: exactly-once
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proc := startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
+	ctx, stopWriters := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := chaosWriter(ctx, db, w, 100); err != nil && ctx.Err() == nil {
+				errs <- fmt.Errorf("writer %d: %w", w, err)
+			}
+		}()
+	}
+	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 200)
+	broker.Stop(t)
+	time.Sleep(outage) // the outage: the fault, not a synchronisation
+	broker.Start(t)
+	c.WaitCount(t, 5*time.Minute, len(c.Records)+200) // it delivers again
+	stopWriters()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if proc.cmd.ProcessState != nil {
+		t.Fatalf("the connector exited during the outage:\n%s", proc.out)
+	}
+	want := outboxIDs(t, db)
+	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
+		seen := map[string]bool{}
+		for _, r := range recs {
+			seen[testenv.Header(r, route.HeaderID)] = true
+		}
+		for id := range want {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	c.Settle(2 * time.Second)
+	count := map[string]int{}
+	dups, invented := 0, 0
+	for _, r := range c.Records {
+		id := testenv.Header(r, route.HeaderID)
+		if !want[id] {
+			invented++
+		}
+		if count[id]++; count[id] > 1 {
+			dups++
+		}
+	}
+	t.Logf("broker outage of %s (exactly-once): %d events, %d records, %d duplicates, %d unknown", outage, len(want), len(c.Records), dups, invented)
+	if dups+invented > 0 || len(count) < len(want) {
+		t.Fatalf("%d duplicates, %d unknown, %d of %d events; want each once", dups, invented, len(count), len(want))
+	}
+}

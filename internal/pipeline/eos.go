@@ -322,6 +322,21 @@ func (c *committer) skip(commit pglogrepl.LSN) bool {
 	return commit <= c.progress.Saved().CommitLSN
 }
 
+// slotHeld reports whether a walsender other than this instance's last one
+// streams the slot: after a fence, that another instance took over. When Postgres cannot say, it is taken as no,
+// and the next session finds out.
+func (p *Pipeline) slotHeld(ctx context.Context) bool {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := wal.ConnectSQL(qctx, p.cfg.Postgres)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	st, err := wal.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
+	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
+}
+
 // isFenced reports whether err says another instance took over.
 func isFenced(err error) bool {
 	var f *sink.FencedError

@@ -241,6 +241,9 @@ type Pipeline struct {
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
+	// walsender is the server process of the last session's replication
+	// connection, to tell this instance's slot hold from another's.
+	walsender atomic.Uint32
 	// confirmed is the last position a session confirmed as it ended, for
 	// the stopped line.
 	confirmed atomic.Uint64
@@ -426,6 +429,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		err := p.runSession(ctx, first)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if isFenced(err) && !p.slotHeld(ctx) {
+			// No other instance streams: the broker ended the transaction
+			// itself (it outlived the transaction timeout, during a long
+			// outage say). Its events were not committed; a new session
+			// sends them again.
+			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", oneLine(err))
+			err = errors.New("kafka aborted the open transaction: " + oneLine(err))
 		}
 		if Permanent(err) {
 			return err

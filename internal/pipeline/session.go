@@ -74,6 +74,7 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 			return err
 		}
 	}
+	p.walsender.Store(conn.PID())
 	stream, err := conn.Start(ctx, p.cfg.Postgres.Slot, from)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))

@@ -194,6 +194,28 @@ func StartBroker(t testing.TB, env ...string) *Broker {
 	return b
 }
 
+// Stop stops the broker and keeps its data and port, for Start.
+func (b *Broker) Stop(t testing.TB) { b.script(t, "stop", "--keep", b.Dir) }
+
+// Start starts the broker stopped by Stop again, on its port with its data.
+func (b *Broker) Start(t testing.TB) { b.script(t, "start", b.Dir) }
+
+func (b *Broker) script(t testing.TB, args ...string) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(filepath.Join(root, "scripts", "kafka.sh"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// Kafka is the broker as a Kafka for one test.
+func (b *Broker) Kafka() *Kafka {
+	return &Kafka{Brokers: b.Brokers, Prefix: fmt.Sprintf("t%d.", topicSeq.Add(1))}
+}
+
 // repoRoot finds the directory of go.mod above the working directory.
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()

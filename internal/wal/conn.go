@@ -69,6 +69,9 @@ func pinFormats(params map[string]string) {
 	params["extra_float_digits"] = "3"
 }
 
+// PID is the walsender's process id on the server.
+func (c *Conn) PID() uint32 { return c.conn.PID() }
+
 // System returns what IDENTIFY_SYSTEM said.
 func (c *Conn) System() System { return c.system }
 
