@@ -170,6 +170,11 @@ func (c *committer) commit() {
 	err := c.commitNow(ctx, nil)
 	c.mu.Lock()
 	c.committing = false
+	if limit := c.k.TransactionTimeout(); err != nil && time.Since(c.began) >= limit {
+		// Sent again, the same Postgres transactions would take as long
+		// again: say what to change rather than retry forever.
+		err = &TxnTimeoutError{Limit: limit, Open: time.Since(c.began), Err: err}
+	}
 	if err != nil && c.err == nil {
 		c.err = err
 	}
@@ -337,8 +342,24 @@ func (p *Pipeline) slotHeld(ctx context.Context) bool {
 	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
 }
 
+// TxnTimeoutError says a Kafka transaction was open longer than the
+// transaction timeout, so the broker aborted it: the Postgres transactions
+// in it (one too large, or Kafka too slow) take too long to send. Nothing
+// of it was committed or confirmed, so nothing is lost; it stops the
+// connector, since the same transactions would fail the same way.
+type TxnTimeoutError struct {
+	Limit, Open time.Duration
+	Err         error
+}
+
+func (e *TxnTimeoutError) Error() string {
+	return fmt.Sprintf("the Kafka transaction was open %s, longer than exactly_once.transaction_timeout (%s), and the broker aborted it (%s); a Postgres transaction too large to send in that time, or a slow broker: raise exactly_once.transaction_timeout (up to the brokers' transaction.max.timeout.ms) and restart; nothing was committed or confirmed, so nothing is lost",
+		e.Open.Round(time.Second), e.Limit, oneLine(e.Err))
+}
+
 // isFenced reports whether err says another instance took over.
 func isFenced(err error) bool {
 	var f *sink.FencedError
-	return errors.As(err, &f)
+	var t *TxnTimeoutError
+	return errors.As(err, &f) && !errors.As(err, &t)
 }

@@ -423,7 +423,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	defer func() { stopPoll(); <-pollDone }()
 	first := true
 	backoff := p.cfg.RetryBackoff
-	refused := 0 // AuthErrors in a row
+	refused := 0  // AuthErrors in a row
+	timeouts := 0 // TxnTimeoutErrors in a row
 	for {
 		started := time.Now()
 		err := p.runSession(ctx, first)
@@ -437,6 +438,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			// sends them again.
 			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", oneLine(err))
 			err = errors.New("kafka aborted the open transaction: " + oneLine(err))
+		}
+		var timedOut *TxnTimeoutError
+		if errors.As(err, &timedOut) {
+			// Once may be an outage that outlasted the timeout; the same
+			// again, with Kafka up, is a transaction too large for it.
+			if timeouts++; timeouts < 2 {
+				p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", oneLine(err))
+				err = errors.New("kafka aborted a transaction that was open too long")
+			}
+		} else if err != nil {
+			timeouts = 0
 		}
 		if Permanent(err) {
 			return err
@@ -561,9 +573,10 @@ func Permanent(err error) bool {
 		conn   *sink.ConnectError
 		bf     *backfill.Error
 		fence  *sink.FencedError
+		txnTO  *TxnTimeoutError
 	)
 	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf), errors.As(err, &fence):
+	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf), errors.As(err, &fence), errors.As(err, &txnTO):
 		return true
 	case errors.As(err, &prod):
 		return prod.Permanent()

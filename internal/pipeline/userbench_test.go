@@ -203,11 +203,12 @@ func freeAddr(b *testing.B) string {
 }
 
 func startConnector(b *testing.B, db string, kafka *testenv.Kafka) *connector {
-	return startConnectorWith(b, db, kafka, "")
+	return startConnectorWith(b, db, kafka, "", "")
 }
 
-// startConnectorWith starts it with more settings for the outbox table.
-func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table string) *connector {
+// startConnectorWith starts it with more settings for the outbox table,
+// and top-level ones.
+func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table, top string) *connector {
 	b.Helper()
 	cfg := fmt.Sprintf(`postgres:
   url: %q
@@ -225,6 +226,7 @@ log:
 	if d := os.Getenv("CDC_BENCH_BATCH_DELAY"); d != "" { // for comparisons
 		cfg = strings.Replace(cfg, "kafka:\n", "kafka:\n  max_batch_delay: "+d+"\n", 1)
 	}
+	cfg += top
 	cfg += os.Getenv("CDC_BENCH_YAML") // top-level settings to compare, such as max_in_flight
 	file := filepath.Join(b.TempDir(), "cdc.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
@@ -320,6 +322,31 @@ func BenchmarkDrain(b *testing.B) {
 
 func drainOnce(b *testing.B, per int) {
 	events := benchEvents()
+	d := drain(b, per, "")
+	ratio := d.ref.Seconds() / d.elapsed.Seconds()
+	b.ReportMetric(float64(events)/d.elapsed.Seconds(), "events/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(d.cpu.Seconds()*100_000/float64(events), "cpu_s/100k")
+	b.ReportMetric(d.rss, "peak_rss_MB")
+	fmt.Printf("\ndrain %d events in %d-row transactions (%s):\n", events, per, brokerName())
+	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", d.elapsed.Seconds(), float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss)
+	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", d.ref.Seconds(), d.refBefore.Seconds(), d.refAfter.Seconds())
+	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
+	benchResult{Bench: "drain", Broker: brokerName(), Events: events, TxSize: per, Seconds: d.elapsed.Seconds(),
+		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
+}
+
+// drained is one drain's figures.
+type drained struct {
+	elapsed, cpu, ref, refBefore, refAfter time.Duration
+	rss                                    float64
+}
+
+// drain runs one drain of a backlog in per-row transactions, the connector
+// with top-level settings top, timed between pg_recvlogical runs on
+// identical slots.
+func drain(b *testing.B, per int, top string) drained {
+	events := benchEvents()
 	p := testenv.Require(b, pg)
 	recvlogical := filepath.Join(p.Bin, "pg_recvlogical")
 	db := p.NewDatabase(b)
@@ -345,26 +372,38 @@ func drainOnce(b *testing.B, per int) {
 	})
 
 	b.ResetTimer()
-	refBefore := recvlogicalTime(b, recvlogical, db, "ref_before", end)
-	c := startConnector(b, db, kafka)
+	var d drained
+	d.refBefore = recvlogicalTime(b, recvlogical, db, "ref_before", end)
+	c := startConnectorWith(b, db, kafka, "", top)
 	done := c.waitConfirmed(b, conn, beforeLast)
-	elapsed := done.Sub(c.start)
-	refAfter := recvlogicalTime(b, recvlogical, db, "ref_after", end)
+	d.elapsed = done.Sub(c.start)
+	d.refAfter = recvlogicalTime(b, recvlogical, db, "ref_after", end)
 	b.StopTimer()
-	cpu, rss := c.stop(b)
+	d.cpu, d.rss = c.stop(b)
+	d.ref = (d.refBefore + d.refAfter) / 2
+	// Slot names are the cluster's: free them for the next drain.
+	testenv.Exec(b, db, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
+	return d
+}
 
-	ref := (refBefore + refAfter) / 2
-	ratio := ref.Seconds() / elapsed.Seconds()
-	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
-	b.ReportMetric(ratio, "ratio")
-	b.ReportMetric(cpu.Seconds()*100_000/float64(events), "cpu_s/100k")
-	b.ReportMetric(rss, "peak_rss_MB")
-	fmt.Printf("\ndrain %d events in %d-row transactions (%s):\n", events, per, brokerName())
-	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", elapsed.Seconds(), float64(events)/elapsed.Seconds(), cpu.Seconds(), rss)
-	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", ref.Seconds(), refBefore.Seconds(), refAfter.Seconds())
-	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
-	benchResult{Bench: "drain", Broker: brokerName(), Events: events, TxSize: per, Seconds: elapsed.Seconds(),
-		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss}.save(b)
+// BenchmarkExactlyOnce drains the same 1-row-transaction backlog with
+// delivery: at-least-once and exactly-once, one after the other in one run,
+// and reports exactly-once's speed as a share of at-least-once's (issue 11:
+// at least 0.8). Each is also timed against pg_recvlogical.
+func BenchmarkExactlyOnce(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		events := benchEvents()
+		alo := drain(b, 1, "")
+		eos := drain(b, 1, "delivery: exactly-once\n")
+		share := alo.elapsed.Seconds() / eos.elapsed.Seconds()
+		b.ReportMetric(share, "eos/alo")
+		fmt.Printf("\ndrain %d events in 1-row transactions (%s), by delivery:\n", events, brokerName())
+		fmt.Printf("  at-least-once: %7.3f s  %8.0f events/s  (pg_recvlogical %.3f s)\n", alo.elapsed.Seconds(), float64(events)/alo.elapsed.Seconds(), alo.ref.Seconds())
+		fmt.Printf("  exactly-once:  %7.3f s  %8.0f events/s  (pg_recvlogical %.3f s)  cpu %.2f s  peak RSS %.1f MB\n", eos.elapsed.Seconds(), float64(events)/eos.elapsed.Seconds(), eos.ref.Seconds(), eos.cpu.Seconds(), eos.rss)
+		fmt.Printf("  exactly-once / at-least-once speed: %.2f\n\n", share)
+		benchResult{Bench: "exactly-once", Broker: brokerName(), Events: events, TxSize: 1, Seconds: eos.elapsed.Seconds(),
+			RefSecs: alo.elapsed.Seconds(), Ratio: share, CPU: eos.cpu.Seconds(), RSSMB: eos.rss}.save(b)
+	}
 }
 
 // BenchmarkBackfill is a first start on a table that holds a backlog of
@@ -399,7 +438,7 @@ func backfillOnce(b *testing.B) {
 		b.Fatalf("psql: %v\n%s", err, out)
 	}
 	ref := time.Since(refStart)
-	c := startConnectorWith(b, db, kafka, "    backfill: {}")
+	c := startConnectorWith(b, db, kafka, "    backfill: {}", "")
 	deadline := time.Now().Add(20 * time.Minute)
 	// The endpoint comes up once the config is read.
 	testenv.Eventually(b, time.Minute, "the connector's endpoint", func() bool {
