@@ -51,12 +51,13 @@ test-pg: setup     ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-p
 # every event counted through faults. CI runs a short version.
 CHAOS_KILLS ?= 37
 CHAOS_RATE  ?= 1000
-chaos: setup      ## fault suite on a real broker: a kill -9 loop with 8 writers, counting lost, duplicated and reordered events
+CHAOS_OUTAGE ?= 60s
+chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes and a broker outage, counting lost, duplicated and reordered events
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
-	echo "chaos: Apache Kafka at $$brokers, $(CHAOS_KILLS) kills, writers at $(CHAOS_RATE) events/s"; \
-	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_CHAOS_KILLS=$(CHAOS_KILLS) CDC_CHAOS_RATE=$(CHAOS_RATE) \
+	echo "chaos: Apache Kafka at $$brokers, $(CHAOS_KILLS) kills, writers at $(CHAOS_RATE) events/s, a $(CHAOS_OUTAGE) broker outage"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_CHAOS_KILLS=$(CHAOS_KILLS) CDC_CHAOS_RATE=$(CHAOS_RATE) CDC_CHAOS_OUTAGE=$(CHAOS_OUTAGE) \
 	  $(GO) test -tags chaos -run '^TestChaos' -count=1 -v -timeout 60m ./cmd/cdc > "$$dir/chaos.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |ok|FAIL)|chaos_test.go' "$$dir/chaos.log"; \
 	[ $$rc = 0 ] || tail -60 "$$dir/chaos.log"; exit $$rc
@@ -79,7 +80,7 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 # plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
-BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay|BenchmarkBackfill
+BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce
 
 bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
