@@ -102,7 +102,14 @@ func backfillWriters(t *testing.T, db string, n, aggs int, next []int, stop <-ch
 // NULL. Every pending row and every new row arrives exactly once, no
 // published row arrives, and each aggregate's events arrive in sequence
 // order, the backfilled ones before the newer live ones.
-func TestFirstStartBackfill(t *testing.T) {
+func TestFirstStartBackfill(t *testing.T) { firstStartBackfill(t, false) }
+
+// TestFirstStartBackfillExactlyOnce: the same in exactly-once mode, read
+// by a read_committed consumer: the backfill's chunks are committed with
+// the checkpoint that counts them.
+func TestFirstStartBackfillExactlyOnce(t *testing.T) { firstStartBackfill(t, true) }
+
+func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 	kafka := testenv.NewKafka(t)
 	p := testenv.Require(t, pg)
 	db := p.NewDatabase(t)
@@ -129,6 +136,9 @@ func TestFirstStartBackfill(t *testing.T) {
 
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
 	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
+	if exactlyOnce {
+		e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+	}
 	r := e.start(t)
 	// Let the writers go on after the stream started, then stop them.
 	atStart := written.Load()
@@ -138,6 +148,9 @@ func TestFirstStartBackfill(t *testing.T) {
 
 	want := len(pending) + len(live)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
+	if exactlyOnce {
+		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	}
 	c.WaitCount(t, 2*time.Minute, want)
 	c.Settle(time.Second)
 	if len(c.Records) != want {
