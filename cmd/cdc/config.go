@@ -67,6 +67,9 @@ type fileConfig struct {
 	Replay struct {
 		Window time.Duration `yaml:"window"`
 	} `yaml:"replay"`
+	Standby struct {
+		TakeoverAfter *time.Duration `yaml:"takeover_after"`
+	} `yaml:"standby"`
 	Delivery    string `yaml:"delivery"`
 	ExactlyOnce struct {
 		CommitEvents       int           `yaml:"commit_events"`
@@ -239,6 +242,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},
 		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
 		Delivery:                  fc.Delivery,
+		Standby:                   pipeline.StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
 		ExactlyOnce: pipeline.ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
 			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
 	}
@@ -342,8 +346,9 @@ func (ft fileTable) table() (*outbox.Table, error) {
 	return t, nil
 }
 
-// batchDelay maps kafka.max_batch_delay to sink.Config's: unset is the
-// default, and 0 turns batching off.
+// batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,
+// standby.takeover_after) to the packages' convention: unset (nil) is 0,
+// the default, and 0 is -1, off.
 func batchDelay(d *time.Duration) time.Duration {
 	switch {
 	case d == nil:

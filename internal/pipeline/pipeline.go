@@ -54,6 +54,9 @@ type Config struct {
 	Checkpoint CheckpointConfig
 	// Replay keeps WAL for replays and rewinds.
 	Replay ReplayConfig
+	// Standby configures how an instance that finds the slot in use
+	// takes over from a holder that went silent.
+	Standby StandbyConfig
 	// Delivery is DeliveryAtLeastOnce (the default) or
 	// DeliveryExactlyOnce, which ExactlyOnce configures.
 	Delivery    string
@@ -118,6 +121,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validateDelivery(); err != nil {
+		return err
+	}
+	if err := c.validateStandby(); err != nil {
 		return err
 	}
 	if c.exactlyOnce() {
@@ -241,6 +247,8 @@ type Pipeline struct {
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
+	// waitingLogged: the standby has said it waits; it says so once.
+	waitingLogged bool
 	// walsender is the server process of the last session's replication
 	// connection, to tell this instance's slot hold from another's.
 	walsender atomic.Uint32
@@ -475,15 +483,29 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
 			backoff = p.cfg.RetryBackoff // it ran fine for a while
 		}
+		wait := jitter(backoff)
 		var inUse *wal.SlotInUseError
 		if errors.As(err, &inUse) {
 			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-			p.log.Warn("replication slot is in use; waiting for it", "slot", p.cfg.Postgres.Slot, "error", oneLine(err), "retry_in", backoff)
+			if after := p.cfg.Standby.TakeoverAfter; after > 0 {
+				// A standby watches the holder: it looks again often
+				// enough to take over within about TakeoverAfter of the
+				// holder going silent, and at once after ending it.
+				wait = min(wait, after/4)
+				if p.takeOver(ctx) {
+					wait = 0
+				}
+			}
+			if wait > 0 && !p.waitingLogged {
+				p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", oneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
+				p.waitingLogged = true
+			}
 		} else {
+			p.waitingLogged = false
 			p.setState(false, "reconnecting after: "+err.Error())
 			p.log.Error("session failed; reconnecting", "error", oneLine(err), "retry_in", backoff)
 		}
-		t := time.NewTimer(jitter(backoff))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

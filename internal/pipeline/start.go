@@ -28,13 +28,14 @@ func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.Sys
 	if err != nil {
 		return nil, 0, err
 	}
+	if slot.Active {
+		// Another instance streams (or a walsender of this one that
+		// Postgres has not ended yet): wait as a standby, without
+		// touching the checkpoint or, in exactly-once mode, fencing it.
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, 0, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+	}
 	if connected != nil {
-		if slot.Active {
-			// Another instance streams: do not fence it, wait as a
-			// standby (its walsender ends when it is gone).
-			conn.Close(context.WithoutCancel(ctx))
-			return nil, 0, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
-		}
 		if err := connected(conn.System()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, 0, err
@@ -51,21 +52,15 @@ func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.Sys
 
 func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, first bool) (pglogrepl.LSN, error) {
 	sys := conn.System()
-	if p.progress != nil && !p.cfg.exactlyOnce() {
+	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
-		switch {
-		case !slot.Exists:
-			return 0, &wal.SetupError{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
-				"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
-					"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
-		case sys.ID != saved.SystemID:
-			return 0, &checkpoint.GapError{Kind: checkpoint.GapOtherSystem, Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Checkpoint: saved, ConfigFile: p.opts.ConfigFile}
-		case slot.ConfirmedFlush > saved.Confirmed:
-			return 0, &checkpoint.GapError{Kind: checkpoint.GapSlotAhead, Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Checkpoint: saved, SlotLSN: slot.ConfirmedFlush, ConfigFile: p.opts.ConfigFile}
-		}
-		return slot.ConfirmedFlush, nil
+		return 0, &wal.SetupError{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
+			"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
+				"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
 	}
-
+	// Every session reads the checkpoint: another replica may have
+	// streamed, and moved the slot and the checkpoint, since this one
+	// last did (docs/operations.md, "Active and standby").
 	if err := p.openStore(ctx); err != nil {
 		return 0, err
 	}
