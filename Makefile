@@ -6,7 +6,7 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup setup-base build demo test test-kafka test-pg chaos kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup setup-base build demo test test-kafka test-pg test-failover chaos kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install everything: PostgreSQL server binaries, Go modules, Java, Maven, the Kafka jars
 	@./scripts/setup.sh
@@ -46,6 +46,16 @@ test-pg: setup     ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-p
 	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy)$$'; fi; \
 	echo "test-pg: PostgreSQL $(PG) from $$bin"; \
 	CDC_PG_BIN=$$bin $(GO) test -count=1 -timeout 20m -skip "$$skip" ./...
+
+# Failover to a promoted standby with failover slots (PostgreSQL 17+,
+# internal/pipeline/failover_test.go, -tags failover).
+FAILOVER_PG ?= 17
+test-failover: setup ## a primary -> standby failover with failover slots, on PostgreSQL $(FAILOVER_PG)
+	@bin=$$(./scripts/pgbin.sh $(FAILOVER_PG)) || exit 1; \
+	echo "test-failover: PostgreSQL $(FAILOVER_PG) from $$bin"; \
+	CDC_PG_BIN=$$bin $(GO) test -tags failover -run '^TestFailover' -count=1 -v -timeout 10m ./internal/pipeline > "$${TMPDIR:-/tmp}/cdc-failover.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |ok|FAIL)|failover_test.go' "$${TMPDIR:-/tmp}/cdc-failover.log"; \
+	[ $$rc = 0 ] || tail -60 "$${TMPDIR:-/tmp}/cdc-failover.log"; exit $$rc
 
 # The fault suite (cmd/cdc/chaos_test.go, -tags chaos) on a real broker:
 # every event counted through faults. CI runs a short version.

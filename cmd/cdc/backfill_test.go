@@ -85,7 +85,11 @@ log:
 	// The first start, without a backfill, makes the slot after the rows.
 	write("")
 	first := startProc(t, config)
-	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
+	// Streaming, so its checkpoint is saved (the slot is active already
+	// while it is being created).
+	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
+		return strings.Contains(first.out.String(), "streaming from replication slot")
+	})
 	first.cmd.Process.Signal(syscall.SIGTERM)
 	first.cmd.Wait()
 	write(fmt.Sprintf("    backfill: {chunk_size: %d}", chunk))

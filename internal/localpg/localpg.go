@@ -134,18 +134,7 @@ func StartWith(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []string{
-		"listen_addresses=127.0.0.1", "port=" + strconv.Itoa(port), "unix_socket_directories=" + dir,
-		"wal_level=logical", "max_replication_slots=64", "max_wal_senders=64", "max_connections=200",
-		"fsync=off", "synchronous_commit=off", "full_page_writes=off",
-	}
-	opts = append(opts, settings...)
-	var conf strings.Builder
-	for _, o := range opts {
-		k, v, _ := strings.Cut(o, "=")
-		fmt.Fprintf(&conf, "%s = '%s'\n", k, v)
-	}
-	if err := os.WriteFile(filepath.Join(data, "postgresql.auto.conf"), []byte(conf.String()), 0o600); err != nil {
+	if err := writeConf(data, dir, port, settings); err != nil {
 		return nil, err
 	}
 	owned := []string{filepath.Join(data, "postgresql.auto.conf")}
@@ -181,6 +170,102 @@ func StartWith(o Options) (*Server, error) {
 	p.Port = port
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return p, nil
+}
+
+// writeConf writes the server's settings: the test defaults, its port and
+// socket directory, and settings (name=value).
+func writeConf(data, dir string, port int, settings []string) error {
+	opts := []string{
+		"listen_addresses=127.0.0.1", "port=" + strconv.Itoa(port), "unix_socket_directories=" + dir,
+		"wal_level=logical", "max_replication_slots=64", "max_wal_senders=64", "max_connections=200",
+		"fsync=off", "synchronous_commit=off", "full_page_writes=off",
+	}
+	opts = append(opts, settings...)
+	var conf strings.Builder
+	for _, o := range opts {
+		k, v, _ := strings.Cut(o, "=")
+		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(v, "'", "''"))
+	}
+	return os.WriteFile(filepath.Join(data, "postgresql.auto.conf"), []byte(conf.String()), 0o600)
+}
+
+// StopKeep stops the server cleanly and keeps its files, for Start or
+// Clone.
+func (p *Server) StopKeep() error {
+	if out, err := p.run("pg_ctl", "stop", "-m", "fast", "-w", "-D", filepath.Join(p.dir, "data")); err != nil {
+		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Kill stops the server as a crash would, and keeps its files.
+func (p *Server) Kill() error {
+	if out, err := p.run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", filepath.Join(p.dir, "data")); err != nil {
+		return fmt.Errorf("pg_ctl stop -m immediate: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// StartAgain starts a server stopped with StopKeep.
+func (p *Server) StartAgain() error {
+	if out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", filepath.Join(p.dir, "data"), "-l", filepath.Join(p.dir, "postgres.log")); err != nil {
+		return fmt.Errorf("pg_ctl start: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// CloneStandby makes a physical standby of p from a copy of its data
+// directory (p must be stopped: a cold copy is a base backup), with
+// settings (primary_conninfo and the like) on a port of its own, and
+// starts it.
+func (p *Server) CloneStandby(settings ...string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "cdc-pg-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Bin: p.Bin, dir: dir, cred: p.cred}
+	if p.cred != nil {
+		if err := os.Chown(dir, int(p.cred.Credential.Uid), int(p.cred.Credential.Gid)); err != nil {
+			return nil, err
+		}
+	}
+	data := filepath.Join(dir, "data")
+	cp := exec.Command("cp", "-a", filepath.Join(p.dir, "data"), data) // -a keeps the owner
+	cp.SysProcAttr = p.cred
+	if out, err := cp.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("copy the data directory: %v\n%s", err, out)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	if err := writeConf(data, dir, port, settings); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(data, "standby.signal"), nil, 0o600); err != nil {
+		return nil, err
+	}
+	if p.cred != nil {
+		for _, f := range []string{"postgresql.auto.conf", "standby.signal"} {
+			os.Chown(filepath.Join(data, f), int(p.cred.Credential.Uid), int(p.cred.Credential.Gid))
+		}
+	}
+	if err := s.StartAgain(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
+		s.Stop()
+		return nil, fmt.Errorf("%v\n%s", err, log)
+	}
+	s.Port = port
+	s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	return s, nil
+}
+
+// Promote promotes a standby to primary and waits for it.
+func (p *Server) Promote() error {
+	if out, err := p.run("pg_ctl", "promote", "-w", "-D", filepath.Join(p.dir, "data")); err != nil {
+		return fmt.Errorf("pg_ctl promote: %v\n%s", err, out)
+	}
+	return nil
 }
 
 // unprivileged returns process attributes for the postgres user (or

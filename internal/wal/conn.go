@@ -81,16 +81,8 @@ func (c *Conn) Close(ctx context.Context) { c.conn.Close(ctx) }
 // CreateSlot creates the permanent logical slot name with pgoutput and
 // returns its consistent point, where streaming it starts.
 func (c *Conn) CreateSlot(ctx context.Context, name string) (pglogrepl.LSN, error) {
-	res, err := pglogrepl.CreateReplicationSlot(ctx, c.conn, pgident.Quote(name), "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
-	if err != nil {
-		return 0, fmt.Errorf("create replication slot %q: %w", name, err)
-	}
-	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
-	if err != nil {
-		return 0, fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
-	}
-	return lsn, nil
+	lsn, _, err := c.createSlot(ctx, name, false)
+	return lsn, err
 }
 
 // CreateSlotWithSnapshot creates the slot as CreateSlot does, and exports
@@ -100,8 +92,31 @@ func (c *Conn) CreateSlot(ctx context.Context, name string) (pglogrepl.LSN, erro
 // snapshot lives until the next command on this connection, so import it
 // before calling Start.
 func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogrepl.LSN, string, error) {
-	res, err := pglogrepl.CreateReplicationSlot(ctx, c.conn, pgident.Quote(name), "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	lsn, snap, err := c.createSlot(ctx, name, true)
+	if err == nil && snap == "" {
+		err = fmt.Errorf("create replication slot %q: the server exported no snapshot", name)
+	}
+	return lsn, snap, err
+}
+
+// createSlot creates the slot, as a failover slot on PostgreSQL 17 and
+// later: a standby with sync_replication_slots keeps a copy, so that the
+// slot survives a promotion (docs/operations.md, "Failover").
+func (c *Conn) createSlot(ctx context.Context, name string, export bool) (pglogrepl.LSN, string, error) {
+	snapshot := "nothing"
+	if export {
+		snapshot = "export"
+	}
+	var sql string
+	switch major := c.Major(); {
+	case major >= 17:
+		sql = fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s', FAILOVER true)", pgident.Quote(name), snapshot)
+	case major >= 15:
+		sql = fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s')", pgident.Quote(name), snapshot)
+	default: // 14: the options in their old form
+		sql = fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s", pgident.Quote(name), map[bool]string{true: "EXPORT_SNAPSHOT", false: "NOEXPORT_SNAPSHOT"}[export])
+	}
+	res, err := pglogrepl.ParseCreateReplicationSlot(c.conn.Exec(ctx, sql))
 	if err != nil {
 		return 0, "", fmt.Errorf("create replication slot %q: %w", name, err)
 	}
@@ -109,10 +124,21 @@ func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogre
 	if err != nil {
 		return 0, "", fmt.Errorf("create replication slot %q: consistent point %q: %w", name, res.ConsistentPoint, err)
 	}
-	if res.SnapshotName == "" {
-		return 0, "", fmt.Errorf("create replication slot %q: the server exported no snapshot", name)
-	}
 	return lsn, res.SnapshotName, nil
+}
+
+// Major is the server's major version (14, 15, ...), from what it reported
+// at connect; 0 when unknown.
+func (c *Conn) Major() int {
+	v := c.conn.ParameterStatus("server_version")
+	n := 0
+	for _, r := range v {
+		if r < '0' || r > '9' {
+			break
+		}
+		n = n*10 + int(r-'0')
+	}
+	return n
 }
 
 // CopySlot copies the logical slot src to dst at src's position
