@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/route"
@@ -80,12 +82,33 @@ delivery: %s
 		}()
 	}
 
+	// At each kill, with the process gone, what the slot says was
+	// confirmed and how far each partition was appended: every event that
+	// committed before the confirmed position must be at an offset below.
+	type killPoint struct {
+		confirmed pglogrepl.LSN
+		ends      map[string]map[int32]int64
+	}
+	var points []killPoint
+	adm := kadm.NewClient(kafka.Client(t))
 	for k := 0; k < kills; k++ {
 		time.Sleep(time.Second + rand.N(time.Second)) // the kill interval: the fault, not a synchronisation
 		if err := proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		proc.cmd.Wait()
+		kp := killPoint{confirmed: testenv.SlotPosition(t, db, "outbox_cdc"), ends: map[string]map[int32]int64{}}
+		ends, err := adm.ListEndOffsets(context.Background(), kafka.Prefix+"outbox.event.order")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends.Each(func(o kadm.ListedOffset) {
+			if kp.ends[o.Topic] == nil {
+				kp.ends[o.Topic] = map[int32]int64{}
+			}
+			kp.ends[o.Topic][o.Partition] = o.Offset
+		})
+		points = append(points, kp)
 		proc = startProc(t, config)
 	}
 	stopWriters()
@@ -145,8 +168,35 @@ delivery: %s
 			lost++
 		}
 	}
-	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %d events, %d records: %d lost, %d duplicates (%.0f per kill), %d reordered, %d rolled-back rows seen, %d unknown",
-		delivery(exactlyOnce), kills, rate, len(want), len(c.Records), lost, dups, float64(dups)/float64(max(kills, 1)), reordered, rolledBack, invented)
+	// The first offset of each event, and its commit LSN.
+	type placed struct {
+		commit pglogrepl.LSN
+		offset int64
+		topic  string
+		part   int32
+	}
+	first := map[string]placed{}
+	for _, r := range c.Records {
+		id := testenv.Header(r, route.HeaderID)
+		if _, ok := first[id]; ok {
+			continue
+		}
+		lsn, _ := pglogrepl.ParseLSN(testenv.Header(r, route.HeaderCommitLSN))
+		first[id] = placed{lsn, r.Offset, r.Topic, r.Partition}
+	}
+	overConfirmed := 0
+	for _, kp := range points {
+		for id, pl := range first {
+			if pl.commit < kp.confirmed && pl.offset >= kp.ends[pl.topic][pl.part] {
+				overConfirmed++
+				if overConfirmed <= 3 {
+					t.Errorf("event %s (commit lsn %s) was confirmed (slot at %s at a kill) before Kafka had appended it", id, pl.commit, kp.confirmed)
+				}
+			}
+		}
+	}
+	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %d events, %d records: %d lost, %d duplicates (%.0f per kill), %d reordered, %d rolled-back rows seen, %d unknown, %d confirmed before Kafka had them",
+		delivery(exactlyOnce), kills, rate, len(want), len(c.Records), lost, dups, float64(dups)/float64(max(kills, 1)), reordered, rolledBack, invented, overConfirmed)
 	if lost+reordered+rolledBack+invented > 0 {
 		t.Fatalf("%d lost, %d reordered, %d rolled-back rows seen, %d unknown; want 0 each", lost, reordered, rolledBack, invented)
 	}
@@ -222,7 +272,15 @@ func chaosWriter(ctx context.Context, db string, w, rate int) error {
 // its data. The connector in exactly-once mode keeps answering Postgres,
 // then commits or redoes its open transaction: a read_committed consumer
 // sees every event once, in order.
-func TestChaosBrokerOutageExactlyOnce(t *testing.T) {
+func TestChaosBrokerOutageExactlyOnce(t *testing.T) { brokerFault(t, false, true) }
+
+// TestChaosBrokerStall: the broker freezes (SIGSTOP) for CDC_CHAOS_OUTAGE
+// while writers commit, in at-least-once mode, and resumes: connections
+// stay open but nothing answers. The connector keeps answering Postgres,
+// does not exit, and loses nothing; nothing is reordered.
+func TestChaosBrokerStall(t *testing.T) { brokerFault(t, true, false) }
+
+func brokerFault(t *testing.T, stall, exactlyOnce bool) {
 	outage := time.Minute
 	if v := os.Getenv("CDC_CHAOS_OUTAGE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -245,8 +303,8 @@ tables: [{name: outbox, topic: %q}]
 checkpoint: {topic: %s}
 http: {listen: ""}
 log: {level: info}
-delivery: exactly-once
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+delivery: %s
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic(), delivery(exactlyOnce))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	proc := startProc(t, config)
@@ -263,11 +321,20 @@ delivery: exactly-once
 			}
 		}()
 	}
-	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	if exactlyOnce {
+		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	}
 	c.WaitCount(t, time.Minute, 200)
-	broker.Stop(t)
-	time.Sleep(outage) // the outage: the fault, not a synchronisation
-	broker.Start(t)
+	if stall {
+		broker.Signal(t, syscall.SIGSTOP)
+		time.Sleep(outage) // the stall: the fault, not a synchronisation
+		broker.Signal(t, syscall.SIGCONT)
+	} else {
+		broker.Stop(t)
+		time.Sleep(outage) // the outage: the fault, not a synchronisation
+		broker.Start(t)
+	}
 	c.WaitCount(t, 5*time.Minute, len(c.Records)+200) // it delivers again
 	stopWriters()
 	wg.Wait()
@@ -293,7 +360,8 @@ delivery: exactly-once
 	})
 	c.Settle(2 * time.Second)
 	count := map[string]int{}
-	dups, invented := 0, 0
+	last := map[string]int{}
+	dups, invented, reordered := 0, 0, 0
 	for _, r := range c.Records {
 		id := testenv.Header(r, route.HeaderID)
 		if !want[id] {
@@ -301,10 +369,174 @@ delivery: exactly-once
 		}
 		if count[id]++; count[id] > 1 {
 			dups++
+			continue
+		}
+		var seq int
+		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
+		if seq != last[string(r.Key)]+1 {
+			reordered++
+		}
+		last[string(r.Key)] = seq
+	}
+	what := "outage"
+	if stall {
+		what = "stall"
+	}
+	t.Logf("broker %s of %s (%s): %d events, %d records, %d duplicates, %d reordered, %d unknown", what, outage, delivery(exactlyOnce), len(want), len(c.Records), dups, reordered, invented)
+	if invented+reordered > 0 || len(count) < len(want) || (exactlyOnce && dups > 0) {
+		t.Fatalf("%d duplicates, %d reordered, %d unknown, %d of %d events delivered", dups, reordered, invented, len(count), len(want))
+	}
+}
+
+// TestChaosHugeTransaction: one transaction of 500,000 rows (about 250
+// bytes each). The connector streams it without holding it: its peak RSS
+// stays under 100 MB, bounded by max_in_flight rather than by the
+// transaction, and Kafka gets every row once.
+func TestChaosHugeTransaction(t *testing.T) {
+	const rows = 500_000
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	kafka := testenv.NewKafka(t)
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proc := startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
+		return strings.Contains(proc.out.String(), "streaming from replication slot")
+	})
+	testenv.Exec(t, db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'agg-' || (i %% 100), 'E', jsonb_build_object('i', i, 'pad', repeat('x', 150)) FROM generate_series(1, %d) i`, rows))
+	end := testenv.CurrentWAL(t, db)
+	testenv.Eventually(t, 5*time.Minute, "the transaction to be confirmed", func() bool { return testenv.SlotPosition(t, db, "outbox_cdc") >= end })
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", proc.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rssKB int
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &rssKB)
 		}
 	}
-	t.Logf("broker outage of %s (exactly-once): %d events, %d records, %d duplicates, %d unknown", outage, len(want), len(c.Records), dups, invented)
-	if dups+invented > 0 || len(count) < len(want) {
-		t.Fatalf("%d duplicates, %d unknown, %d of %d events; want each once", dups, invented, len(count), len(want))
+	adm := kadm.NewClient(kafka.Client(t))
+	ends, err := adm.ListEndOffsets(context.Background(), kafka.Prefix+"outbox.event.order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+	t.Logf("a %d-row transaction: %d records in Kafka, connector peak RSS %.1f MB", rows, total, float64(rssKB)/1024)
+	if total != rows {
+		t.Errorf("%d records in Kafka, want %d", total, rows)
+	}
+	if rssKB == 0 || rssKB > 100*1024 {
+		t.Errorf("peak RSS %d kB; want at most 100 MB", rssKB)
+	}
+}
+
+// TestChaosNewTopicsUnderLoad: 4 writers at 1,000 events/s spread their
+// events over aggregate types that appear as they go, so the connector
+// creates a new topic every few events while it streams: 200 topics. Every
+// event arrives once, in its own topic, in order within its aggregate.
+func TestChaosNewTopicsUnderLoad(t *testing.T) {
+	const types, perWriter = 200, 2500
+	p := testenv.Require(t, pg)
+	db := p.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
+	kafka := testenv.NewKafka(t)
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proc := startProc(t, config)
+	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
+		return strings.Contains(proc.out.String(), "streaming from replication slot")
+	})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pgx.Connect(context.Background(), db)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			tick := time.NewTicker(4 * time.Millisecond) // 250 events/s a writer: the load, not a synchronisation
+			defer tick.Stop()
+			for i := 0; i < perWriter; i++ {
+				<-tick.C
+				// Type i*types/perWriter: a new type (and topic) every
+				// 12 or so events; the aggregate is the writer's own.
+				typ := fmt.Sprintf("type%03d", i*types/perWriter)
+				if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'E', $3)`,
+					typ, fmt.Sprintf("w%d", w), fmt.Sprintf(`{"seq": %d}`, i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := outboxIDs(t, db)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 3*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool { return len(recs) >= len(want) })
+	c.Settle(2 * time.Second)
+	count := map[string]int{}
+	topics := map[string]bool{}
+	last := map[string]int{}
+	reordered := 0
+	for _, r := range c.Records {
+		count[testenv.Header(r, route.HeaderID)]++
+		topics[r.Topic] = true
+		if want := kafka.Prefix + "outbox.event." + testenv.Header(r, route.HeaderAggregateType); r.Topic != want {
+			t.Fatalf("event in %s, want %s", r.Topic, want)
+		}
+		var seq int
+		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
+		// An aggregate is a type and an id: in order within its topic.
+		agg := r.Topic + "/" + string(r.Key)
+		if prev, ok := last[agg]; ok && seq <= prev {
+			reordered++
+		}
+		last[agg] = seq
+	}
+	lost, dups := 0, 0
+	for id := range want {
+		switch count[id] {
+		case 0:
+			lost++
+		case 1:
+		default:
+			dups++
+		}
+	}
+	t.Logf("new topics under load: %d topics, %d events, %d records: %d lost, %d duplicated, %d reordered", len(topics), len(want), len(c.Records), lost, dups, reordered)
+	if lost+dups+reordered > 0 || len(topics) != types {
+		t.Fatalf("%d lost, %d duplicated, %d reordered, %d topics; want 0, 0, 0 and %d", lost, dups, reordered, len(topics), types)
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,6 +93,17 @@ func (k *Kafka) NewConsumer(t testing.TB, topicRegex string, opts ...kgo.Opt) *C
 	}
 	t.Cleanup(cl.Close)
 	return &Consumer{cl: cl}
+}
+
+// Client is a plain client of the brokers, closed when the test ends.
+func (k *Kafka) Client(t testing.TB) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }
 
 // NewCommittedConsumer is NewConsumer with isolation.level=read_committed,
@@ -208,6 +221,22 @@ func (b *Broker) script(t testing.TB, args ...string) {
 	}
 	if out, err := exec.Command(filepath.Join(root, "scripts", "kafka.sh"), args...).CombinedOutput(); err != nil {
 		t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// Signal sends sig to the broker's process (SIGSTOP freezes it).
+func (b *Broker) Signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(b.Dir, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatal(err)
 	}
 }
 
