@@ -16,4 +16,8 @@
 //     and let records go in the order they were sent, so batching never
 //     reorders; a held record has no answer yet, so nothing behind it can be
 //     confirmed.
+//   - With a TransactionalID (exactly-once, txn.go) every record goes inside
+//     a Kafka transaction the pipeline begins and commits; batching is off.
+//     A newer producer with the same id fences this one: its errors become
+//     a *FencedError, and it never commits again.
 package sink
