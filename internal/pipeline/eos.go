@@ -110,6 +110,16 @@ type committer struct {
 	confirmed  pglogrepl.LSN
 	last       time.Time // the last commit
 	err        error
+	halted     bool // the loop ended: Confirmed starts no more commits
+}
+
+// halt stops Confirmed from starting commits once the replication loop
+// has ended: shutdown commits through Final, and a failed session leaves
+// what is open to the next one's fence.
+func (c *committer) halt() {
+	c.mu.Lock()
+	c.halted = true
+	c.mu.Unlock()
 }
 
 func newCommitter(s *session, progress *checkpoint.Progress, store *checkpoint.Store, cfg ExactlyOnceConfig, idle time.Duration) *committer {
@@ -147,7 +157,7 @@ func (c *committer) produced() {
 func (c *committer) Confirmed() pglogrepl.LSN {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.committing && c.err == nil && c.s.tx == nil {
+	if !c.committing && !c.halted && c.err == nil && c.s.tx == nil {
 		now := time.Now()
 		due := c.open && (c.inTxn >= c.events || now.Sub(c.began) >= c.interval)
 		// A position moved by keepalives alone (a quiet outbox in a busy

@@ -122,6 +122,9 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 	defer func() { stopBackfills(); <-backfillsDone }()
 
 	runErr := stream.Run(ctx, s.handle, acks)
+	if s.eos != nil {
+		s.eos.halt()
+	}
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
 		// flight, write the checkpoint, then confirm what it covers.
