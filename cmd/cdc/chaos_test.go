@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,18 +52,7 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: warn}
-delivery: %s
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic(), delivery(exactlyOnce))), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+delivery(exactlyOnce))
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 
@@ -295,18 +283,7 @@ func brokerFault(t *testing.T, stall, exactlyOnce bool) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	broker := testenv.StartBroker(t)
 	kafka := broker.Kafka()
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: info}
-delivery: %s
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic(), delivery(exactlyOnce))), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+delivery(exactlyOnce))
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 	ctx, stopWriters := context.WithCancel(context.Background())
@@ -399,17 +376,7 @@ func TestChaosHugeTransaction(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: info}
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "")
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
 		return strings.Contains(proc.out.String(), "streaming from replication slot")
@@ -455,17 +422,7 @@ func TestChaosNewTopicsUnderLoad(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: info}
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "")
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
 		return strings.Contains(proc.out.String(), "streaming from replication slot")

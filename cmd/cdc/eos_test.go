@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -23,25 +21,8 @@ import (
 // for the connector's connections only).
 func eosConfig(t *testing.T, db string, kafka *testenv.Kafka) string {
 	t.Helper()
-	url := db + "&options=-c%20wal_sender_timeout%3D2s"
-	if !strings.Contains(db, "?") {
-		url = db + "?options=-c%20wal_sender_timeout%3D2s"
-	}
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q, status_interval: 200ms}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: info}
-reconnect: {backoff: 200ms, backoff_max: 1s}
-delivery: exactly-once
-`, url, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return config
+	return outboxConfig(t, kafka, fmt.Sprintf("url: %q, status_interval: 200ms", withOptions(db, "wal_sender_timeout=2s")),
+		"reconnect: {backoff: 200ms, backoff_max: 1s}\ndelivery: exactly-once")
 }
 
 // fencedMsg is what a fenced instance says as it stops.

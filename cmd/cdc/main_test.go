@@ -107,6 +107,38 @@ func outboxIDs(t *testing.T, db string) map[string]bool {
 	return want
 }
 
+// outboxConfig writes the config of a connector on the outbox table to a
+// file and returns its path: the postgres section's fields (pg, e.g.
+// `url: "..."`), the test's topics and checkpoint topic, no endpoint, info
+// logs, and extra top-level YAML lines.
+func outboxConfig(t *testing.T, kafka *testenv.Kafka, pg, extra string) string {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	err := os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {%s}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+%s
+`, pg, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic(), extra)), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+// withOptions adds server settings for the connector's sessions to a URL
+// (options=-c name=value ...), such as a short wal_sender_timeout.
+func withOptions(db, settings string) string {
+	sep := "?"
+	if strings.Contains(db, "?") {
+		sep = "&"
+	}
+	return db + sep + "options=" + strings.ReplaceAll(strings.ReplaceAll("-c "+settings, " ", "%20"), "=", "%3D")
+}
+
 func slotActive(t *testing.T, db string) bool {
 	var active bool
 	// Slot names are the cluster's: tests of other databases have slots

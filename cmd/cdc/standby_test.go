@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -29,21 +27,7 @@ func TestStandbyTakesOverAFrozenHolder(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	url := db + "&options=-c%20wal_sender_timeout%3D60s"
-	if !strings.Contains(db, "?") {
-		url = db + "?options=-c%20wal_sender_timeout%3D60s"
-	}
-	config := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
-postgres: {url: %q}
-kafka: {brokers: [%s]}
-tables: [{name: outbox, topic: %q}]
-checkpoint: {topic: %s}
-http: {listen: ""}
-log: {level: info}
-`, url, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", withOptions(db, "wal_sender_timeout=60s")), "")
 	a := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the first replica to hold the slot", func() bool { return slotActive(t, db) })
 	b := startProc(t, config)
