@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/route"
@@ -44,33 +41,7 @@ func TestExactlyOnceFrozenInstance(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the first instance to hold the slot", func() bool { return slotActive(t, db) })
 
 	// A writer commits small transactions throughout.
-	var written atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		conn, err := pgx.Connect(context.Background(), db)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer conn.Close(context.Background())
-		tick := time.NewTicker(2 * time.Millisecond) // the writer's pace
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', $2)`,
-				fmt.Sprintf("a-%d", i%20), fmt.Sprintf(`{"i": %d}`, i)); err != nil {
-				done <- err
-				return
-			}
-			written.Add(1)
-		}
-	}()
+	written, stopWriter := pacedWriter(db, 2*time.Millisecond)
 	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 300)
 
@@ -92,8 +63,7 @@ func TestExactlyOnceFrozenInstance(t *testing.T) {
 		return strings.Contains(out, fencedMsg) || strings.Contains(out, "replication slot is in use")
 	})
 	testenv.Eventually(t, time.Minute, "more events after the resume", func() bool { return written.Load() > frozenAt+1000 })
-	close(stop)
-	if err := <-done; err != nil {
+	if err := stopWriter(); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(b.out.String(), fencedMsg) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -137,6 +138,40 @@ func withOptions(db, settings string) string {
 		sep = "&"
 	}
 	return db + sep + "options=" + strings.ReplaceAll(strings.ReplaceAll("-c "+settings, " ", "%20"), "=", "%3D")
+}
+
+// pacedWriter inserts one event every pace into db's outbox, over 20
+// aggregates, until stop is called, which returns its first error. written
+// counts the committed events.
+func pacedWriter(db string, pace time.Duration) (written *atomic.Int64, stop func() error) {
+	written = &atomic.Int64{}
+	quit := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), db)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		tick := time.NewTicker(pace) // the writer's pace, not a synchronisation
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				done <- nil
+				return
+			case <-tick.C:
+			}
+			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', $2)`,
+				fmt.Sprintf("a-%d", i%20), fmt.Sprintf(`{"i": %d}`, i)); err != nil {
+				done <- err
+				return
+			}
+			written.Add(1)
+		}
+	}()
+	return written, func() error { close(quit); return <-done }
 }
 
 func slotActive(t *testing.T, db string) bool {

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/route"
@@ -35,32 +32,7 @@ func TestStandbyTakesOverAFrozenHolder(t *testing.T) {
 		return strings.Contains(b.out.String(), "waiting for it as a standby")
 	})
 
-	var written atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		conn, err := pgx.Connect(context.Background(), db)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer conn.Close(context.Background())
-		tick := time.NewTicker(5 * time.Millisecond) // the writer's pace
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			case <-tick.C:
-			}
-			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', '{}')`, fmt.Sprintf("a-%d", i%20)); err != nil {
-				done <- err
-				return
-			}
-			written.Add(1)
-		}
-	}()
+	written, stopWriter := pacedWriter(db, 5*time.Millisecond)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 100)
 
@@ -86,8 +58,7 @@ func TestStandbyTakesOverAFrozenHolder(t *testing.T) {
 	testenv.Eventually(t, time.Minute, "the resumed replica to wait as a standby", func() bool {
 		return strings.Count(a.out.String(), "waiting for it as a standby") > 0
 	})
-	close(stop)
-	if err := <-done; err != nil {
+	if err := stopWriter(); err != nil {
 		t.Fatal(err)
 	}
 	want := outboxIDs(t, db)

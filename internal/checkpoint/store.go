@@ -114,27 +114,28 @@ func (s *Store) Save(ctx context.Context, rec Record) error {
 	if err != nil {
 		return err
 	}
+	if err := s.produce(ctx, r); err != nil {
+		return fmt.Errorf("write checkpoint to topic %q: %w", s.topic, err)
+	}
+	return nil
+}
+
+// produce writes r with a client of its own and waits for all in-sync
+// replicas.
+func (s *Store) produce(ctx context.Context, r *kgo.Record) error {
 	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
 	if err != nil {
 		return fmt.Errorf("create kafka client: %w", err)
 	}
 	defer cl.Close()
-	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-		return fmt.Errorf("write checkpoint to topic %q: %w", s.topic, err)
-	}
-	return nil
+	return cl.ProduceSync(ctx, r).FirstErr()
 }
 
 // Delete removes key's record (a tombstone): the pipeline starts afresh,
 // as if it never ran. The demo uses it; an operator would rather use a new
 // checkpoint topic or slot name.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
-	if err != nil {
-		return fmt.Errorf("create kafka client: %w", err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Key: []byte(key)}).FirstErr(); err != nil {
+	if err := s.produce(ctx, &kgo.Record{Topic: s.topic, Key: []byte(key)}); err != nil {
 		return fmt.Errorf("delete checkpoint %q from topic %q: %w", key, s.topic, err)
 	}
 	return nil
@@ -169,12 +170,7 @@ func (s *Store) SaveRequest(ctx context.Context, key string, req BackfillRequest
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(append(s.opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
-	if err != nil {
-		return fmt.Errorf("create kafka client: %w", err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Key: []byte(RequestKey(key, req.ID)), Value: v}).FirstErr(); err != nil {
+	if err := s.produce(ctx, &kgo.Record{Topic: s.topic, Key: []byte(RequestKey(key, req.ID)), Value: v}); err != nil {
 		return fmt.Errorf("write the backfill request to topic %q: %w", s.topic, err)
 	}
 	return nil

@@ -85,47 +85,14 @@ func postgresCrash(t *testing.T, exactlyOnce bool) {
 	}
 	r := e.start(t)
 
-	var written atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(context.Background())
-			}
-		}()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if conn == nil {
-				c, err := pgx.Connect(context.Background(), db)
-				if err != nil {
-					time.Sleep(50 * time.Millisecond) // the server is restarting: the writer's retry pace
-					continue
-				}
-				conn = c
-			}
-			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', '{}')`, fmt.Sprintf("a-%d", i%10)); err != nil {
-				conn.Close(context.Background())
-				conn = nil
-				continue
-			}
-			written.Add(1)
-		}
-	}()
+	written, stopWriter := reconnectingWriter(db)
 	c.WaitCount(t, time.Minute, 500)
 	if err := srv.Crash(); err != nil {
 		t.Fatal(err)
 	}
 	after := written.Load()
 	testenv.Eventually(t, time.Minute, "writes after the crash", func() bool { return written.Load() > after+500 })
-	close(stop)
-	<-done
+	stopWriter()
 
 	want := map[string]bool{}
 	var all []string
@@ -160,4 +127,44 @@ func postgresCrash(t *testing.T, exactlyOnce bool) {
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// reconnectingWriter inserts events into url's outbox as fast as it can,
+// over 10 aggregates, and reconnects while the server is down or
+// restarting, until stop is called. written counts the committed events.
+func reconnectingWriter(url string) (written *atomic.Int64, stop func()) {
+	written = &atomic.Int64{}
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conn *pgx.Conn
+		defer func() {
+			if conn != nil {
+				conn.Close(context.Background())
+			}
+		}()
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if conn == nil {
+				c, err := pgx.Connect(context.Background(), url)
+				if err != nil {
+					time.Sleep(50 * time.Millisecond) // no server yet: the writer's retry pace
+					continue
+				}
+				conn = c
+			}
+			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', '{}')`, fmt.Sprintf("a-%d", i%10)); err != nil {
+				conn.Close(context.Background())
+				conn = nil
+				continue
+			}
+			written.Add(1)
+		}
+	}()
+	return written, func() { close(quit); <-done }
 }

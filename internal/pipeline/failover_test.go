@@ -3,14 +3,11 @@
 package pipeline_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/localpg"
@@ -64,39 +61,7 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 		t.Fatal("the connector created its slot without failover")
 	}
 
-	var written atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(context.Background())
-			}
-		}()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if conn == nil {
-				c, err := pgx.Connect(context.Background(), url)
-				if err != nil {
-					time.Sleep(50 * time.Millisecond) // no primary yet: the writer's retry pace
-					continue
-				}
-				conn = c
-			}
-			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', '{}')`, fmt.Sprintf("a-%d", i%10)); err != nil {
-				conn.Close(context.Background())
-				conn = nil
-				continue
-			}
-			written.Add(1)
-		}
-	}()
+	written, stopWriter := reconnectingWriter(url)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 300)
 	// A synced slot is temporary, and dropped by a promotion, until the
@@ -115,8 +80,7 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 	}
 	at := written.Load()
 	testenv.Eventually(t, 2*time.Minute, "writes on the new primary", func() bool { return written.Load() > at+300 })
-	close(stop)
-	<-done
+	stopWriter()
 	select {
 	case err := <-r.done:
 		close(r.done)

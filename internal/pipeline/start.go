@@ -181,6 +181,14 @@ func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) 
 		return nil
 	}
 	if st.Exists && st.WALStatus != "lost" {
+		if p.progress.Saved().Window.LSN == 0 {
+			// The slot exists but no saved checkpoint claims its window
+			// (the session that made it ended before one was written):
+			// claim it from now, or keepWindow would never advance it
+			// and it would retain WAL for good. Transactions committed
+			// from now on are past its position.
+			p.progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
+		}
 		p.log.Info("replay window", "slot", name, "window", p.cfg.Replay.Window, "from_lsn", st.ConfirmedFlush.String(),
 			"retained_wal_bytes", int64(mainAt)-int64(st.RestartLSN))
 		return nil
