@@ -92,6 +92,8 @@ type fileConfig struct {
 		Listen    *string `yaml:"listen"`
 		Token     string  `yaml:"token"`
 		TokenFile string  `yaml:"token_file"`
+		// UnhealthyAfter: how long without streaming before /healthz fails.
+		UnhealthyAfter time.Duration `yaml:"unhealthy_after"`
 	} `yaml:"http"`
 }
 
@@ -237,6 +239,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,
 		ShutdownTimeout:           fc.ShutdownTimeout,
+		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
 		RetryBackoff:              fc.Reconnect.Backoff,
 		RetryBackoffMax:           fc.Reconnect.BackoffMax,
 		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},

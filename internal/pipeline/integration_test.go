@@ -84,6 +84,7 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 
 // running is a pipeline started in the background.
 type running struct {
+	p       *pipeline.Pipeline
 	cancel  context.CancelFunc
 	done    chan error
 	tracker atomic.Pointer[checkpoint.Tracker]
@@ -118,7 +119,7 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
+	r.cancel, r.p = cancel, p
 	go func() { r.done <- p.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
 	return r

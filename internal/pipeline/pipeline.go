@@ -30,6 +30,11 @@ import (
 // benchmarks (docs/benchmarks.md).
 const DefaultMaxInFlight = 4096
 
+// DefaultUnhealthyAfter is Config.UnhealthyAfter's default: ten of the
+// longest reconnect backoffs, so that a restart is asked for only after
+// many retries have failed.
+const DefaultUnhealthyAfter = 5 * time.Minute
+
 type Config struct {
 	Postgres wal.Config
 	Kafka    sink.Config
@@ -57,6 +62,12 @@ type Config struct {
 	// Standby configures how an instance that finds the slot in use
 	// takes over from a holder that went silent.
 	Standby StandbyConfig
+	// UnhealthyAfter is how long the pipeline may go without streaming,
+	// other than as a standby watching a live holder, before Healthy
+	// fails: /healthz then answers 503 so that an orchestrator restarts a
+	// process that is stuck (a connection that never comes back, say).
+	// Default 5m (http.unhealthy_after).
+	UnhealthyAfter time.Duration
 	// Delivery is DeliveryAtLeastOnce (the default) or
 	// DeliveryExactlyOnce, which ExactlyOnce configures.
 	Delivery    string
@@ -161,6 +172,12 @@ func (c *Config) Validate() error {
 			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
 		}
 	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = DefaultUnhealthyAfter
+	}
+	if c.UnhealthyAfter < time.Second {
+		return fmt.Errorf("http.unhealthy_after %s: use at least 1s; minutes in production", c.UnhealthyAfter)
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
 	}
@@ -244,6 +261,9 @@ type Pipeline struct {
 	// streams, is when its replication loop last ran.
 	state atomic.Pointer[State]
 	beat  atomic.Pointer[func() time.Time]
+	// idleSince is when this process last streamed or, as a standby, saw
+	// a live holder (unix nanoseconds), for Healthy.
+	idleSince atomic.Int64
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
@@ -281,6 +301,7 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 		p.m = metrics.New()
 	}
 	p.setState(false, "starting")
+	p.idleSince.Store(time.Now().UnixNano())
 	return p, nil
 }
 
@@ -322,7 +343,12 @@ func (p *Pipeline) State() State { return *p.state.Load() }
 func (p *Pipeline) Healthy() error {
 	beat := p.beat.Load()
 	if beat == nil {
-		return nil // between sessions: Run is waiting, retrying or starting
+		// Between sessions: a standby waiting for a live holder is
+		// healthy; retrying for longer than UnhealthyAfter is stuck.
+		if d := time.Since(time.Unix(0, p.idleSince.Load())); d > p.cfg.UnhealthyAfter {
+			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), p.cfg.UnhealthyAfter, p.State().Detail)
+		}
+		return nil
 	}
 	limit := max(30*time.Second, 5*p.cfg.Postgres.StatusInterval)
 	if d := time.Since((*beat)()); d > limit {
@@ -429,13 +455,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	pctx, stopPoll := context.WithCancel(ctx)
 	go func() { defer close(pollDone); p.pollSlot(pctx) }()
 	defer func() { stopPoll(); <-pollDone }()
-	first := true
 	backoff := p.cfg.RetryBackoff
 	refused := 0  // AuthErrors in a row
 	timeouts := 0 // TxnTimeoutErrors in a row
 	for {
 		started := time.Now()
-		err := p.runSession(ctx, first)
+		err := p.runSession(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -478,7 +503,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if err == nil {
 			err = errors.New("session ended without an error")
 		}
-		first = false
 		p.m.Restarts.Inc()
 		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
 			backoff = p.cfg.RetryBackoff // it ran fine for a while
@@ -487,7 +511,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		var inUse *wal.SlotInUseError
 		if errors.As(err, &inUse) {
 			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-			if after := p.cfg.Standby.TakeoverAfter; after > 0 {
+			p.idleSince.Store(time.Now().UnixNano()) // the holder is alive, or will be taken over
+			if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, wal.ErrStarting) {
 				// A standby watches the holder: it looks again often
 				// enough to take over within about TakeoverAfter of the
 				// holder going silent, and at once after ending it.
@@ -502,7 +527,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 		} else {
 			p.waitingLogged = false
-			p.setState(false, "reconnecting after: "+err.Error())
+			what := "reconnecting after: "
+			if p.progress == nil {
+				what = "first start, not streaming yet; retrying after: "
+			}
+			p.setState(false, what+oneLine(err))
 			p.log.Error("session failed; reconnecting", "error", oneLine(err), "retry_in", backoff)
 		}
 		t := time.NewTimer(wait)

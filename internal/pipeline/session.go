@@ -19,7 +19,7 @@ import (
 )
 
 // runSession sets up, runs and shuts down one replication session.
-func (p *Pipeline) runSession(ctx context.Context, first bool) error {
+func (p *Pipeline) runSession(ctx context.Context) error {
 	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return err
@@ -48,7 +48,14 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 			return nil
 		}
 	}
-	conn, from, err := p.start(ctx, first, connected)
+	// From reading the slot to START_REPLICATION, one replica at a time
+	// (wal.StartLock): the first start's backfill included.
+	lock, err := wal.LockStart(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	defer lock.Release(ctx)
+	conn, from, err := p.start(ctx, connected)
 	if err != nil {
 		return err
 	}
@@ -80,12 +87,15 @@ func (p *Pipeline) runSession(ctx context.Context, first bool) error {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
+	// The walsender holds the slot now: that is the lock from here on.
+	lock.Release(ctx)
 	beat := stream.Beat
 	p.beat.Store(&beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
 	p.streamed.Store(true)
 	defer func() {
 		p.beat.Store(nil)
+		p.idleSince.Store(time.Now().UnixNano())
 		p.setState(false, "session ended")
 	}()
 	var acks sessionAcks

@@ -15,11 +15,13 @@ import (
 )
 
 // start checks Postgres, opens the replication connection, and works out
-// where the session streams from. The first session of a process compares
-// the slot with the checkpoint (docs/design.md, rule 16): it creates the
-// slot only on a first start, and refuses a gap; later sessions hold the
-// checkpoint in memory and refuse a slot that vanished or moved under them.
-func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, error) {
+// where the session streams from. Every session compares the slot with the
+// checkpoint (docs/design.md, rule 16): it creates the slot on a first
+// start and refuses a gap. A first start is a state, not a session (rule
+// 21): until the slot and its checkpoint exist, every session is one,
+// whatever ended the sessions before it (Kafka or Postgres not up yet, a
+// fence, a topic); once this process has streamed, a missing slot is a gap.
+func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, error) {
 	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
 	if err != nil {
 		return nil, 0, err
@@ -41,7 +43,7 @@ func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.Sys
 			return nil, 0, err
 		}
 	}
-	from, err := p.position(ctx, conn, slot, first)
+	from, err := p.position(ctx, conn, slot)
 	if err != nil {
 		p.snapshot = "" // it ends with the connection
 		conn.Close(context.WithoutCancel(ctx))
@@ -50,7 +52,7 @@ func (p *Pipeline) start(ctx context.Context, first bool, connected func(wal.Sys
 	return conn, from, nil
 }
 
-func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, first bool) (pglogrepl.LSN, error) {
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState) (pglogrepl.LSN, error) {
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
@@ -79,9 +81,6 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	from := slot.ConfirmedFlush
 	switch start {
 	case checkpoint.StartCreate:
-		if !first {
-			return 0, errors.New("internal: a slot is created only by the first session")
-		}
 		rec = p.newRecord(sys, 0)
 		if rec.Backfills = p.initialJobs(true); len(rec.Backfills) > 0 {
 			// A condition or order that does not work stops the first

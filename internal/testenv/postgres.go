@@ -27,6 +27,26 @@ type Postgres struct {
 
 	stop  func()
 	crash func() error
+	// down and up stop the server cleanly and start it again (local
+	// servers only).
+	down, up func() error
+}
+
+// StopKeep stops the server and keeps its data and port, for StartAgain
+// (local servers only).
+func (p *Postgres) StopKeep() error {
+	if p.down == nil {
+		return fmt.Errorf("this Postgres (%s) cannot be stopped and started by the tests", p.Via)
+	}
+	return p.down()
+}
+
+// StartAgain starts a server StopKeep stopped.
+func (p *Postgres) StartAgain() error {
+	if p.up == nil {
+		return fmt.Errorf("this Postgres (%s) cannot be stopped and started by the tests", p.Via)
+	}
+	return p.up()
 }
 
 // Crash stops the server as a crash would and starts it again (local

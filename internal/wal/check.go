@@ -111,7 +111,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 		return fmt.Errorf("read publication %s: %w", name, err)
 	}
 	if exists {
-		return ensurePublication(ctx, conn, name, present, true, hclog.NewNullLogger())
+		return ensurePublication(ctx, conn, name, present, true, false, hclog.NewNullLogger())
 	}
 	if super {
 		return nil

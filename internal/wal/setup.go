@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
@@ -100,7 +101,7 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 			return SlotState{}, err
 		}
 	}
-	if err := ensurePublication(ctx, conn, cfg.Publication, tables, false, log); err != nil {
+	if err := ensurePublication(ctx, conn, cfg.Publication, tables, false, false, log); err != nil {
 		return SlotState{}, err
 	}
 	st, err := InspectSlot(ctx, conn, cfg.Slot)
@@ -147,7 +148,10 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 	return nil
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []Table, dryRun bool, log hclog.Logger) error {
+// ensurePublication creates the publication when it is missing, and checks
+// that it publishes the tables' inserts. retried: a create already lost a
+// race with another connector.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []Table, dryRun, retried bool, log hclog.Logger) error {
 	var insert bool
 	err := conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, name).Scan(&insert)
 	if errors.Is(err, pgx.ErrNoRows) && dryRun {
@@ -165,6 +169,13 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			sql = fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", name)
 		}
 		if _, err := conn.Exec(ctx, sql); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && (pe.Code == "42710" || pe.Code == "23505") && !retried {
+				// Another connector created it a moment ago (duplicate_object,
+				// or the catalog's unique index when both inserted at once):
+				// use it, if it is what this one needs (rule 21).
+				return ensurePublication(ctx, conn, name, tables, dryRun, true, log)
+			}
 			return setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
 		}
 		log.Info("created publication", "publication", name, "tables", strings.Join(names, ", "))
