@@ -180,7 +180,7 @@ func (c *committer) commit() {
 	err := c.commitNow(ctx, nil)
 	c.mu.Lock()
 	c.committing = false
-	if limit := c.k.TransactionTimeout(); err != nil && time.Since(c.began) >= limit {
+	if limit := c.k.TransactionTimeout(); err != nil && !c.began.IsZero() && time.Since(c.began) >= limit {
 		// Sent again, the same Postgres transactions would take as long
 		// again: say what to change rather than retry forever.
 		err = &TxnTimeoutError{Limit: limit, Open: time.Since(c.began), Err: err}
@@ -198,6 +198,11 @@ func (c *committer) commit() {
 func (c *committer) commitNow(ctx context.Context, edit func(*checkpoint.Record)) error {
 	c.mu.Lock()
 	open := c.open
+	if !open {
+		// A checkpoint-only transaction opens now: a failure of it is
+		// not one that outlived transaction_timeout (commit reads began).
+		c.began = time.Now()
+	}
 	c.mu.Unlock()
 	if !open {
 		if err := c.k.BeginTxn(); err != nil {

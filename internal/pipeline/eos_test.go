@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -167,4 +169,70 @@ func reconnectingWriter(url string) (written *atomic.Int64, stop func()) {
 		}
 	}()
 	return written, func() { close(quit); <-done }
+}
+
+// TestIdleCommitFailureIsNotATimeout (issue 23, item 10): in a quiet
+// outbox of a busy database, the checkpoint-only commits that move the
+// position fail twice in a row. That is a broker error, retried; it used to
+// be taken for a transaction that outlived transaction_timeout (the time
+// was counted from the last transaction with events) and, twice, stop the
+// connector with advice to raise it.
+func TestIdleCommitFailureIsNotATimeout(t *testing.T) {
+	kafka := testenv.NewFakeKafka(t)
+	e := newEnv(t, kafka)
+	e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+	e.cfg.ExactlyOnce.TransactionTimeout = time.Second
+	r := e.start(t)
+	conn := connect(t, e.db)
+	insertEvent(t, conn, "agg-1", "Created")
+	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 1)
+
+	// Past transaction_timeout since the last transaction with events;
+	// the other table keeps the WAL, and so the idle commits, moving.
+	time.Sleep(1500 * time.Millisecond) // the condition is time itself: longer than transaction_timeout
+	var failed atomic.Int32
+	kafka.Fake.ControlKey(int16(kmsg.EndTxn), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		req := kr.(*kmsg.EndTxnRequest)
+		streaming, _ := r.p.Ready()
+		if !req.Commit || !streaming || failed.Load() >= 2 {
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := req.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.InvalidTxnState.Code
+		return resp, nil, true
+	})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := conn.Exec(context.Background(), `INSERT INTO other (note) VALUES ('busy')`); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	testenv.Eventually(t, time.Minute, "two idle commits to fail", func() bool { return failed.Load() >= 2 })
+	close(stop)
+	<-done
+	// Streaming again after the failures, and still running.
+	testenv.Eventually(t, time.Minute, "the pipeline to stream again", func() bool {
+		select {
+		case err := <-r.done:
+			t.Fatalf("the connector stopped: %v", err)
+		default:
+		}
+		ok, _ := r.p.Ready()
+		return ok
+	})
+	id := insertEvent(t, conn, "agg-2", "Again")
+	c.WaitFor(t, time.Minute, "an event after the failures", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 }
