@@ -106,6 +106,30 @@ func New() *Metrics {
 	return m
 }
 
+// Source is a configured source, for Init: its name, the topics it is
+// known to write to (its static topic and dead-letter topic, not a
+// template's), and whether it is a table (backfills count rows of tables).
+type Source struct {
+	Name   string
+	Topics []string
+	Table  bool
+}
+
+// Init creates every labelled series the configuration makes known, at 0,
+// so that an alert on increase() or absent() has a series to watch before
+// the first event, dead letter or backfilled row.
+func (m *Metrics) Init(sources []Source) {
+	for _, s := range sources {
+		m.deadLetters.WithLabelValues(s.Name)
+		for _, t := range s.Topics {
+			m.events.WithLabelValues(s.Name, t)
+		}
+		if s.Table {
+			m.backfillRows.WithLabelValues(s.Name)
+		}
+	}
+}
+
 // EventCounter is cdc_events_total for one source and topic; keep it.
 func (m *Metrics) EventCounter(source, topic string) prometheus.Counter {
 	return m.events.WithLabelValues(source, topic)

@@ -300,6 +300,18 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	var sources []metrics.Source
+	for _, t := range cfg.Tables {
+		s := metrics.Source{Name: t.String(), Table: !t.IsMessage()}
+		if topic := literal(t.TopicTemplate, t.TopicLowercase); topic != "" {
+			s.Topics = append(s.Topics, topic)
+		}
+		if t.OnInvalid == outbox.OnInvalidDeadLetter && !strings.Contains(t.DeadLetterTopic, "{") {
+			s.Topics = append(s.Topics, t.DeadLetterTopic)
+		}
+		sources = append(sources, s)
+	}
+	p.m.Init(sources)
 	p.setState(false, "starting")
 	p.idleSince.Store(time.Now().UnixNano())
 	return p, nil
