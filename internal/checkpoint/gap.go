@@ -22,10 +22,17 @@ const (
 	StartAdopt
 )
 
-// SlotInfo is what Postgres says about the pipeline's slot.
+// SlotInfo is what Postgres says about the pipeline's slot, and about the
+// server.
 type SlotInfo struct {
 	Exists    bool
 	Confirmed pglogrepl.LSN // confirmed_flush_lsn, when it exists
+	// Timeline and WALEnd are the server's (IDENTIFY_SYSTEM): its timeline
+	// and flushed WAL. 0: unknown, not checked.
+	Timeline int32
+	WALEnd   pglogrepl.LSN
+	// Address is where the server was reached (Record.Address).
+	Address string
 }
 
 // Decide compares the slot with the checkpoint records (Store.Load) and
@@ -38,7 +45,13 @@ func Decide(slot, systemID string, s SlotInfo, records map[string]Record) (Start
 	rec, ok := records[Key(slot, systemID)]
 	if !ok {
 		for _, other := range records {
-			if other.Slot == slot && other.SystemID != systemID {
+			// Another system's record for the same slot name is this
+			// pipeline's own only if it reached that system where this
+			// one reaches its own: the address now serves another system
+			// (a pg_upgrade, a dump restored, a URL now naming another
+			// database). From another address it is another deployment
+			// sharing the topic and the default slot name.
+			if other.Slot == slot && other.SystemID != systemID && (other.Address == "" || s.Address == "" || other.Address == s.Address) {
 				return 0, nil, &GapError{Kind: GapOtherSystem, Slot: slot, SystemID: systemID, Checkpoint: other}
 			}
 		}
@@ -52,6 +65,13 @@ func Decide(slot, systemID string, s SlotInfo, records map[string]Record) (Start
 		return 0, nil, &GapError{Kind: GapSlotMissing, Slot: slot, SystemID: systemID, Checkpoint: rec}
 	case s.Confirmed > rec.Confirmed:
 		return 0, nil, &GapError{Kind: GapSlotAhead, Slot: slot, SystemID: systemID, Checkpoint: rec, SlotLSN: s.Confirmed}
+	case s.WALEnd != 0 && s.Timeline == rec.Timeline && s.WALEnd < rec.Confirmed:
+		// Everything confirmed was flushed WAL, and a crash replays all
+		// of that: a server whose WAL ends before the checkpoint on the
+		// same timeline was restored from a backup taken before it
+		// (docs/design.md, rule 21). Its new transactions reuse the positions the
+		// checkpoint covers, so comparing them with it means nothing.
+		return 0, nil, &GapError{Kind: GapHistory, Slot: slot, SystemID: systemID, Checkpoint: rec, SlotLSN: s.WALEnd}
 	}
 	return StartResume, &rec, nil
 }
@@ -63,6 +83,9 @@ const (
 	GapSlotMissing GapKind = iota + 1
 	GapSlotAhead
 	GapOtherSystem
+	// GapHistory: the server's WAL ends before the checkpoint: it was
+	// restored from a backup (same system, an older WAL history).
+	GapHistory
 )
 
 // GapError means events may be missing between the checkpoint and the
@@ -95,6 +118,9 @@ func (e *GapError) Error() string {
 	case GapSlotAhead:
 		return fmt.Sprintf("replication slot %q is at %s, past the checkpoint's %s (%s): something other than this connector advanced or re-created it, and events committed between %s and %s may never have been delivered; %s",
 			e.Slot, e.SlotLSN, c.Confirmed, last, c.Confirmed, e.SlotLSN, fix)
+	case GapHistory:
+		return fmt.Sprintf("the server's WAL ends at %s, before the checkpoint of slot %q at %s (%s): the server was restored from a backup taken before it, or lost WAL, and events committed after %s may never be delivered; %s",
+			e.SlotLSN, e.Slot, c.Confirmed, last, e.SlotLSN, fix)
 	default:
 		return fmt.Sprintf("the checkpoint of slot %q belongs to database system %s (confirmed up to %s, %s), but this server is system %s: postgres.url now names another database, or a restored backup, and events committed there after %s may be missing here; %s",
 			e.Slot, c.SystemID, c.Confirmed, last, e.SystemID, c.Confirmed, fix)

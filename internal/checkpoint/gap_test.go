@@ -9,8 +9,9 @@ import (
 )
 
 func TestDecide(t *testing.T) {
-	ours := Record{Slot: "s", SystemID: "1", Confirmed: 100}
+	ours := Record{Slot: "s", SystemID: "1", Timeline: 1, Confirmed: 100}
 	other := Record{Slot: "s", SystemID: "2", Confirmed: 100}
+	otherHere := Record{Slot: "s", SystemID: "2", Confirmed: 100, Address: "db:5432/app"}
 	unrelated := Record{Slot: "t", SystemID: "2", Confirmed: 100}
 	recs := func(rs ...Record) map[string]Record {
 		m := map[string]Record{}
@@ -34,6 +35,11 @@ func TestDecide(t *testing.T) {
 		{"slot ahead", SlotInfo{Exists: true, Confirmed: 101}, recs(ours), 0, GapSlotAhead},
 		{"another system, no slot", SlotInfo{}, recs(other), 0, GapOtherSystem},
 		{"another system, a slot", SlotInfo{Exists: true, Confirmed: 1}, recs(other), 0, GapOtherSystem},
+		{"another system at this address", SlotInfo{Address: "db:5432/app"}, recs(otherHere), 0, GapOtherSystem},
+		{"another deployment sharing the topic", SlotInfo{Address: "db2:5432/app"}, recs(otherHere), StartCreate, 0},
+		{"WAL behind the checkpoint: a restore", SlotInfo{Exists: true, Confirmed: 90, WALEnd: 95, Timeline: 1}, recs(ours), 0, GapHistory},
+		{"WAL past the checkpoint", SlotInfo{Exists: true, Confirmed: 90, WALEnd: 100, Timeline: 1}, recs(ours), StartResume, 0},
+		{"WAL behind, on another timeline", SlotInfo{Exists: true, Confirmed: 90, WALEnd: 95, Timeline: 2}, recs(ours), StartResume, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

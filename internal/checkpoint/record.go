@@ -17,6 +17,12 @@ type Record struct {
 	Slot     string
 	SystemID string // the database system identifier (IDENTIFY_SYSTEM)
 	Timeline int32
+	// Address is where the pipeline reached that system, host:port/database
+	// as postgres.url names it (no user, no password): it tells another
+	// deployment that shares the checkpoint topic and the slot name from
+	// the same address now serving another system. "" in records written
+	// before it was kept.
+	Address string
 
 	// Confirmed is the highest position the connector may have confirmed
 	// to the slot. The slot's confirmed_flush_lsn is never past it: the
@@ -200,6 +206,7 @@ type jsonRecord struct {
 	Slot         string         `json:"slot"`
 	SystemID     string         `json:"system_identifier"`
 	Timeline     int32          `json:"timeline"`
+	Address      string         `json:"address,omitempty"`
 	Confirmed    string         `json:"confirmed_lsn"`
 	CommitLSN    string         `json:"commit_lsn"`
 	CommitTime   *time.Time     `json:"commit_time,omitempty"`
@@ -228,7 +235,7 @@ type jsonBackfill struct {
 // MarshalJSON writes the documented JSON shape.
 func (r Record) MarshalJSON() ([]byte, error) {
 	j := jsonRecord{
-		Slot: r.Slot, SystemID: r.SystemID, Timeline: r.Timeline,
+		Slot: r.Slot, SystemID: r.SystemID, Timeline: r.Timeline, Address: r.Address,
 		Confirmed: r.Confirmed.String(), CommitLSN: r.CommitLSN.String(),
 		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(),
 	}
@@ -265,7 +272,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		return l, nil
 	}
 	var err error
-	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Version: j.Version, UpdatedAt: j.UpdatedAt}
+	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt}
 	if r.Confirmed, err = lsn("confirmed_lsn", j.Confirmed); err != nil {
 		return err
 	}

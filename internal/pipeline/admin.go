@@ -147,7 +147,7 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 		}
 		slot = wal.SlotState{}
 	}
-	_, _, err = checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush}, records)
+	_, _, err = checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, slotInfo(conn, slot), records)
 	var gap *checkpoint.GapError
 	if !errors.As(err, &gap) {
 		if err == nil && lost {
@@ -161,7 +161,7 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 		// This system gets its own record; the other one's stays.
 		rec = checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID}
 	}
-	rec.Timeline, rec.Version = sys.Timeline, p.opts.Version
+	rec.Timeline, rec.Version, rec.Address = sys.Timeline, p.opts.Version, conn.Address()
 	at := slot.ConfirmedFlush
 	if !slot.Exists {
 		if at, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
@@ -173,11 +173,18 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 		checkpoint.GapSlotMissing: "the slot was missing",
 		checkpoint.GapSlotAhead:   "the slot was past the checkpoint",
 		checkpoint.GapOtherSystem: "the checkpoint was of database system " + gap.Checkpoint.SystemID,
+		checkpoint.GapHistory:     "the server's WAL ended before the checkpoint (a restored backup)",
 	}[gap.Kind]
 	if lost {
 		reason = "the slot was lost (max_slot_wal_keep_size)"
 	}
 	rec.Confirmed, rec.UpdatedAt = at, time.Now()
+	if rec.CommitLSN >= at {
+		// A new WAL history starts at the slot (docs/design.md, rule 21): after a restore,
+		// new transactions reuse the positions the old history's commits
+		// had, and skipping them as delivered would drop them.
+		rec.CommitLSN, rec.CommitTime = 0, time.Time{}
+	}
 	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
 	if err := store.Save(ctx, rec); err != nil {
 		return Accepted{}, err

@@ -458,7 +458,12 @@ func (s *session) request(id string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
 	defer cancel()
 	saved := s.p.progress.Saved()
-	req, ok, err := s.p.store.LoadRequest(ctx, saved.Key(), id)
+	var req checkpoint.BackfillRequest
+	var ok bool
+	err := s.blocking(func() (err error) {
+		req, ok, err = s.p.store.LoadRequest(ctx, saved.Key(), id)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("read backfill request %s: %w", id, err)
 	}

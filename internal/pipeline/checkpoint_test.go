@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // systemID is the server's database system identifier.
@@ -163,29 +164,39 @@ func TestSlotMovedWhileStoppedIsRefused(t *testing.T) {
 	wantGap(t, e, checkpoint.GapSlotAhead, "past the checkpoint's "+rec.Confirmed.String())
 }
 
-// TestAnotherDatabaseIsRefused: the same config (slot name, checkpoint
-// topic) pointed at another cluster, as after restoring a dump elsewhere.
-func TestAnotherDatabaseIsRefused(t *testing.T) {
+// TestAnotherSystemAtTheSameAddressIsRefused: the checkpoint holds another
+// database system's record for this slot name, written from the address
+// this config reaches (host:port/database): that address now serves
+// another system (a pg_upgrade, a dump restored in place), and events
+// committed on the old one after its checkpoint may be missing. Another
+// system's record from another address is another deployment sharing the
+// topic (TestTwoDatabasesShareTheCheckpointTopic).
+func TestAnotherSystemAtTheSameAddressIsRefused(t *testing.T) {
 	k := testenv.NewKafka(t)
 	e := newEnv(t, k)
-	r := e.start(t)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-	other, err := testenv.StartPostgres()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := wal.Connect(ctx, e.cfg.Postgres, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(other.Stop)
-	db := other.NewDatabase(t)
-	testenv.Exec(t, db, schema)
-	e.db, e.cfg.Postgres.URL = db, db
-	gap := wantGap(t, e, checkpoint.GapOtherSystem, "belongs to database system", "this server is system "+systemID(t, db))
-	if gap.Checkpoint.SystemID == systemID(t, db) {
-		t.Fatal("the two clusters share a system identifier; the test proves nothing")
+	address := conn.Address()
+	conn.Close(ctx)
+	store, err := checkpoint.OpenStore(ctx, e.cfg.Checkpoint.Topic, sink.ClientOpts(sink.Config{Brokers: k.Brokers}, hclog.NewNullLogger()), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if testenv.SlotPosition(t, db, "outbox_cdc") != 0 {
-		t.Fatal("a slot was created on the other database")
+	const oldSystem = "7000000000000000001"
+	if err := store.Save(ctx, checkpoint.Record{Slot: "outbox_cdc", SystemID: oldSystem, Timeline: 1, Address: address,
+		Confirmed: 0x5000000, UpdatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	gap := wantGap(t, e, checkpoint.GapOtherSystem, "belongs to database system "+oldSystem, "this server is system "+systemID(t, e.db))
+	if gap.Checkpoint.Address != address {
+		t.Errorf("the gap names a checkpoint from %q, want %q", gap.Checkpoint.Address, address)
+	}
+	if testenv.SlotPosition(t, e.db, "outbox_cdc") != 0 {
+		t.Fatal("a slot was created")
 	}
 }
 

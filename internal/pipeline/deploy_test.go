@@ -15,7 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
-// The first hour of a deployment (issue 23, rule 21): services that start
+// The first hour of a deployment (issue 23; docs/design.md, rule 20): services that start
 // late or in any order, and replicas started in the same second.
 
 // waitDetail waits until the pipeline's /readyz line contains want.

@@ -5,9 +5,11 @@
 //	    └── Confirmed() ◀── checkpoint.Confirmer ◀── checkpoint.Tracker ◀─ ack ┘
 //
 // One session is one replication connection, one Kafka client, one decoder,
-// one tracker and one confirmer. The first session of a process decides,
-// against the checkpoint, whether it may create the slot or must refuse a
-// gap (start.go); the checkpoint then lives in the Pipeline across sessions.
+// one tracker and one confirmer. Every session decides, against the
+// checkpoint, whether it may create the slot or must refuse a gap
+// (start.go), under the slot's start lock so that replicas take turns; a
+// first start is a state that lasts until the slot and its checkpoint
+// exist, whatever failed before (docs/design.md, rule 20).
 // Replay (replay.go) and the operator commands (admin.go) reuse the same
 // pieces, and so do backfills (backfill.go): the first start's, read in the
 // slot's exported snapshot before the stream, and cdc backfill's, read in
@@ -24,6 +26,9 @@
 //     record is acked.
 //   - The slot is confirmed only up to a checkpoint Kafka has acknowledged,
 //     and never moves over a gap an operator has not accepted.
+//   - A transaction whose commit the checkpoint's last delivered commit
+//     covers is skipped, in both modes, only within the checkpoint's WAL
+//     history (docs/design.md, rules 7 and 21).
 //   - A backfilled row goes through the same routing and tracking as a
 //     streamed one. The first start's rows are each in the snapshot or in
 //     the stream, not both; a chunk beside the stream is sent at its high

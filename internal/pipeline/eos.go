@@ -336,12 +336,6 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System) (*sink.Kafka, erro
 	return k, nil
 }
 
-// skip reports whether the Postgres transaction that commits at commit is
-// already in a committed Kafka transaction (the checkpoint covers it).
-func (c *committer) skip(commit pglogrepl.LSN) bool {
-	return commit <= c.progress.Saved().CommitLSN
-}
-
 // slotHeld reports whether a walsender other than this instance's last one
 // streams the slot: after a fence, that another instance took over. When Postgres cannot say, it is taken as no,
 // and the next session finds out.

@@ -125,6 +125,13 @@ func postgresCrash(t *testing.T, exactlyOnce bool) {
 	if dups > 0 && exactlyOnce {
 		t.Errorf("%d events arrived more than once", dups)
 	}
+	// At least once, the transactions the checkpoint says Kafka holds are
+	// skipped too (issue 23, item 6): what arrives twice is at most what
+	// was in flight at the crash, not everything since the server's last
+	// checkpoint (8,870 of 11,588 before).
+	if dups > 100 {
+		t.Errorf("%d events arrived more than once after a Postgres crash; want at most 100", dups)
+	}
 	t.Logf("%d events across the crash, %d records, %d duplicated", len(want), len(c.Records), dups)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)

@@ -279,6 +279,9 @@ type Pipeline struct {
 	// is the first start's exported snapshot, for its backfill.
 	bf       backfills
 	snapshot string
+	// carry is what Kafka acknowledged in a session that Postgres ended,
+	// past its last checkpoint: the next session checkpoints it first.
+	carry *checkpoint.Position
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
 	// events sent to a dead-letter topic. The stopped line reports both.

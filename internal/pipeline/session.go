@@ -65,6 +65,11 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
 		dec:     decode.New(p.cfg.Tables),
 		ctx:     ctx,
+		skipTo:  p.progress.Saved().CommitLSN,
+	}
+	if s.skipTo >= from {
+		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
+			"slot_lsn", from.String(), "through_commit_lsn", s.skipTo.String())
 	}
 	if p.cfg.exactlyOnce() {
 		s.eos = newCommitter(s, p.progress, p.store, p.cfg.ExactlyOnce, p.cfg.Postgres.StatusInterval)
@@ -89,6 +94,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}
 	// The walsender holds the slot now: that is the lock from here on.
 	lock.Release(ctx)
+	s.stream = stream
 	beat := stream.Beat
 	p.beat.Store(&beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
@@ -134,6 +140,20 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	runErr := stream.Run(ctx, s.handle, acks)
 	if s.eos != nil {
 		s.eos.halt()
+	}
+	if ctx.Err() == nil && s.eos == nil && acks.Err() == nil {
+		// Postgres ended the session (a restart, a crash, a network cut)
+		// while Kafka answers: let it acknowledge what is in flight, and
+		// carry the position to the next session, which checkpoints it
+		// before it streams (position). The slot's own position goes
+		// back after a Postgres restart (rule 7): what the checkpoint
+		// covers is skipped, not sent again.
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = k.Flush(fctx)
+		cancel()
+		if pos := s.tracker.Position(); pos.CommitLSN > p.progress.Saved().CommitLSN {
+			p.carry = &pos
+		}
 	}
 	if ctx.Err() != nil {
 		// Shutdown: stop reading (done), let Kafka answer what is in
@@ -193,11 +213,27 @@ type session struct {
 	// window is the backfill chunk whose watermarks the stream is
 	// between, if any.
 	window *liveChunk
-	// eos commits Kafka transactions in exactly-once mode (nil otherwise);
-	// skipping is set between the BEGIN and COMMIT of a Postgres
-	// transaction that a committed Kafka transaction already holds.
-	eos      *committer
+	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
+	eos *committer
+	// stream is the replication stream once it started, for blocking.
+	stream *wal.Stream
+	// skipTo is the commit LSN of the last transaction the checkpoint
+	// says Kafka holds, in this WAL history (sameHistory); skipping is set
+	// between the BEGIN and COMMIT of a transaction at or below it. A
+	// slot's confirmed position reaches disk only at a server checkpoint,
+	// so after a Postgres restart or crash it goes back (rule 7), and
+	// without the skip everything since was sent again, in either mode.
+	skipTo   pglogrepl.LSN
 	skipping bool
+}
+
+// blocking runs fn, which may block for seconds, keeping the slot's lease
+// through the stream (wal.Stream.While) once the session streams.
+func (s *session) blocking(fn func() error) error {
+	if s.stream == nil {
+		return fn() // the first start's backfill: no stream yet
+	}
+	return s.stream.While(fn)
 }
 
 // handle takes one pgoutput message from the stream.
@@ -208,11 +244,11 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 	}
 	switch m.Kind {
 	case decode.KindBegin:
+		if m.Commit <= s.skipTo {
+			s.skipping = true
+			return nil
+		}
 		if s.eos != nil {
-			if s.eos.skip(m.Commit) {
-				s.skipping = true
-				return nil
-			}
 			if err := s.eos.begin(); err != nil {
 				return err
 			}
@@ -270,8 +306,10 @@ func (s *session) event(m *decode.Message) error {
 	if s.p.log.IsTrace() {
 		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 	}
-	if err := s.kafka.EnsureTopic(s.ctx, rec.Topic); err != nil {
-		return err
+	if !s.kafka.TopicKnown(rec.Topic) {
+		if err := s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) }); err != nil {
+			return err
+		}
 	}
 	s.produce(rec, ev)
 	return nil

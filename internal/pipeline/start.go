@@ -70,7 +70,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	if err != nil {
 		return 0, err
 	}
-	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush}, records)
+	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, slotInfo(conn, slot), records)
 	if err != nil {
 		var gap *checkpoint.GapError
 		if errors.As(err, &gap) {
@@ -81,7 +81,13 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	from := slot.ConfirmedFlush
 	switch start {
 	case checkpoint.StartCreate:
-		rec = p.newRecord(sys, 0)
+		for _, other := range records {
+			if other.Slot == p.cfg.Postgres.Slot && other.SystemID != sys.ID {
+				p.log.Warn("another database system's checkpoint uses this slot name, written from another address: starting as a separate pipeline; if this connector moved to a new server, events committed there before now are not streamed (backfill them)",
+					"slot", other.Slot, "other_system", other.SystemID, "other_address", other.Address, "address", conn.Address())
+			}
+		}
+		rec = p.newRecord(conn, 0)
 		if rec.Backfills = p.initialJobs(true); len(rec.Backfills) > 0 {
 			// A condition or order that does not work stops the first
 			// start before anything exists.
@@ -103,7 +109,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		rec.Confirmed = from
 	case checkpoint.StartAdopt:
 		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
-		rec = p.newRecord(sys, from)
+		rec = p.newRecord(conn, from)
 		// The slot was made by someone else, or by a first start that
 		// stopped before its checkpoint: the rows before it can only be
 		// backfilled beside the stream now.
@@ -111,10 +117,13 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
 		}
 	case checkpoint.StartResume:
-		if rec.Timeline != sys.Timeline {
-			p.log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline)
-			rec.Timeline = sys.Timeline
+		if err := p.carryOver(ctx, rec); err != nil {
+			return 0, err
 		}
+		if err := p.sameHistory(ctx, conn, rec); err != nil {
+			return 0, err
+		}
+		rec.Address = conn.Address()
 	}
 	if start != checkpoint.StartResume {
 		// Saved before streaming: from now on a missing slot is a gap.
@@ -143,9 +152,68 @@ func (p *Pipeline) openStore(ctx context.Context) error {
 	return nil
 }
 
-func (p *Pipeline) newRecord(sys wal.System, at pglogrepl.LSN) *checkpoint.Record {
-	return &checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Timeline: sys.Timeline,
+func (p *Pipeline) newRecord(conn *wal.Conn, at pglogrepl.LSN) *checkpoint.Record {
+	sys := conn.System()
+	return &checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID, Timeline: sys.Timeline, Address: conn.Address(),
 		Confirmed: at, Version: p.opts.Version, UpdatedAt: time.Now()}
+}
+
+// carryOver checkpoints what the last session had Kafka acknowledge after
+// its last checkpoint (carry), if the checkpoint is still the one this
+// process saved last: under the start lock, with the slot free, nobody else
+// wrote it since, so moving it on cannot overwrite another replica's
+// progress.
+func (p *Pipeline) carryOver(ctx context.Context, rec *checkpoint.Record) error {
+	c := p.carry
+	p.carry = nil
+	if c == nil || p.progress == nil {
+		return nil
+	}
+	saved := p.progress.Saved()
+	if rec.Confirmed != saved.Confirmed || !rec.UpdatedAt.Equal(saved.UpdatedAt) {
+		return nil // another replica streamed since: its checkpoint stands
+	}
+	next := p.progress.Next(*c, time.Now())
+	if err := p.store.Save(ctx, next); err != nil {
+		return err
+	}
+	p.log.Info("checkpointed what Kafka acknowledged before the last session ended; the transactions it covers are skipped if Postgres sends them again",
+		"commit_lsn", next.CommitLSN.String(), "confirmed_lsn", next.Confirmed.String())
+	*rec = next
+	return nil
+}
+
+// slotInfo is what Decide compares with the checkpoint.
+func slotInfo(conn *wal.Conn, slot wal.SlotState) checkpoint.SlotInfo {
+	sys := conn.System()
+	return checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush, Timeline: sys.Timeline, WALEnd: sys.WALEnd, Address: conn.Address()}
+}
+
+// sameHistory brings a resumed checkpoint onto the server's timeline. Its
+// CommitLSN is what a session skips up to (the transactions Kafka already
+// holds, sent again after a Postgres restart moved the slot back), and an
+// LSN means something only within its WAL history (docs/design.md, rule 21): after a
+// promotion, the commits up to where the checkpoint's timeline ended are
+// shared, those after it are not in this server's history, so nothing is
+// skipped. Decide already refused a WAL that ends before the checkpoint on
+// the same timeline (a restore).
+func (p *Pipeline) sameHistory(ctx context.Context, conn *wal.Conn, rec *checkpoint.Record) error {
+	sys := conn.System()
+	if rec.Timeline == sys.Timeline {
+		return nil
+	}
+	end, ok, err := conn.TimelineEnd(ctx, rec.Timeline)
+	if err != nil {
+		return err
+	}
+	p.log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline, "switch_lsn", end.String())
+	if !ok || rec.CommitLSN >= end {
+		p.log.Warn("the checkpoint's last delivered commit is not in the new timeline's history; nothing is skipped as already delivered (events may arrive twice, none is lost)",
+			"commit_lsn", rec.CommitLSN.String(), "timeline", rec.Timeline, "switch_lsn", end.String())
+		rec.CommitLSN = 0
+	}
+	rec.Timeline = sys.Timeline
+	return nil
 }
 
 func (p *Pipeline) configFile() string {

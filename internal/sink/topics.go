@@ -58,6 +58,10 @@ func (k *Kafka) EnsureTopic(ctx context.Context, topic string) error {
 	return nil
 }
 
+// TopicKnown reports whether EnsureTopic has nothing to do for topic: it
+// is cheap, and tells the caller whether the call may block.
+func (k *Kafka) TopicKnown(topic string) bool { return k.topics[topic] != topicUnknown }
+
 func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, error) {
 	adm := kadm.NewClient(k.cl)
 	if k.cfg.CreateTopics {

@@ -92,7 +92,7 @@ func startPostgres(settings ...string) (*Postgres, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Postgres{URL: srv.URL, Bin: srv.Bin, stop: srv.Stop, crash: srv.Crash, down: srv.StopKeep, up: srv.StartAgain, Via: "local initdb/pg_ctl from " + srv.Bin}, nil
+		return &Postgres{URL: srv.URL, Bin: srv.Bin, stop: srv.Stop, crash: srv.Crash, down: srv.StopKeep, up: srv.StartAgain, backup: srv.Backup, restore: srv.Restore, Via: "local initdb/pg_ctl from " + srv.Bin}, nil
 	}
 	cmd := []string{"postgres", "-c", "wal_level=logical", "-c", "max_replication_slots=64", "-c", "max_wal_senders=64",
 		"-c", "max_connections=200", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"}

@@ -30,6 +30,25 @@ type Postgres struct {
 	// down and up stop the server cleanly and start it again (local
 	// servers only).
 	down, up func() error
+	// backup and restore: localpg's Backup and Restore.
+	backup, restore func() error
+}
+
+// Backup copies the data directory of a server StopKeep stopped, for
+// Restore (local servers only).
+func (p *Postgres) Backup() error {
+	if p.backup == nil {
+		return fmt.Errorf("this Postgres (%s) cannot be backed up by the tests", p.Via)
+	}
+	return p.backup()
+}
+
+// Restore replaces the server's data with the Backup and starts it.
+func (p *Postgres) Restore() error {
+	if p.restore == nil {
+		return fmt.Errorf("this Postgres (%s) cannot be restored by the tests", p.Via)
+	}
+	return p.restore()
 }
 
 // StopKeep stops the server and keeps its data and port, for StartAgain

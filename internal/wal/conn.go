@@ -3,7 +3,9 @@ package wal
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
@@ -32,6 +34,8 @@ type Conn struct {
 	system System
 	host   string
 	db     string
+	// address: see Address.
+	address string
 }
 
 // Connect opens a replication connection (replication=database) and
@@ -55,9 +59,25 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("identify system: %w", err)
 	}
-	return &Conn{cfg: cfg, conn: conn, log: log, host: pcfg.Host, db: pcfg.Database,
+	return &Conn{cfg: cfg, conn: conn, log: log, host: pcfg.Host, db: pcfg.Database, address: address(pcfg),
 		system: System{ID: id.SystemID, Timeline: id.Timeline, WALEnd: id.XLogPos}}, nil
 }
+
+// address is where postgres.url points: every host:port it lists (a
+// multi-host URL is one address, whichever host answers), then the
+// database. No user, no password.
+func address(pc *pgconn.Config) string {
+	hosts := []string{fmt.Sprintf("%s:%d", pc.Host, pc.Port)}
+	for _, f := range pc.Fallbacks {
+		if h := fmt.Sprintf("%s:%d", f.Host, f.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",") + "/" + pc.Database
+}
+
+// Address is where postgres.url points, for checkpoint.Record.Address.
+func (c *Conn) Address() string { return c.address }
 
 // pinFormats sets the output formats the decoder and router read: pgoutput
 // renders column values with the walsender's settings, and a backfill
@@ -220,4 +240,42 @@ func quoteLiteral(s string) string {
 		b = append(b, s[i])
 	}
 	return string(append(b, '\''))
+}
+
+// TimelineEnd is the position where timeline tli ended in the history of
+// the server's current timeline (its switch point, from TIMELINE_HISTORY):
+// WAL before it is shared by both, WAL at or after it on tli is not in
+// this server's history. ok is false when tli is not an ancestor of the
+// current timeline (another history altogether).
+func (c *Conn) TimelineEnd(ctx context.Context, tli int32) (end pglogrepl.LSN, ok bool, err error) {
+	if c.system.Timeline <= 1 || tli >= c.system.Timeline {
+		return 0, false, nil
+	}
+	res, err := pglogrepl.TimelineHistory(ctx, c.conn, c.system.Timeline)
+	if err != nil {
+		return 0, false, fmt.Errorf("read the history of timeline %d: %w", c.system.Timeline, err)
+	}
+	end, ok = timelineEnd(string(res.Content), tli)
+	return end, ok, nil
+}
+
+// timelineEnd finds tli's switch point in a timeline history file: lines of
+// "parentTLI <tab> switchpoint <tab> reason", oldest first.
+func timelineEnd(history string, tli int32) (pglogrepl.LSN, bool) {
+	for _, line := range strings.Split(history, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		n, err := strconv.ParseInt(f[0], 10, 32)
+		if err != nil || int32(n) != tli {
+			continue
+		}
+		lsn, err := pglogrepl.ParseLSN(f[1])
+		if err != nil {
+			return 0, false
+		}
+		return lsn, true
+	}
+	return 0, false
 }

@@ -173,7 +173,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			if errors.As(err, &pe) && (pe.Code == "42710" || pe.Code == "23505") && !retried {
 				// Another connector created it a moment ago (duplicate_object,
 				// or the catalog's unique index when both inserted at once):
-				// use it, if it is what this one needs (rule 21).
+				// use it, if it is what this one needs (docs/design.md, rule 20).
 				return ensurePublication(ctx, conn, name, tables, dryRun, true, log)
 			}
 			return setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)

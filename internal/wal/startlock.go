@@ -10,7 +10,7 @@ import (
 
 // StartLock serialises the starts of the replicas of one slot: from
 // reading the slot and the checkpoint to START_REPLICATION, one session at
-// a time decides (docs/design.md, rule 21). Without it two replicas started
+// a time decides (docs/design.md, rule 20). Without it two replicas started
 // in the same second both see "no slot, no checkpoint"; and a first start
 // releases the slot between CREATE_REPLICATION_SLOT and START_REPLICATION
 // (the walsender gives up a new slot once it is created), so during the

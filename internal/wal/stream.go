@@ -223,6 +223,35 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	}
 }
 
+// While runs fn, which may block (an admin call to Kafka, a read of the
+// checkpoint topic), and keeps the slot's lease while it does: from the
+// goroutine that runs Run, which is the one calling handle, it sends a
+// status update with the position already reported every StatusInterval
+// until fn returns. The connection stays with one goroutine (rule 9), and
+// a standby never takes a busy holder for a frozen one (docs/operations.md,
+// "Active and standby"). It receives nothing meanwhile: the walsender waits.
+func (s *Stream) While(fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	t := time.NewTicker(s.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case now := <-t.C:
+			s.beat.Store(now.UnixNano())
+			if err := s.sendStatus(s.sent); err != nil {
+				// The connection is gone: fn's result no longer matters
+				// more than that, but wait for it, since it may use
+				// what the caller owns.
+				<-done
+				return err
+			}
+		}
+	}
+}
+
 // position is what may be confirmed now.
 func (s *Stream) position(acks Acks) pglogrepl.LSN {
 	pos := acks.Confirmed()
