@@ -18,4 +18,7 @@ CREATE TABLE orders (
 );
 CREATE ROLE cdc WITH LOGIN REPLICATION PASSWORD 'cdc';
 GRANT SELECT ON outbox TO cdc;
+-- Lets a standby see when the slot's holder last spoke (pg_stat_replication.reply_time),
+-- so that it can take over a frozen holder (standby.takeover_after).
+GRANT pg_read_all_stats TO cdc;
 CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert');

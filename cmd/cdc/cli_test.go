@@ -128,7 +128,7 @@ func TestCheckListsProblems(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`, `DO $$ BEGIN
 		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cdc_check') THEN CREATE ROLE cdc_check LOGIN; END IF; END $$`,
-		`ALTER ROLE cdc_check NOREPLICATION`) // the server outlives one run of the test (-count)
+		`ALTER ROLE cdc_check NOREPLICATION`, `REVOKE pg_read_all_stats FROM cdc_check`) // the server outlives one run of the test (-count)
 	u, err := neturl.Parse(db)
 	if err != nil {
 		t.Fatal(err)
@@ -141,14 +141,15 @@ func TestCheckListsProblems(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := run(context.Background(), []string{"check", "--config", cfg}, noEnv, &out, &errOut)
 	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
-	if code != 1 || len(lines) < 4 || !strings.HasPrefix(lines[0], "cdc: check found 3 problem(s) that would stop cdc run:") ||
+	if code != 1 || len(lines) < 5 || !strings.HasPrefix(lines[0], "cdc: check found 4 problem(s) that would stop cdc run:") ||
+		!strings.Contains(errOut.String(), "\n  - postgres: role cdc_check cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby cannot take over a frozen holder before wal_sender_timeout; run: GRANT pg_read_all_stats TO cdc_check") ||
 		!strings.Contains(errOut.String(), "\n  - postgres: role cdc_check lacks the REPLICATION attribute") ||
 		!strings.Contains(errOut.String(), "\n  - postgres: role cdc_check may not SELECT from outbox table public.outbox") ||
 		!strings.Contains(errOut.String(), "\n  - postgres: publication outbox_cdc does not exist, and role cdc_check may not create it") {
-		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and the three problems, one per line", code, errOut.String())
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and the four problems, one per line", code, errOut.String())
 	}
 
-	testenv.Exec(t, db, `ALTER ROLE cdc_check REPLICATION`, `GRANT SELECT ON outbox TO cdc_check`, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
+	testenv.Exec(t, db, `ALTER ROLE cdc_check REPLICATION`, `GRANT SELECT ON outbox TO cdc_check`, `GRANT pg_read_all_stats TO cdc_check`, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
 	out.Reset()
 	errOut.Reset()
 	if code := run(context.Background(), []string{"check", "--config", cfg}, noEnv, &out, &errOut); code != 0 || !strings.Contains(out.String(), "postgres and kafka OK") {

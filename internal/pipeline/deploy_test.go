@@ -3,11 +3,13 @@ package pipeline_test
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -142,5 +144,41 @@ func TestReplicasStartTogether(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestStandbyLeavesABusyHolder (issue 23, item 3): the slot's holder blocks
+// for four takeover_afters creating a topic (the broker holds the admin
+// call). It keeps sending Postgres status updates meanwhile, so the standby
+// does not take it for frozen; the event then arrives from the same holder.
+func TestStandbyLeavesABusyHolder(t *testing.T) {
+	kafka := testenv.NewFakeKafka(t)
+	e := newEnv(t, kafka)
+	e.cfg.Standby.TakeoverAfter = time.Second
+	a := e.start(t)
+	b := e.launch(t, ioDiscard{})
+	waitDetail(t, b, "standby")
+
+	release := make(chan struct{})
+	var held atomic.Bool
+	kafka.Fake.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		if held.CompareAndSwap(false, true) {
+			kafka.Fake.SleepControl(func() { <-release })
+		}
+		return nil, nil, false
+	})
+	id := insertEvent(t, connect(t, e.db), "agg-1", "created")
+	testenv.Eventually(t, 30*time.Second, "the holder to block creating the topic", held.Load)
+	hold := time.NewTimer(4 * e.cfg.Standby.TakeoverAfter) // the fault: how long the broker holds the call
+	<-hold.C
+	close(release)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 30*time.Second, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+	if b.tracker.Load() != nil {
+		t.Fatal("the standby took over a holder that was busy, not frozen")
+	}
+	if ok, detail := a.p.Ready(); !ok {
+		t.Errorf("the holder stopped streaming: %s", detail)
 	}
 }

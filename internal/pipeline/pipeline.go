@@ -269,6 +269,10 @@ type Pipeline struct {
 	streamed atomic.Bool
 	// waitingLogged: the standby has said it waits; it says so once.
 	waitingLogged bool
+	// lease is what the standby last saw of the holder (takeOver);
+	// leaseBlind: it said once that its role cannot see the holder.
+	lease      lease
+	leaseBlind bool
 	// walsender is the server process of the last session's replication
 	// connection, to tell this instance's slot hold from another's.
 	walsender atomic.Uint32
@@ -389,6 +393,11 @@ func (p *Pipeline) Check(ctx context.Context) error {
 			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
 		}
 		for _, pr := range ce.Problems {
+			probs = append(probs, "postgres: "+pr)
+		}
+	}
+	if p.cfg.Standby.TakeoverAfter > 0 {
+		if pr := checkTakeover(ctx, p.cfg.Postgres); pr != "" {
 			probs = append(probs, "postgres: "+pr)
 		}
 	}
