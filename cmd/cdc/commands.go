@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,6 +24,11 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
+// memoryHeadroom is what cdc run allows the heap beyond max_in_flight_bytes
+// in its soft memory limit: the decoder, franz-go's buffers and batches,
+// the metrics.
+const memoryHeadroom = 40 << 20
+
 func runCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("run", "[--config cdc.yaml]")
 	config := fs.String("config", "", "the YAML config file (docs/config.md); without it, the environment and defaults")
@@ -35,6 +41,14 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	cfg := p.Config()
 	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// The records waiting for Kafka are bounded by max_in_flight_bytes;
+		// by default Go lets the heap grow to twice what is live before
+		// collecting, so a stall with large payloads would double them.
+		// A soft limit of that bound plus room for the rest makes the
+		// collector work harder instead (docs/config.md).
+		debug.SetMemoryLimit(cfg.MaxInFlightBytes + memoryHeadroom)
+	}
 	if c.http.Listen != "" {
 		srv, err := endpoint.Start(c.http, p.Metrics().Registry, p)
 		if err != nil {

@@ -76,10 +76,11 @@ type fileConfig struct {
 		CommitInterval     time.Duration `yaml:"commit_interval"`
 		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 	} `yaml:"exactly_once"`
-	Tables          []fileTable   `yaml:"tables"`
-	MaxInFlight     int           `yaml:"max_in_flight"`
-	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	Reconnect       struct {
+	Tables           []fileTable   `yaml:"tables"`
+	MaxInFlight      int           `yaml:"max_in_flight"`
+	MaxInFlightBytes int64         `yaml:"max_in_flight_bytes"`
+	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`
+	Reconnect        struct {
 		Backoff    time.Duration `yaml:"backoff"`
 		BackoffMax time.Duration `yaml:"backoff_max"`
 	} `yaml:"reconnect"`
@@ -238,6 +239,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		},
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,
+		MaxInFlightBytes:          fc.MaxInFlightBytes,
 		ShutdownTimeout:           fc.ShutdownTimeout,
 		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
 		RetryBackoff:              fc.Reconnect.Backoff,

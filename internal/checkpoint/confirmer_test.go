@@ -36,12 +36,12 @@ func TestConfirmerPromptForEventsIdleForKeepalives(t *testing.T) {
 		t.Fatal("Owed with nothing handed on")
 	}
 	tx := tr.Begin(time.Now())
-	tr.Track(tx)
+	tr.Track(tx, 1)
 	if !c.Owed() {
 		t.Fatal("not Owed with an event in flight")
 	}
 	tr.Commit(tx, 150, 160, time.Now())
-	tr.Ack(tx, nil)
+	tr.Ack(tx, 1, nil)
 	if got := c.Confirmed(); got != 100 {
 		t.Fatalf("Confirmed = %s before the checkpoint is saved, want 0/64", got)
 	}
@@ -66,9 +66,9 @@ func TestConfirmerPromptForEventsIdleForKeepalives(t *testing.T) {
 	// The next transaction is written as soon as the prompt interval has
 	// passed since the last write, not after the idle interval.
 	tx = tr.Begin(time.Now())
-	tr.Track(tx)
+	tr.Track(tx, 1)
 	tr.Commit(tx, 170, 180, time.Now())
-	tr.Ack(tx, nil)
+	tr.Ack(tx, 1, nil)
 	deadline := time.Now().Add(10 * time.Second)
 	for len(w.acks) == 0 && time.Now().Before(deadline) {
 		c.Confirmed()

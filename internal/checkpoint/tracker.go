@@ -42,27 +42,42 @@ type Position struct {
 // Tracker computes the confirmable watermark from out-of-order acks. It is
 // safe for concurrent use: the replication loop calls Begin, Track, Commit and
 // the readers; the Kafka client's promise goroutine calls Ack.
+//
+// Its memory is bounded by what the loop may read before Saturated stops
+// it (docs/design.md, rule 25): events in flight, by count and by bytes,
+// and unresolved transactions, by count. A transaction with nothing left
+// in flight that commits behind an unresolved one is folded into it, so
+// the transactions of other tables (PostgreSQL 14 sends their BEGIN and
+// COMMIT) and logical messages of other prefixes do not pile up while
+// Kafka is down.
 type Tracker struct {
 	maxInFlight int
+	maxBytes    int64
 	changed     chan struct{}
 
-	mu       sync.Mutex
-	txns     []*Txn // open and unresolved transactions, in commit order
-	inFlight int
-	acked    uint64
-	pos      Position
-	err      error
+	mu            sync.Mutex
+	txns          []*Txn // open and unresolved transactions, in commit order
+	inFlight      int
+	inFlightBytes int64
+	acked         uint64
+	pos           Position
+	err           error
 }
 
 // NewTracker returns a Tracker that reports Saturated once maxInFlight
-// events are unacknowledged. The watermark starts at start, normally the
-// slot's confirmed_flush_lsn.
+// events, or as many unresolved transactions, are unacknowledged. The
+// watermark starts at start, normally the slot's confirmed_flush_lsn.
 func NewTracker(start pglogrepl.LSN, maxInFlight int) *Tracker {
 	if maxInFlight < 1 {
 		maxInFlight = 1
 	}
 	return &Tracker{maxInFlight: maxInFlight, pos: Position{LSN: start}, changed: make(chan struct{}, 1)}
 }
+
+// LimitBytes makes Saturated also report once the events in flight add up
+// to n bytes (as Track counts them); 0: no limit. One event is always
+// allowed, however large. Call it before use.
+func (t *Tracker) LimitBytes(n int64) { t.maxBytes = n }
 
 // Begin opens a transaction that committed at commitTime (pgoutput's
 // Begin.CommitTime). Transactions must be begun in commit order, which is
@@ -75,19 +90,20 @@ func (t *Tracker) Begin(commitTime time.Time) *Txn {
 	return tx
 }
 
-// Track records one more event of tx that is on its way to Kafka. Each
-// Track must be followed by exactly one Ack.
-func (t *Tracker) Track(tx *Txn) {
+// Track records one more event of tx, of size bytes, that is on its way to
+// Kafka. Each Track must be followed by exactly one Ack of the same size.
+func (t *Tracker) Track(tx *Txn, size int) {
 	t.mu.Lock()
 	tx.pending++
 	t.inFlight++
+	t.inFlightBytes += int64(size)
 	t.mu.Unlock()
 }
 
-// Ack records Kafka's answer for one tracked event of tx. A non-nil err
-// leaves the event pending for good: the watermark stops before tx, and Err
-// returns the first such error.
-func (t *Tracker) Ack(tx *Txn, err error) {
+// Ack records Kafka's answer for one tracked event of tx, of size bytes. A
+// non-nil err leaves the event pending for good: the watermark stops
+// before tx, and Err returns the first such error.
+func (t *Tracker) Ack(tx *Txn, size int, err error) {
 	t.mu.Lock()
 	if err != nil {
 		if t.err == nil {
@@ -99,6 +115,7 @@ func (t *Tracker) Ack(tx *Txn, err error) {
 	}
 	tx.pending--
 	t.inFlight--
+	t.inFlightBytes -= int64(size)
 	t.acked++
 	t.resolveLocked()
 	t.mu.Unlock()
@@ -121,6 +138,20 @@ func (t *Tracker) Commit(tx *Txn, commit, end pglogrepl.LSN, at time.Time) {
 	tx.committed = true
 	tx.end, tx.commitLSN, tx.commitTime = end, commit, at
 	advanced := t.resolveLocked()
+	if n := len(t.txns); !advanced && n >= 2 && t.txns[n-1] == tx && tx.pending == 0 && t.txns[n-2].committed {
+		// Nothing of tx is in flight, and it waits behind a committed
+		// transaction that does not resolve yet (Kafka is slow or down):
+		// fold it into that one, which then resolves to tx's end. The
+		// position passes both at once, as it would have one after the
+		// other, and the list stays as long as what is in flight.
+		prev := t.txns[n-2]
+		prev.end, prev.commitLSN, prev.commitTime = tx.end, tx.commitLSN, tx.commitTime
+		if tx.backfills != nil {
+			prev.backfills = tx.backfills
+		}
+		t.txns[n-1] = nil
+		t.txns = t.txns[:n-1]
+	}
 	t.mu.Unlock()
 	if advanced {
 		t.notify()
@@ -206,12 +237,22 @@ func (t *Tracker) Idle() bool {
 // replication loop waits on to confirm promptly.
 func (t *Tracker) Owed() bool { return !t.Idle() }
 
-// Saturated reports whether the number of unacknowledged events has reached
-// the limit; the replication loop then stops reading until acks free room.
+// Saturated reports whether the unacknowledged events have reached the
+// limit, in number or in bytes, or the unresolved transactions in number;
+// the replication loop then stops reading until acks free room.
 func (t *Tracker) Saturated() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.inFlight >= t.maxInFlight
+	return t.inFlight >= t.maxInFlight || len(t.txns) > t.maxInFlight ||
+		(t.maxBytes > 0 && t.inFlight > 0 && t.inFlightBytes >= t.maxBytes)
+}
+
+// InFlightBytes returns the size of the events sent to Kafka and not yet
+// acked, as Track counted them.
+func (t *Tracker) InFlightBytes() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inFlightBytes
 }
 
 // Behind returns the age of the oldest transaction not yet resolved (its

@@ -15,11 +15,11 @@ func TestTrackerOutOfOrderAcks(t *testing.T) {
 	tr := NewTracker(100, 1000)
 	// tx1 has events on two partitions; tx2 one event; tx3 is empty.
 	tx1 := tr.Begin(time.Time{})
-	tr.Track(tx1)
-	tr.Track(tx1)
+	tr.Track(tx1, 1)
+	tr.Track(tx1, 1)
 	tr.Commit(tx1, 200-1, 200, time.Time{})
 	tx2 := tr.Begin(time.Time{})
-	tr.Track(tx2)
+	tr.Track(tx2, 1)
 	tr.Commit(tx2, 300-1, 300, time.Time{})
 	tx3 := tr.Begin(time.Time{})
 	tr.Commit(tx3, 400-1, 400, time.Time{})
@@ -33,7 +33,7 @@ func TestTrackerOutOfOrderAcks(t *testing.T) {
 		{tx1, 400}, // tx1 done: tx2 and the empty tx3 resolve with it
 	}
 	for i, s := range steps {
-		tr.Ack(s.ack, nil)
+		tr.Ack(s.ack, 1, nil)
 		if got := tr.Confirmed(); got != s.want {
 			t.Fatalf("step %d: Confirmed() = %s, want %s", i, got, s.want)
 		}
@@ -46,21 +46,21 @@ func TestTrackerOutOfOrderAcks(t *testing.T) {
 func TestTrackerFailedProduceNeverAdvances(t *testing.T) {
 	tr := NewTracker(0, 1000)
 	tx1 := tr.Begin(time.Time{})
-	tr.Track(tx1)
+	tr.Track(tx1, 1)
 	tr.Commit(tx1, 10-1, 10, time.Time{})
 	tx2 := tr.Begin(time.Time{})
-	tr.Track(tx2)
-	tr.Track(tx2)
+	tr.Track(tx2, 1)
+	tr.Track(tx2, 1)
 	tr.Commit(tx2, 20-1, 20, time.Time{})
 	tx3 := tr.Begin(time.Time{})
-	tr.Track(tx3)
+	tr.Track(tx3, 1)
 	tr.Commit(tx3, 30-1, 30, time.Time{})
 
 	boom := errors.New("MESSAGE_TOO_LARGE")
-	tr.Ack(tx1, nil)
-	tr.Ack(tx2, boom)
-	tr.Ack(tx2, nil)
-	tr.Ack(tx3, nil)
+	tr.Ack(tx1, 1, nil)
+	tr.Ack(tx2, 1, boom)
+	tr.Ack(tx2, 1, nil)
+	tr.Ack(tx3, 1, nil)
 	if got := tr.Confirmed(); got != 10 {
 		t.Fatalf("Confirmed() = %s, want 0/A: the failed transaction must hold the watermark", got)
 	}
@@ -97,8 +97,8 @@ func TestTrackerEmptyTransactionsResolveImmediately(t *testing.T) {
 func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
 	tr := NewTracker(0, 10)
 	tx := tr.Begin(time.Time{})
-	tr.Track(tx)
-	tr.Ack(tx, nil) // acked before its COMMIT arrived
+	tr.Track(tx, 1)
+	tr.Ack(tx, 1, nil) // acked before its COMMIT arrived
 	if got := tr.Confirmed(); got != 0 {
 		t.Fatalf("Confirmed() = %s before COMMIT", got)
 	}
@@ -111,15 +111,15 @@ func TestTrackerOpenTransactionHoldsWatermark(t *testing.T) {
 func TestTrackerSaturated(t *testing.T) {
 	tr := NewTracker(0, 2)
 	tx := tr.Begin(time.Time{})
-	tr.Track(tx)
+	tr.Track(tx, 1)
 	if tr.Saturated() {
 		t.Fatal("saturated at 1 of 2")
 	}
-	tr.Track(tx)
+	tr.Track(tx, 1)
 	if !tr.Saturated() {
 		t.Fatal("not saturated at 2 of 2")
 	}
-	tr.Ack(tx, nil)
+	tr.Ack(tx, 1, nil)
 	if tr.Saturated() {
 		t.Fatal("still saturated after an ack")
 	}
@@ -143,7 +143,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 		txs[i] = tr.Begin(time.Time{})
 		n := rand.Intn(4) // 0..3 events; 0 is an empty transaction
 		for j := 0; j < n; j++ {
-			tr.Track(txs[i])
+			tr.Track(txs[i], 1)
 			evs = append(evs, ev{i})
 		}
 		events[i] = int64(n)
@@ -158,7 +158,7 @@ func TestTrackerConcurrentAcks(t *testing.T) {
 			defer acking.Done()
 			for i := w; i < len(evs); i += 8 {
 				ackBegun[evs[i].tx].Add(1)
-				tr.Ack(txs[evs[i].tx], nil)
+				tr.Ack(txs[evs[i].tx], 1, nil)
 			}
 		}(w)
 	}
@@ -211,18 +211,100 @@ func TestTrackerKeepalive(t *testing.T) {
 	if got := tr.Confirmed(); got != 500 {
 		t.Fatalf("keepalive with a transaction open moved the watermark to %s", got)
 	}
-	tr.Track(tx)
+	tr.Track(tx, 1)
 	tr.Commit(tx, 650, 700, at.Add(time.Second))
 	tr.Keepalive(800, at) // committed but in flight
 	if got := tr.Confirmed(); got != 500 {
 		t.Fatalf("keepalive with an event in flight moved the watermark to %s", got)
 	}
-	tr.Ack(tx, nil)
+	tr.Ack(tx, 1, nil)
 	if p := tr.Position(); p.LSN != 700 || p.CommitLSN != 650 || !p.CommitTime.Equal(at.Add(time.Second)) {
 		t.Fatalf("after the ack: %+v, want the transaction's end 0/2BC, commit 0/28A", p)
 	}
 	tr.Keepalive(800, at.Add(2*time.Second))
 	if p := tr.Position(); p.LSN != 800 || p.CommitLSN != 650 {
 		t.Fatalf("idle again: %+v, want 0/320 with the last commit kept", p)
+	}
+}
+
+// TestTrackerFoldsEmptyTransactions (issue 23, item 9): while an event is
+// in flight, the transactions of other tables (PostgreSQL 14 sends their
+// BEGIN and COMMIT) and other prefixes' messages do not pile up: each folds
+// into the one before it, and the watermark reaches the last once the
+// event is acked.
+func TestTrackerFoldsEmptyTransactions(t *testing.T) {
+	tr := NewTracker(0, 100)
+	tx := tr.Begin(time.Time{})
+	tr.Track(tx, 10)
+	tr.Commit(tx, 10, 11, time.Time{})
+	for i := 0; i < 100_000; i++ {
+		e := tr.Begin(time.Time{})
+		lsn := pglogrepl.LSN(20 + 2*i)
+		tr.Commit(e, lsn, lsn+1, time.Time{})
+	}
+	if n := len(tr.txns); n > 2 || tr.Saturated() {
+		t.Fatalf("%d transactions kept, saturated %v; want them folded into one", n, tr.Saturated())
+	}
+	tr.Ack(tx, 10, nil)
+	if got, want := tr.Confirmed(), pglogrepl.LSN(20+2*99_999+1); got != want {
+		t.Fatalf("watermark %s after the ack, want %s (the last empty transaction's end)", got, want)
+	}
+	if pos := tr.Position(); pos.CommitLSN != 20+2*99_999 {
+		t.Errorf("last commit %s, want the last transaction's", pos.CommitLSN)
+	}
+}
+
+// TestTrackerTransactionsSaturate: transactions whose events were acked
+// but that wait behind one that was not (another partition stalled) count
+// against the limit too.
+func TestTrackerTransactionsSaturate(t *testing.T) {
+	tr := NewTracker(0, 10)
+	stuck := tr.Begin(time.Time{})
+	tr.Track(stuck, 1)
+	tr.Commit(stuck, 1, 2, time.Time{})
+	for i := 0; i < 10; i++ {
+		tx := tr.Begin(time.Time{})
+		tr.Track(tx, 1)
+		tr.Commit(tx, pglogrepl.LSN(10+2*i), pglogrepl.LSN(11+2*i), time.Time{})
+		tr.Ack(tx, 1, nil)
+	}
+	if !tr.Saturated() {
+		t.Fatalf("%d unresolved transactions and not saturated", len(tr.txns))
+	}
+	tr.Ack(stuck, 1, nil)
+	if tr.Saturated() || tr.Confirmed() != 29 {
+		t.Fatalf("after the stuck ack: saturated %v, watermark %s; want free and 0/1D", tr.Saturated(), tr.Confirmed())
+	}
+}
+
+// TestTrackerBytes (issue 23, item 4): events in flight saturate by bytes
+// as well as by count; one event is let through however large.
+func TestTrackerBytes(t *testing.T) {
+	tr := NewTracker(0, 4096)
+	tr.LimitBytes(1_000_000)
+	tx := tr.Begin(time.Time{})
+	for i := 0; i < 3; i++ {
+		if tr.Saturated() {
+			t.Fatalf("saturated after %d events of 250 KB", i)
+		}
+		tr.Track(tx, 250_000)
+	}
+	tr.Track(tx, 250_000)
+	if !tr.Saturated() || tr.InFlightBytes() != 1_000_000 {
+		t.Fatalf("4 events of 250 KB (%d bytes): saturated %v; want saturated at 1 MB", tr.InFlightBytes(), tr.Saturated())
+	}
+	for i := 0; i < 4; i++ {
+		tr.Ack(tx, 250_000, nil)
+	}
+	if tr.Saturated() || tr.InFlightBytes() != 0 {
+		t.Fatalf("all acked: saturated %v, %d bytes", tr.Saturated(), tr.InFlightBytes())
+	}
+	huge := tr.Begin(time.Time{})
+	if tr.Saturated() {
+		t.Fatal("saturated before a huge event")
+	}
+	tr.Track(huge, 10<<20)
+	if !tr.Saturated() {
+		t.Fatal("a 10 MiB event in flight does not saturate")
 	}
 }

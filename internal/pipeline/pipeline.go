@@ -30,6 +30,12 @@ import (
 // benchmarks (docs/benchmarks.md).
 const DefaultMaxInFlight = 4096
 
+// DefaultMaxInFlightBytes is max_in_flight_bytes's default: 64 MiB of
+// records waiting for Kafka, which franz-go's batches, the decoded rows and
+// the records each hold once, keeps the connector's memory under about
+// 128 MB however large the payloads.
+const DefaultMaxInFlightBytes = 64 << 20
+
 // DefaultUnhealthyAfter is Config.UnhealthyAfter's default: ten of the
 // longest reconnect backoffs, so that a restart is asked for only after
 // many retries have failed.
@@ -46,6 +52,12 @@ type Config struct {
 	// MaxInFlight is how many events may wait for Kafka's ack before the
 	// replication loop stops reading. Default DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxInFlightBytes is how many bytes of records may wait for Kafka's
+	// ack before the replication loop stops reading, whichever of the two
+	// limits comes first: with large payloads the count alone let a
+	// broker stall fill the memory (rule 25). Default
+	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
+	MaxInFlightBytes int64
 	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
 	// Default 30s.
 	ShutdownTimeout time.Duration
@@ -149,7 +161,16 @@ func (c *Config) Validate() error {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.MaxInFlight < 1 {
-		return fmt.Errorf("max_in_flight must be positive")
+		return fmt.Errorf("max_in_flight %d: use at least 1", c.MaxInFlight)
+	}
+	if c.MaxInFlight > 1_000_000 {
+		return fmt.Errorf("max_in_flight %d: use at most 1000000; memory is bounded by max_in_flight_bytes too", c.MaxInFlight)
+	}
+	if c.MaxInFlightBytes == 0 {
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if c.MaxInFlightBytes < 1<<20 {
+		return fmt.Errorf("max_in_flight_bytes %d: use at least 1048576 (1 MiB); the default is %d", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	}
 	if c.Kafka.MaxBufferedRecords == 0 {
 		// franz-go's Produce blocks when its buffer is full, which would
@@ -567,6 +588,13 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, p.cfg.RetryBackoffMax)
 	}
+}
+
+// newTracker is a session's tracker, with the in-flight limits.
+func (p *Pipeline) newTracker(from pglogrepl.LSN) *checkpoint.Tracker {
+	tr := checkpoint.NewTracker(from, p.cfg.MaxInFlight)
+	tr.LimitBytes(p.cfg.MaxInFlightBytes)
+	return tr
 }
 
 // recordSize estimates a record's size in a batch: franz-go fails a record

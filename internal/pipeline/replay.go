@@ -231,7 +231,7 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 			f.tables[t] = true
 		}
 	}
-	s := &session{p: p, kafka: k, tracker: checkpoint.NewTracker(start, p.cfg.MaxInFlight), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
+	s := &session{p: p, kafka: k, tracker: p.newTracker(start), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
 	acks := &replayAcks{Tracker: s.tracker, f: f, kafka: k}
 
 	tick := time.NewTicker(250 * time.Millisecond)

@@ -62,7 +62,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	s := &session{
 		p:       p,
 		kafka:   k,
-		tracker: checkpoint.NewTracker(from, p.cfg.MaxInFlight),
+		tracker: p.newTracker(from),
 		dec:     decode.New(p.cfg.Tables),
 		ctx:     ctx,
 		skipTo:  p.progress.Saved().CommitLSN,
@@ -361,12 +361,13 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
 		stamped, _ = route.ParseTimestamp(string(v.B))
 	}
-	s.tracker.Track(tx)
+	size := recordSize(rec)
+	s.tracker.Track(tx, size)
 	if s.eos != nil {
 		s.eos.produced()
 	}
 	s.kafka.Send(rec, func(err error) {
-		s.tracker.Ack(tx, err)
+		s.tracker.Ack(tx, size, err)
 		if err != nil {
 			m.ProduceErrors.Inc()
 		} else {

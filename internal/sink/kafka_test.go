@@ -81,8 +81,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func produceTxns(k *Kafka, tr *checkpoint.Tracker, keys []string, endBase int) {
 	for i, key := range keys {
 		tx := tr.Begin(time.Time{})
-		tr.Track(tx)
-		k.Produce(&kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v")}, func(err error) { tr.Ack(tx, err) })
+		tr.Track(tx, 1)
+		k.Produce(&kgo.Record{Topic: topic, Key: []byte(key), Value: []byte("v")}, func(err error) { tr.Ack(tx, 1, err) })
 		tr.Commit(tx, pglogrepl.LSN(endBase+10*(i+1)-1), pglogrepl.LSN(endBase+10*(i+1)), time.Time{})
 	}
 }
@@ -139,8 +139,8 @@ func TestMessageTooLarge(t *testing.T) {
 	k := newSink(t, c, Config{MaxMessageBytes: 1024})
 	tr := checkpoint.NewTracker(0, 10)
 	tx := tr.Begin(time.Time{})
-	tr.Track(tx)
-	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, err) })
+	tr.Track(tx, 1)
+	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, 1, err) })
 	tr.Commit(tx, 9, 10, time.Time{})
 	if err := k.Flush(context.Background()); err != nil {
 		t.Fatal(err)
