@@ -69,8 +69,13 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 	echo "chaos: Apache Kafka at $$brokers, $(CHAOS_KILLS) kills, writers at $(CHAOS_RATE) events/s, a $(CHAOS_OUTAGE) broker outage"; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_CHAOS_KILLS=$(CHAOS_KILLS) CDC_CHAOS_RATE=$(CHAOS_RATE) CDC_CHAOS_OUTAGE=$(CHAOS_OUTAGE) \
 	  $(GO) test -tags chaos -run '^TestChaos' -count=1 -v -timeout 60m ./cmd/cdc > "$$dir/chaos.log" 2>&1; rc=$$?; \
-	grep -E '^(--- |ok|FAIL)|chaos_test.go' "$$dir/chaos.log"; \
-	[ $$rc = 0 ] || tail -60 "$$dir/chaos.log"; exit $$rc
+	grep -E '^(--- |ok|FAIL)|chaos(_memory)?_test.go' "$$dir/chaos.log"; \
+	[ $$rc = 0 ] || { tail -60 "$$dir/chaos.log"; exit $$rc; }; \
+	echo "chaos: deployment scenarios on the real broker (replicas started together with a backfill, a restore in exactly-once mode, a takeover as the least-privileged role)"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -run '^(TestReplicasStartTogether|TestRestoreFromBackup|TestStandbyLeavesABusyHolder)$$' -count=1 -v -timeout 20m ./internal/pipeline > "$$dir/deploy.log" 2>&1 && \
+	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -run '^TestStandbyTakesOverAFrozenHolder$$' -count=1 -v -timeout 10m ./cmd/cdc >> "$$dir/deploy.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |ok|FAIL)|(deploy|history|standby)_test.go' "$$dir/deploy.log"; \
+	[ $$rc = 0 ] || tail -60 "$$dir/deploy.log"; exit $$rc
 
 kafka-start:      ## start a real broker for manual use; prints its address
 	./scripts/kafka.sh start
