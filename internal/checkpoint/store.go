@@ -60,7 +60,14 @@ func OpenStore(ctx context.Context, topic string, opts []kgo.Opt, log hclog.Logg
 func (s *Store) Topic() string { return s.topic }
 
 func (s *Store) ensureTopic(ctx context.Context, adm *kadm.Client) error {
-	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, s.topic)
+	// Small segments that roll hourly: compaction cleans only rolled
+	// segments, and with the broker's defaults (1 GB, 7 days) every
+	// superseded checkpoint stayed, for every start to read.
+	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{
+		"cleanup.policy": kadm.StringPtr("compact"),
+		"segment.bytes":  kadm.StringPtr("1048576"),
+		"segment.ms":     kadm.StringPtr("3600000"),
+	}, s.topic)
 	if err == nil {
 		err = resp.Err
 	}
@@ -174,23 +181,6 @@ func (s *Store) SaveRequest(ctx context.Context, key string, req BackfillRequest
 		return fmt.Errorf("write the backfill request to topic %q: %w", s.topic, err)
 	}
 	return nil
-}
-
-// LoadRequest reads backfill request id of the pipeline with checkpoint key
-// key; ok is false when there is none.
-func (s *Store) LoadRequest(ctx context.Context, key, id string) (req BackfillRequest, ok bool, err error) {
-	raw := map[string][]byte{}
-	if _, err := s.load(ctx, false, raw); err != nil {
-		return req, false, err
-	}
-	v, ok := raw[RequestKey(key, id)]
-	if !ok {
-		return req, false, nil
-	}
-	if err := json.Unmarshal(v, &req); err != nil {
-		return req, false, fmt.Errorf("backfill request %s in topic %q: %w", id, s.topic, err)
-	}
-	return req, req.ID == id, nil
 }
 
 func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]byte) (map[string]Record, error) {

@@ -92,3 +92,37 @@ func TestStoreSaveLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreTopicSegments: the checkpoint topic is created with small
+// segments that roll hourly, so that compaction, which cleans only rolled
+// segments, keeps it small however many checkpoints were superseded.
+func TestStoreTopicSegments(t *testing.T) {
+	_, c := fakeStore(t, "cp")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	described, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, "cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := described.On("cp", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"cleanup.policy": "compact", "segment.bytes": "1048576", "segment.ms": "3600000"}
+	for _, cfg := range rc.Configs {
+		if w, ok := want[cfg.Key]; ok {
+			if cfg.Value == nil || *cfg.Value != w {
+				t.Errorf("%s = %v, want %s", cfg.Key, cfg.Value, w)
+			}
+			delete(want, cfg.Key)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("not set: %v", want)
+	}
+}

@@ -457,11 +457,12 @@ func (s *session) request(id string) error {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
 	defer cancel()
-	saved := s.p.progress.Saved()
 	var req checkpoint.BackfillRequest
 	var ok bool
+	// The follower has read the request already (cdc backfill writes it
+	// before it announces it in the WAL): this seldom waits.
 	err := s.blocking(func() (err error) {
-		req, ok, err = s.p.store.LoadRequest(ctx, saved.Key(), id)
+		req, ok, err = s.requests.Get(ctx, id)
 		return err
 	})
 	if err != nil {

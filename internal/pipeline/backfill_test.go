@@ -426,3 +426,97 @@ func TestBackfillBesideStream(t *testing.T) {
 	}
 	t.Logf("%d chunks; %d old rows; %d live rows, %d of them re-sent by the backfill, %d committed between watermarks", len(windows), len(old), len(live), doubled, within)
 }
+
+// TestBackfillRequestOffTheLoop (issue 23, item 11): the checkpoint topic
+// holds 100,000 superseded records of another pipeline. A backfill request
+// is read off the replication loop (a follower has read it by the time
+// the WAL announces it), so live events keep flowing while it is taken:
+// none waits a second for its ack. The loop used to read the whole topic
+// itself.
+func TestBackfillRequestOffTheLoop(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('i', i) FROM generate_series(1, 500) i`)
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 100})}
+	var worst atomic.Int64 // the longest commit -> ack of a live event, in ns
+	e.onDelivered = func(rec *kgo.Record, err error) {
+		if err == nil && string(rec.Value) != "" && strings.Contains(string(rec.Value), `"live"`) {
+			if d := int64(time.Since(rec.Timestamp)); d > worst.Load() {
+				worst.Store(d)
+			}
+		}
+	}
+	// The first start creates the slot after the old rows: only a
+	// request sends them.
+	r := e.start(t)
+
+	cl := kafka.Client(t)
+	old := checkpoint.Record{Slot: "another_pipeline", SystemID: "7000000000000000002", Timeline: 1, UpdatedAt: time.Now()}
+	for i := 0; i < 100_000; i++ {
+		old.Confirmed = pglogrepl.LSN(i)
+		v, err := json.Marshal(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl.Produce(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(old.Key()), Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := make(chan struct{})
+	live, wait := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(wait)
+		conn := connect(t, db)
+		tick := time.NewTicker(10 * time.Millisecond) // the writer's pace, not a synchronisation
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if _, err := conn.Exec(context.Background(), `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-live', 'live', jsonb_build_object('live', $1::int))`, i); err != nil {
+				t.Error(err)
+				return
+			}
+			if i == 50 {
+				close(live)
+			}
+		}
+	}()
+	<-live
+	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	<-wait
+	if job.Rows < 500 {
+		t.Errorf("the backfill sent %d rows, want the 500 old ones at least", job.Rows)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("100,000 superseded records in the checkpoint topic: the longest commit -> ack of a live event during the request was %s", time.Duration(worst.Load()).Round(time.Millisecond))
+	if w := time.Duration(worst.Load()); w > time.Second {
+		t.Errorf("a live event waited %s for its ack while the request was taken; want under 1s", w.Round(time.Millisecond))
+	}
+}

@@ -57,6 +57,8 @@ type env struct {
 	logLevel hclog.Level
 	// onChunk is the pipeline's Options.OnBackfillChunk.
 	onChunk func(low, high pglogrepl.LSN, read, sent int)
+	// onDelivered is the pipeline's Options.OnDelivered.
+	onDelivered func(rec *kgo.Record, err error)
 }
 
 func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
@@ -114,6 +116,7 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 		KafkaOpts:       []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
 		OnSession:       func(tr *checkpoint.Tracker) { r.tracker.Store(tr) },
 		OnBackfillChunk: e.onChunk,
+		OnDelivered:     e.onDelivered,
 	})
 	if err != nil {
 		t.Fatal(err)

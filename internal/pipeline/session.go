@@ -86,6 +86,12 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 			return err
 		}
 	}
+	saved := p.progress.Saved()
+	if s.requests, err = p.store.FollowRequests(saved.Key()); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer s.requests.Close()
 	p.walsender.Store(conn.PID())
 	stream, err := conn.Start(ctx, p.cfg.Postgres.Slot, from)
 	if err != nil {
@@ -217,6 +223,8 @@ type session struct {
 	eos *committer
 	// stream is the replication stream once it started, for blocking.
 	stream *wal.Stream
+	// requests follows the backfill requests in the checkpoint topic.
+	requests *checkpoint.Requests
 	// skipTo is the commit LSN of the last transaction the checkpoint
 	// says Kafka holds, in this WAL history (sameHistory); skipping is set
 	// between the BEGIN and COMMIT of a transaction at or below it. A
