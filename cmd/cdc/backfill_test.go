@@ -59,6 +59,8 @@ func TestBackfillKilledResumes(t *testing.T) {
 		fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
 		SELECT 'order', 'a-' || (s %% 100), 'E', jsonb_build_object('seq', s) FROM generate_series(1, %d) s`, rows))
 	kafka := testenv.NewKafka(t)
+	// As the least-privileged role: the connector and cdc backfill.
+	role := leastPrivileged(t, db, false)
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
 	write := func(backfill string) {
 		err := os.WriteFile(config, []byte(fmt.Sprintf(`
@@ -77,7 +79,7 @@ http:
   listen: ""
 log:
   level: info
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", backfill, kafka.CheckpointTopic())), 0o600)
+`, role, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", backfill, kafka.CheckpointTopic())), 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}
