@@ -162,9 +162,15 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(cfg.Linger),
 		// A topic just created (or being auto-created) takes a moment to
-		// reach every broker's metadata, longer on a busy cluster: keep
-		// asking rather than fail its first records (the default is 4).
-		kgo.UnknownTopicRetries(60),
+		// reach every broker's metadata and to get its partitions' leaders,
+		// seconds on a busy or cold cluster: keep asking rather than fail
+		// its records (the default fails them after 4 tries; 60 still
+		// failed them under make chaos's new-topics scenario on a fresh
+		// broker, which ended the session and sent its events twice). A
+		// topic that cannot exist is refused before its first record
+		// (EnsureTopic); one deleted while the connector runs stalls it,
+		// which the stall warning and cdc_behind_seconds show.
+		kgo.UnknownTopicRetries(-1),
 		// And look again soon: franz-go re-asks every 250ms for 2s, then
 		// waits MetadataMinAge (5s by default) between tries, which on a
 		// busy broker put a new topic's first records seconds late. The
