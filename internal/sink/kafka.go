@@ -166,11 +166,12 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		// seconds on a busy or cold cluster: keep asking rather than fail
 		// its records (the default fails them after 4 tries; 60 still
 		// failed them under make chaos's new-topics scenario on a fresh
-		// broker, which ended the session and sent its events twice). A
-		// topic that cannot exist is refused before its first record
-		// (EnsureTopic); one deleted while the connector runs stalls it,
-		// which the stall warning and cdc_behind_seconds show.
-		kgo.UnknownTopicRetries(-1),
+		// broker, which ended the session and sent its events twice). 600
+		// tries, a quarter second apart at least, are minutes: a topic the
+		// broker will never create (auto-creation relied on but off) still
+		// ends in an error that says so. One the connector may not create
+		// is refused before its first record (EnsureTopic).
+		kgo.UnknownTopicRetries(600),
 		// And look again soon: franz-go re-asks every 250ms for 2s, then
 		// waits MetadataMinAge (5s by default) between tries, which on a
 		// busy broker put a new topic's first records seconds late. The
