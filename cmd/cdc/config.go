@@ -70,6 +70,9 @@ type fileConfig struct {
 	Standby struct {
 		TakeoverAfter *time.Duration `yaml:"takeover_after"`
 	} `yaml:"standby"`
+	Backfill struct {
+		StatementTimeout time.Duration `yaml:"statement_timeout"`
+	} `yaml:"backfill"`
 	Delivery    string `yaml:"delivery"`
 	ExactlyOnce struct {
 		CommitEvents       int           `yaml:"commit_events"`
@@ -248,6 +251,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
 		Delivery:                  fc.Delivery,
 		Standby:                   pipeline.StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
+		Backfill:                  pipeline.BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout},
 		ExactlyOnce: pipeline.ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
 			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
 	}

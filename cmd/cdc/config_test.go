@@ -131,7 +131,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"unknown nested key", "postgres: {url: 'postgres://u@h/d', slots: x}\nkafka: {brokers: [k:1]}\n", "unknown key postgres.slots (line 1); did you mean slot?"},
 		{"swapped letters", "postgres: {url: 'postgres://u@h/d'}\nkafka:\n  borkers: [k:1]\n", "unknown key kafka.borkers (line 3); did you mean brokers?"},
 		{"unknown key in a table", base + "tables: [{name: outbox, topik: x}]\n", "unknown key tables[0].topik (line 3); did you mean topic?"},
-		{"nothing close", base + "zzz: 1\n", "unknown key zzz (line 3); the keys here are checkpoint, delivery, exactly_once, http, kafka,"},
+		{"nothing close", base + "zzz: 1\n", "unknown key zzz (line 3); the keys here are backfill, checkpoint, delivery, exactly_once, http, kafka,"},
 		{"bad duration", base + "shutdown_timeout: soon\n", `shutdown_timeout (line 3): "soon" is not a duration; write a number with a unit`},
 		{"duration without unit", base + "replay: {window: 5}\n", `replay.window (line 3): "5" is not a duration`},
 		{"bad number", base + "max_in_flight: lots\n", `max_in_flight (line 3): "lots" is not a whole number`},

@@ -100,7 +100,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 	p := &Plan{Table: t, Where: strings.TrimSpace(where), Key: key, chunk: chunk}
 	var sel []string
 	for _, c := range t.Needed() {
-		sel = append(sel, pgident.Quote(c))
+		sel = append(sel, pgident.Ident(c))
 	}
 	p.keyAt = len(sel)
 	var keyList, desc []string
@@ -112,18 +112,18 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 		return strings.Join(ps, ", ")
 	}
 	for _, k := range key {
-		sel = append(sel, pgident.Quote(k))
-		keyList = append(keyList, pgident.Quote(k))
-		desc = append(desc, pgident.Quote(k)+" DESC")
+		sel = append(sel, pgident.Ident(k))
+		keyList = append(keyList, pgident.Ident(k))
+		desc = append(desc, pgident.Ident(k)+" DESC")
 	}
-	cond := "true"
-	if p.Where != "" {
-		cond = "(" + p.Where + ")"
+	if err := CheckCondition(p.Where); err != nil {
+		return nil, errorf("backfill of %s: %v", t, err)
 	}
+	cond, from := p.condition(), p.from()
 	keys := "(" + strings.Join(keyList, ", ") + ")"
 	for after := 0; after < 2; after++ {
 		for until := 0; until < 2; until++ {
-			q := fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), t.Name, cond)
+			q := fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), from, cond)
 			n := 1
 			if after == 1 {
 				q += fmt.Sprintf(" AND %s > (%s)", keys, params(n))
@@ -135,7 +135,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 			p.queries[after][until] = q + fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keyList, ", "), chunk)
 		}
 	}
-	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), t.Name, cond, strings.Join(desc, ", "))
+	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), from, cond, strings.Join(desc, ", "))
 
 	// Have the server parse the queries: a bad condition fails here,
 	// before anything is sent.
@@ -158,12 +158,11 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 
 // Count counts the matching rows, for the progress's estimate.
 func (p *Plan) Count(ctx context.Context, conn *pgx.Conn) (int64, error) {
-	cond := "true"
-	if p.Where != "" {
-		cond = "(" + p.Where + ")"
-	}
 	var n int64
-	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.Table.Name, cond)).Scan(&n); err != nil {
+	err := readOnly(ctx, conn, func() error {
+		return conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.from(), p.condition())).Scan(&n)
+	})
+	if err != nil {
 		return 0, fmt.Errorf("count the rows to backfill from %s: %s", p.Table, pgMessage(err))
 	}
 	return n, nil
@@ -184,14 +183,18 @@ type Chunk struct {
 // matches: a backfill beside the stream stops there, since the stream
 // sends the rows committed after it started.
 func (p *Plan) Last(ctx context.Context, conn *pgx.Conn) ([]string, error) {
-	rr := conn.PgConn().ExecParams(ctx, p.last, nil, nil, nil, nil)
 	var last []string
-	for rr.NextRow() {
-		for _, v := range rr.Values() {
-			last = append(last, string(v))
+	err := readOnly(ctx, conn, func() error {
+		rr := conn.PgConn().ExecParams(ctx, p.last, nil, nil, nil, nil)
+		for rr.NextRow() {
+			for _, v := range rr.Values() {
+				last = append(last, string(v))
+			}
 		}
-	}
-	if _, err := rr.Close(); err != nil {
+		_, err := rr.Close()
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("backfill of %s: read the last key: %s", p.Table, pgMessage(err))
 	}
 	return last, nil
@@ -250,6 +253,108 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 	}
 	c.Final = len(c.Rows) < p.chunk
 	return c, nil
+}
+
+// readOnly runs fn in a read-only transaction, unless conn is in a
+// transaction already (a snapshot's, or a chunk's, both read-only): a
+// condition can then write nothing.
+func readOnly(ctx context.Context, conn *pgx.Conn, fn func() error) error {
+	if conn.PgConn().TxStatus() != 'I' {
+		return fn()
+	}
+	if _, err := conn.Exec(ctx, "BEGIN READ ONLY"); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	_, err := conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+// condition is the WHERE clause's condition: the operator's, on lines of
+// its own inside parentheses (CheckCondition made sure it cannot close
+// them, end the statement or comment out the rest), or true.
+func (p *Plan) condition() string {
+	if p.Where == "" {
+		return "true"
+	}
+	return "(\n" + p.Where + "\n)"
+}
+
+// from is the table, as a statement names it: always quoted.
+func (p *Plan) from() string { return pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name) }
+
+// CheckCondition refuses a backfill condition that could change the
+// statement it is placed in rather than filter its rows: one that closes
+// more parentheses than it opens, ends the statement (;), or starts a
+// comment (-- or /*), outside string literals and quoted identifiers. A
+// condition comes from the config or from cdc backfill, and reaches a
+// connection of a role that can read every table (rule 23): whatever it
+// says runs in a read-only transaction with a statement timeout, and this
+// keeps it inside its WHERE.
+func CheckCondition(where string) error {
+	depth := 0
+	for i := 0; i < len(where); i++ {
+		switch c := where[i]; {
+		case c == '\'':
+			// A string literal, '' inside it a quote. An E'' string may
+			// escape a quote with a backslash.
+			escapes := i > 0 && (where[i-1] == 'E' || where[i-1] == 'e')
+			for i++; ; i++ {
+				if i >= len(where) {
+					return fmt.Errorf("backfill condition %q: a string literal is not closed", where)
+				}
+				if escapes && where[i] == '\\' {
+					i++
+					continue
+				}
+				if where[i] == '\'' {
+					if i+1 < len(where) && where[i+1] == '\'' {
+						i++
+						continue
+					}
+					break
+				}
+			}
+		case c == '"':
+			j := strings.IndexByte(where[i+1:], '"')
+			if j < 0 {
+				return fmt.Errorf("backfill condition %q: a quoted identifier is not closed", where)
+			}
+			i += j + 1
+		case c == '$':
+			// A dollar-quoted string: $$...$$ or $tag$...$tag$.
+			j := strings.IndexByte(where[i+1:], '$')
+			tag := ""
+			if j >= 0 {
+				tag = where[i : i+j+2]
+			}
+			if j < 0 || strings.ContainsAny(tag[1:len(tag)-1], " ()'\";-") {
+				continue // a parameter such as $1, or a name with $ in it
+			}
+			k := strings.Index(where[i+len(tag):], tag)
+			if k < 0 {
+				return fmt.Errorf("backfill condition %q: a dollar-quoted string is not closed", where)
+			}
+			i += len(tag) + k + len(tag) - 1
+		case c == '(':
+			depth++
+		case c == ')':
+			if depth--; depth < 0 {
+				return fmt.Errorf("backfill condition %q closes a parenthesis it did not open; write a condition, such as published_at IS NULL", where)
+			}
+		case c == ';':
+			return fmt.Errorf("backfill condition %q contains ';'; write one condition, not statements", where)
+		case c == '-' && i+1 < len(where) && where[i+1] == '-', c == '/' && i+1 < len(where) && where[i+1] == '*':
+			return fmt.Errorf("backfill condition %q contains a comment; remove it", where)
+		}
+	}
+	if depth != 0 {
+		return fmt.Errorf("backfill condition %q leaves a parenthesis open", where)
+	}
+	return nil
 }
 
 // ChunkSize is how many rows a full chunk holds.

@@ -45,8 +45,21 @@ func Parse(s string) (string, error) {
 	return parts[0], nil
 }
 
-// Quote quotes an identifier for SQL unless it is a plain lower-case
-// name, so that messages show names the way a user would type them.
+// Ident quotes an identifier for SQL, always: a plain lower-case name can
+// still be a reserved word (user, order, select), which bare in a query
+// means something else (user is the role's name). Every statement the
+// connector builds names columns and tables with it (rule 23).
+func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// QualifiedIdent is schema.name for SQL, each part always quoted.
+func QualifiedIdent(schema, name string) string { return Ident(schema) + "." + Ident(name) }
+
+// Quote quotes an identifier for messages unless it is a plain lower-case
+// name, so that they show names the way a user would type them. Statements
+// use Ident.
+//
+// A keyword is quoted too, so that a name in a message can be pasted
+// into SQL.
 func Quote(s string) string {
 	plain := s != ""
 	for i, r := range s {
@@ -55,10 +68,25 @@ func Quote(s string) string {
 			break
 		}
 	}
-	if plain {
+	if plain && !reserved[s] {
 		return s
 	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+	return Ident(s)
+}
+
+// reserved are PostgreSQL's keywords that cannot stand bare as a column
+// name (reserved, and reserved-but-allowed-as-function-or-type names).
+var reserved = map[string]bool{}
+
+func init() {
+	for _, w := range strings.Fields(`all analyse analyze and any array as asc asymmetric authorization binary both case cast check collate collation column
+		concurrently constraint create cross current_catalog current_date current_role current_schema current_time current_timestamp current_user
+		default deferrable desc distinct do else end except false fetch for foreign freeze from full grant group having ilike in initially inner
+		intersect into is isnull join lateral leading left like limit localtime localtimestamp natural not notnull null offset on only or order
+		outer overlaps placing primary references returning right select session_user similar some symmetric system_user table tablesample then
+		to trailing true union unique user using variadic verbose when where window with`) {
+		reserved[w] = true
+	}
 }
 
 // split splits a dotted SQL identifier path, honouring double quotes

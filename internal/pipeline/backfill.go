@@ -194,7 +194,7 @@ func (p *Pipeline) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Back
 
 // checkBackfills has the server check each job's queries.
 func (p *Pipeline) checkBackfills(ctx context.Context, jobs []checkpoint.Backfill) error {
-	conn, err := wal.ConnectRows(ctx, p.cfg.Postgres)
+	conn, err := wal.ConnectRows(ctx, p.cfg.Postgres, p.cfg.Backfill.StatementTimeout)
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func (p *Pipeline) progressLog(job checkpoint.Backfill, rows int64, since time.T
 // until the stream runs; the jobs' progress goes to the checkpoint as it
 // is acknowledged, and an interruption is continued beside the stream.
 func (p *Pipeline) initialBackfill(ctx context.Context, s *session, snapshot string, at pglogrepl.LSN) error {
-	conn, err := wal.ConnectRows(ctx, p.cfg.Postgres)
+	conn, err := wal.ConnectRows(ctx, p.cfg.Postgres, p.cfg.Backfill.StatementTimeout)
 	if err != nil {
 		return err
 	}
@@ -507,7 +507,7 @@ func (p *Pipeline) runBackfills(ctx context.Context) {
 		}
 		var err error
 		if conn == nil {
-			conn, err = wal.ConnectRows(ctx, p.cfg.Postgres)
+			conn, err = wal.ConnectRows(ctx, p.cfg.Postgres, p.cfg.Backfill.StatementTimeout)
 		}
 		if err == nil {
 			err = p.runJob(ctx, conn, run, job)
@@ -692,7 +692,7 @@ type Requested struct {
 // message with its ID tells the pipeline, at a point of the stream, which
 // is where the job starts.
 func (p *Pipeline) RequestBackfill(ctx context.Context, t *outbox.Table, where string) (Requested, error) {
-	rows, err := wal.ConnectRows(ctx, p.cfg.Postgres)
+	rows, err := wal.ConnectRows(ctx, p.cfg.Postgres, p.cfg.Backfill.StatementTimeout)
 	if err != nil {
 		return Requested{}, err
 	}

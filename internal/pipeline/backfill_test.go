@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -518,5 +519,80 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	t.Logf("100,000 superseded records in the checkpoint topic: the longest commit -> ack of a live event during the request was %s", time.Duration(worst.Load()).Round(time.Millisecond))
 	if w := time.Duration(worst.Load()); w > time.Second {
 		t.Errorf("a live event waited %s for its ack while the request was taken; want under 1s", w.Round(time.Millisecond))
+	}
+}
+
+// TestBackfillConditionIsContained (issue 24): a condition runs as the
+// connector's role, which can read every table, so it is kept inside its
+// WHERE, in a read-only transaction, under backfill.statement_timeout.
+func TestBackfillConditionIsContained(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `CREATE SEQUENCE side_effect`, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-1', 'old', '{}' FROM generate_series(1, 10)`)
+	cfg := newEnvConfig(db, kafka)
+	cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 100})}
+	cfg.Backfill.StatementTimeout = time.Second
+	e := &env{db: db, kafka: kafka, cfg: cfg}
+	e.start(t)
+	admin, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tt := range []struct{ where, want string }{
+		{"true) --", "closes a parenthesis it did not open"},
+		{"true) OR (true", "closes a parenthesis it did not open"},
+		{"true; SELECT 1", "contains ';'"},
+		{"nextval('side_effect') > 0", "read-only transaction"},
+		{"pg_sleep(5) IS NOT NULL", "statement timeout"},
+	} {
+		_, err := admin.RequestBackfill(ctx, cfg.Tables[0], tt.where)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("backfill where %q: %v; want an error saying %q", tt.where, err, tt.want)
+		}
+	}
+	var used bool
+	testenv.QueryRow(t, db, `SELECT is_called FROM side_effect`, nil, &used)
+	if used {
+		t.Error("a condition wrote: the sequence was advanced")
+	}
+}
+
+// TestBackfillColumnNamedUser (issue 24): the aggregate id lives in a
+// column named user, a reserved word. The first start's backfill keys each
+// event by that column's value; the statement used to name it bare, which
+// Postgres reads as the role's name.
+func TestBackfillColumnNamedUser(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE events (id serial PRIMARY KEY, kind text NOT NULL, "user" text NOT NULL, "order" text NOT NULL, payload jsonb NOT NULL)`,
+		`INSERT INTO events (kind, "user", "order", payload) SELECT 'account', 'user-' || i, 'Created', jsonb_build_object('i', i) FROM generate_series(1, 200) i`)
+	cfg := newEnvConfig(db, kafka)
+	cfg.Tables = []*outbox.Table{{
+		Name: outbox.TableName{Schema: "public", Name: "events"},
+		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "kind", outbox.FieldAggregateID: "user",
+			outbox.FieldEventType: "order", outbox.FieldPayload: "payload"},
+		Topic:    kafka.Prefix + outbox.DefaultTopic,
+		Backfill: &outbox.Backfill{OrderBy: []string{"id"}, ChunkSize: 50},
+	}}
+	e := &env{db: db, kafka: kafka, cfg: cfg}
+	e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 200)
+	keys := map[string]bool{}
+	for _, r := range c.Records {
+		var p struct{ I int }
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("user-%d", p.I); string(r.Key) != want || testenv.Header(r, route.HeaderEventType) != "Created" {
+			t.Fatalf("record %d: key %q, type %q; want %q and Created (the columns' values)", p.I, r.Key, testenv.Header(r, route.HeaderEventType), want)
+		}
+		keys[string(r.Key)] = true
+	}
+	if len(keys) != 200 {
+		t.Errorf("%d distinct keys, want 200", len(keys))
 	}
 }

@@ -71,6 +71,8 @@ type Config struct {
 	Checkpoint CheckpointConfig
 	// Replay keeps WAL for replays and rewinds.
 	Replay ReplayConfig
+	// Backfill configures every backfill's statements.
+	Backfill BackfillConfig
 	// Standby configures how an instance that finds the slot in use
 	// takes over from a holder that went silent.
 	Standby StandbyConfig
@@ -91,6 +93,14 @@ type CheckpointConfig struct {
 	// Topic is the compacted Kafka topic of the checkpoints, created when
 	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
 	Topic string
+}
+
+// BackfillConfig configures the statements backfills run.
+type BackfillConfig struct {
+	// StatementTimeout cancels a backfill statement (a chunk, a count)
+	// that runs longer: a condition is the operator's, and runs as a role
+	// that can read every table. Default 5m (backfill.statement_timeout).
+	StatementTimeout time.Duration
 }
 
 // ReplayConfig configures the replay window.
@@ -198,6 +208,12 @@ func (c *Config) Validate() error {
 	}
 	if c.UnhealthyAfter < time.Second {
 		return fmt.Errorf("http.unhealthy_after %s: use at least 1s; minutes in production", c.UnhealthyAfter)
+	}
+	if c.Backfill.StatementTimeout == 0 {
+		c.Backfill.StatementTimeout = 5 * time.Minute
+	}
+	if c.Backfill.StatementTimeout < time.Second {
+		return fmt.Errorf("backfill.statement_timeout %s: use at least 1s; minutes in production", c.Backfill.StatementTimeout)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

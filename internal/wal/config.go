@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
 	Messages bool
+
+	// rowsTimeout is ConnectRows' statement timeout.
+	rowsTimeout time.Duration
 }
 
 // DefaultConfirmInterval is ConfirmInterval's default: short enough that a
@@ -111,8 +115,12 @@ func ConnectSQL(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 
 // ConnectRows opens a connection for reading outbox rows as text: with the
 // output formats a replication connection has, so that a row read here
-// decodes to the same bytes as its INSERT streamed.
-func ConnectRows(ctx context.Context, cfg Config) (*pgx.Conn, error) {
+// decodes to the same bytes as its INSERT streamed. Every statement on it
+// is cancelled after statementTimeout (0: the server's setting): a
+// backfill's condition is the operator's, and must not run for ever as a
+// role that can read every table.
+func ConnectRows(ctx context.Context, cfg Config, statementTimeout time.Duration) (*pgx.Conn, error) {
+	cfg.rowsTimeout = statementTimeout
 	return connectSQL(ctx, cfg, true)
 }
 
@@ -135,6 +143,9 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		// sends only flushed WAL, and with synchronous_commit off a
 		// commit waits for the WAL writer (up to wal_writer_delay).
 		pc.RuntimeParams["synchronous_commit"] = "local"
+		if cfg.rowsTimeout > 0 {
+			pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.rowsTimeout.Milliseconds(), 10)
+		}
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
