@@ -62,6 +62,10 @@ func TestBackfillKilledResumes(t *testing.T) {
 	// As the least-privileged role: the connector and cdc backfill.
 	role := leastPrivileged(t, db, false)
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	keyFile := filepath.Join(t.TempDir(), "signing.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	write := func(backfill string) {
 		err := os.WriteFile(config, []byte(fmt.Sprintf(`
 postgres:
@@ -75,11 +79,12 @@ tables:
 %s
 checkpoint:
   topic: %s
+  signing_key_file: %s
 http:
   listen: ""
 log:
   level: info
-`, role, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", backfill, kafka.CheckpointTopic())), 0o600)
+`, role, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", backfill, kafka.CheckpointTopic(), keyFile)), 0o600)
 		if err != nil {
 			t.Fatal(err)
 		}

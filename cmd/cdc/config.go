@@ -62,7 +62,8 @@ type fileConfig struct {
 		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
 	} `yaml:"kafka"`
 	Checkpoint struct {
-		Topic string `yaml:"topic"`
+		Topic          string `yaml:"topic"`
+		SigningKeyFile string `yaml:"signing_key_file"`
 	} `yaml:"checkpoint"`
 	Replay struct {
 		Window time.Duration `yaml:"window"`
@@ -192,6 +193,14 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
 		}
 	}
+	var signingKeys [][]byte
+	if f := fc.Checkpoint.SigningKeyFile; f != "" {
+		keys, err := readSigningKeys(f)
+		if err != nil {
+			return pipeline.Config{}, logConfig{}, err
+		}
+		signingKeys = keys
+	}
 	if lc.Level == "" {
 		lc.Level = "info"
 	}
@@ -247,7 +256,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
 		RetryBackoff:              fc.Reconnect.Backoff,
 		RetryBackoffMax:           fc.Reconnect.BackoffMax,
-		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic},
+		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic, SigningKeys: signingKeys},
 		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
 		Delivery:                  fc.Delivery,
 		Standby:                   pipeline.StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
@@ -374,4 +383,29 @@ func oneLine(err error) string {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
 	return strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " ")
+}
+
+// readSigningKeys reads checkpoint.signing_key_file: one key a line, the
+// first signing, every one verifying (a key being rotated in or out). The
+// errors never show a key.
+func readSigningKeys(file string) ([][]byte, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint.signing_key_file: %v", err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if len(line) < 32 {
+			return nil, fmt.Errorf("checkpoint.signing_key_file %s: the key on line %d is %d characters; use at least 32 (openssl rand -hex 32)", file, i+1, len(line))
+		}
+		keys = append(keys, []byte(line))
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("checkpoint.signing_key_file %s is empty; put a key in it: openssl rand -hex 32 > %s", file, file)
+	}
+	return keys, nil
 }

@@ -154,7 +154,7 @@ replay: {window: 1h}
 		"cdc_checkpoints_total":          func(v float64) bool { return v >= 1 },
 		"cdc_restarts_total":             func(v float64) bool { return v == 0 },
 		"cdc_kafka_produce_errors_total": func(v float64) bool { return v == 0 },
-		"cdc_dead_letters_total":         func(v float64) bool { return v == -1 }, // no source has had one
+		"cdc_dead_letters_total":         func(v float64) bool { return v == 0 }, // exported at 0 for each source before any (issue 23)
 		"go_goroutines":                  func(v float64) bool { return v > 0 },
 		"process_resident_memory_bytes":  func(v float64) bool { return v > 0 },
 	} {

@@ -41,6 +41,11 @@ type Metrics struct {
 	Streaming      prometheus.Gauge
 	WindowsLost    prometheus.Counter
 	Checkpoints    prometheus.Counter
+	// ForgedRequests counts backfill requests whose signature did not
+	// verify; ForeignRecords records in the checkpoint topic that are not
+	// checkpoints the connector could read.
+	ForgedRequests prometheus.Counter
+	ForeignRecords prometheus.Counter
 	// ProduceRequests counts produce requests written to brokers: events
 	// per request shows how well batching works.
 	ProduceRequests prometheus.Counter
@@ -95,11 +100,15 @@ func New() *Metrics {
 		Help: "Replay windows lost because Postgres invalidated the replay slot."})
 	m.Checkpoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_checkpoints_total",
 		Help: "Checkpoints written to the checkpoint topic and acknowledged."})
+	m.ForgedRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_backfill_requests_refused_total",
+		Help: "Backfill requests ignored because their signature did not verify (not written by cdc backfill with checkpoint.signing_key_file's key)."})
+	m.ForeignRecords = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_checkpoint_foreign_records_total",
+		Help: "Records in the checkpoint topic the connector did not write (not a checkpoint it can read), skipped."})
 	m.ProduceRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_kafka_produce_requests_total",
 		Help: "Produce requests written to the brokers (events, dead letters and checkpoints together)."})
 	for _, c := range []prometheus.Collector{m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
-		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows,
+		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
@@ -70,7 +72,11 @@ func ControlMessage(id string) (string, []any) {
 // stream's control messages. The stream's goroutine changes it; the job
 // runner reads it.
 type backfills struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// run names this session's job runner in its watermarks and failures:
+	// random, and read only by logical decoding (a REPLICATION role), so a
+	// message another role writes cannot pass for one of them.
+	run   string
 	jobs  []checkpoint.Backfill
 	chunk *liveChunk    // the chunk between its watermarks
 	wake  chan struct{} // a job was added
@@ -95,6 +101,7 @@ type liveChunk struct {
 
 func (b *backfills) reset(jobs []checkpoint.Backfill) {
 	b.mu.Lock()
+	b.run = newID()
 	b.jobs = slices.Clone(jobs)
 	b.chunk = nil
 	b.mu.Unlock()
@@ -435,7 +442,12 @@ func (s *session) control(m *decode.Message) error {
 		s.tracker.Note(s.tx, jobs)
 		close(ch.done)
 	case controlFail:
-		if !bf.has(c.Job) {
+		bf.mu.Lock()
+		ours := c.Run != "" && c.Run == bf.run
+		bf.mu.Unlock()
+		if !ours || !bf.has(c.Job) {
+			// Not this session's runner: another role's message, or one of
+			// an earlier session's, read again (its job runs again).
 			return nil
 		}
 		jobs := bf.update(c.Job, func(j *checkpoint.Backfill) {
@@ -446,6 +458,21 @@ func (s *session) control(m *decode.Message) error {
 		s.tracker.Note(s.tx, jobs)
 	}
 	return nil
+}
+
+// storedError is what the checkpoint keeps of why a job ended: the
+// SQLSTATE of a server error and, for a statement the server refused or
+// cancelled, its message; never a message that may quote row data (a bad
+// value's text). The log has the whole error.
+func storedError(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return oneLine(err)
+	}
+	if strings.HasPrefix(pe.Code, "42") || pe.Code == "57014" {
+		return fmt.Sprintf("SQLSTATE %s: %s", pe.Code, pe.Message)
+	}
+	return fmt.Sprintf("SQLSTATE %s (the connector's log has the message)", pe.Code)
 }
 
 // request takes backfill request id, if cdc backfill wrote it to the
@@ -472,6 +499,16 @@ func (s *session) request(id string) error {
 		s.p.log.Warn("ignored a backfill request that cdc backfill did not write to the checkpoint topic", "id", id)
 		return nil
 	}
+	saved := s.p.progress.Saved()
+	switch keys := s.p.cfg.Checkpoint.SigningKeys; {
+	case len(keys) == 0:
+		s.p.log.Warn("ignored a backfill request: cdc run has no checkpoint.signing_key_file to check it was cdc backfill's; set the same file for both", "id", id)
+		return nil
+	case !req.Verify(keys, saved.Key()):
+		s.p.log.Warn("ignored a backfill request whose signature does not verify: written by someone without checkpoint.signing_key_file's key, or with another key", "id", id)
+		s.p.m.ForgedRequests.Inc()
+		return nil
+	}
 	if t := s.p.table(req.Table); t == nil {
 		s.p.log.Warn("ignored a backfill request for a table that is not configured", "id", id, "table", req.Table)
 		return nil
@@ -488,7 +525,9 @@ func (s *session) request(id string) error {
 // runBackfills runs the jobs beside the stream until ctx is done, one at a
 // time, in order.
 func (p *Pipeline) runBackfills(ctx context.Context) {
-	run := newID()
+	p.bf.mu.Lock()
+	run := p.bf.run
+	p.bf.mu.Unlock()
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -521,7 +560,7 @@ func (p *Pipeline) runBackfills(ctx context.Context) {
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
 			p.log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", oneLine(err))
-			err = emit(ctx, conn, control{Type: controlFail, Job: job.ID, Error: oneLine(err)})
+			err = emit(ctx, conn, control{Type: controlFail, Run: run, Job: job.ID, Error: storedError(err)})
 			if err == nil {
 				err = p.waitDone(ctx, job.ID)
 			}
@@ -692,6 +731,9 @@ type Requested struct {
 // message with its ID tells the pipeline, at a point of the stream, which
 // is where the job starts.
 func (p *Pipeline) RequestBackfill(ctx context.Context, t *outbox.Table, where string) (Requested, error) {
+	if len(p.cfg.Checkpoint.SigningKeys) == 0 {
+		return Requested{}, &wal.SetupError{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
+	}
 	rows, err := wal.ConnectRows(ctx, p.cfg.Postgres, p.cfg.Backfill.StatementTimeout)
 	if err != nil {
 		return Requested{}, err
@@ -720,6 +762,7 @@ func (p *Pipeline) RequestBackfill(ctx context.Context, t *outbox.Table, where s
 		return Requested{}, &wal.SetupError{Msg: fmt.Sprintf("backfill %s of %s is running (%d of %d rows); wait for it to finish (cdc status shows it), then ask again", a.ID, a.Table, a.Rows, a.Total)}
 	}
 	req := checkpoint.BackfillRequest{ID: job.ID, Table: job.Table, Where: where, RequestedAt: time.Now()}
+	req.Sign(p.cfg.Checkpoint.SigningKeys[0], rec.Key())
 	if err := p.store.SaveRequest(ctx, rec.Key(), req); err != nil {
 		return Requested{}, err
 	}

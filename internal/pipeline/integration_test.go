@@ -80,9 +80,13 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 		}},
 		RetryBackoff:    100 * time.Millisecond,
 		RetryBackoffMax: time.Second,
-		Checkpoint:      pipeline.CheckpointConfig{Topic: kafka.CheckpointTopic()},
+		Checkpoint:      pipeline.CheckpointConfig{Topic: kafka.CheckpointTopic(), SigningKeys: [][]byte{[]byte(testSigningKey)}},
 	}
 }
+
+// testSigningKey signs the tests' backfill requests.
+const testSigningKey = "0123456789abcdef0123456789abcdef-test"
+
 
 // running is a pipeline started in the background.
 type running struct {

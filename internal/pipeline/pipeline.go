@@ -93,6 +93,10 @@ type CheckpointConfig struct {
 	// Topic is the compacted Kafka topic of the checkpoints, created when
 	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
 	Topic string
+	// SigningKeys sign backfill requests (the first) and verify them (any):
+	// checkpoint.signing_key_file's lines. Without them cdc backfill
+	// refuses to ask and cdc run ignores requests.
+	SigningKeys [][]byte
 }
 
 // BackfillConfig configures the statements backfills run.

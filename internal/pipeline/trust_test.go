@@ -1,0 +1,140 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// Untrusted input (issue 24; rule 23): whoever may produce to the
+// checkpoint topic, or write a logical decoding message, must not steer
+// the connector.
+
+// TestForgedBackfillRequestIsIgnored: a backfill request written straight
+// to the checkpoint topic, unsigned and then signed with another key, and
+// announced in the WAL by a role that may write logical decoding
+// messages: its condition (which would fail loudly) never runs, no job
+// starts, and cdc_backfill_requests_refused_total counts it.
+func TestForgedBackfillRequestIsIgnored(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	e := newEnv(t, kafka)
+	testenv.Exec(t, e.db, `CREATE FUNCTION spy() RETURNS bool LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the forged condition ran'; END $$`)
+	var logs lockedLog
+	r := e.launch(t, &logs)
+	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
+
+	key := checkpoint.Key("outbox_cdc", systemID(t, e.db))
+	cl := kafka.Client(t)
+	for i, secret := range []string{"", "another key that is at least 32 characters"} {
+		req := checkpoint.BackfillRequest{ID: []string{"forged1", "forged2"}[i], Table: "public.outbox", Where: "spy()", RequestedAt: time.Now()}
+		if secret != "" {
+			req.Sign([]byte(secret), key)
+		}
+		v, _ := json.Marshal(req)
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(checkpoint.RequestKey(key, req.ID)), Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		sql, args := pipeline.ControlMessage(req.ID)
+		testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
+	}
+	testenv.Eventually(t, 30*time.Second, "both requests refused", func() bool {
+		return counterValue(r.p.Metrics().ForgedRequests) == 2
+	})
+	// An event after the announcements: the stream went past them.
+	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 30*time.Second, "the event after the forged requests", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := loadCheckpoint(t, e)
+	if len(rec.Backfills) != 0 {
+		t.Errorf("the checkpoint holds jobs %+v; want none", rec.Backfills)
+	}
+	if out := logs.String(); strings.Contains(out, "the forged condition ran") || !strings.Contains(out, "signature does not verify") {
+		t.Errorf("log:\n%s\nwant the requests ignored, their condition never run", out)
+	}
+}
+
+// TestForgedBackfillFailIsIgnored: while a signed backfill runs, another
+// role writes a backfill-fail message for it (the job's ID is in cdc
+// status; a first start's is first-start:<table>), without the runner's
+// run id and then with a made-up one. The job runs to its end.
+func TestForgedBackfillFailIsIgnored(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('i', i) FROM generate_series(1, 4000) i`)
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	chunks := make(chan struct{}, 1000)
+	e.onChunk = func(_, _ pglogrepl.LSN, _, _ int) { chunks <- struct{}{} }
+	r := e.start(t)
+	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-chunks // running
+	for _, run := range []string{"", "0123456789abcdef"} {
+		b, _ := json.Marshal(map[string]string{"type": "backfill-fail", "run": run, "job": req.ID, "error": "forged"})
+		testenv.Exec(t, db, "SELECT pg_logical_emit_message(true, '"+decode.ControlPrefix+"', '"+string(b)+"')")
+	}
+	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	if err != nil {
+		t.Fatalf("the backfill ended on %v; want it to run to its end", err)
+	}
+	if job.Rows != 4000 || job.Error != "" {
+		t.Errorf("job: %d rows, error %q; want 4000 rows and no error", job.Rows, job.Error)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockedLog is a log output the test reads while the pipeline writes it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// counterValue is a counter's value.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
