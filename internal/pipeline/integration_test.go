@@ -87,7 +87,6 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 // testSigningKey signs the tests' backfill requests.
 const testSigningKey = "0123456789abcdef0123456789abcdef-test"
 
-
 // running is a pipeline started in the background.
 type running struct {
 	p       *pipeline.Pipeline
