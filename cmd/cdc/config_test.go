@@ -123,6 +123,10 @@ log:
 }
 
 func TestLoadConfigErrors(t *testing.T) {
+	shortKeyFile := filepath.Join(t.TempDir(), "short.key")
+	if err := os.WriteFile(shortKeyFile, []byte("too-short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"
 	tests := []struct {
 		name, body, want string
@@ -160,6 +164,14 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"bad client log", base + "log: {kafka: wire}\n", "log.kafka \"wire\""},
 		{"backoff max below the first", base + "reconnect: {backoff: 10s, backoff_max: 1s}\n", "reconnect.backoff 10s and backoff_max 1s"},
 		{"bad status interval", "postgres: {url: 'postgres://u@h/d', status_interval: 90s}\nkafka: {brokers: [k:1]}\n", "status_interval"},
+		// Issue 24: nothing routes into the checkpoint topic, and numbers have bounds.
+		{"events into the checkpoint topic", base + "tables: [{name: outbox, topic: outbox-cdc.checkpoints}]\n", `topic "outbox-cdc.checkpoints" is the checkpoint topic`},
+		{"dead letters into the checkpoint topic", base + "checkpoint: {topic: cp}\ntables: [{name: outbox, on_invalid: dead-letter, dead_letter_topic: cp}]\n", `dead_letter_topic "cp" is the checkpoint topic`},
+		{"max_in_flight overflow", base + "max_in_flight: 99999999999\n", "max_in_flight"},
+		{"max_in_flight too large", base + "max_in_flight: 2000000\n", "use at most 1000000"},
+		{"max_in_flight_bytes too small", base + "max_in_flight_bytes: 1000\n", "max_in_flight_bytes 1000: use at least 1048576"},
+		{"short signing key", base + "checkpoint: {signing_key_file: " + shortKeyFile + "}\n", "use at least 32"},
+		{"statement timeout", base + "backfill: {statement_timeout: 10ms}\n", "backfill.statement_timeout 10ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -34,6 +34,9 @@ type Store struct {
 	log   hclog.Logger
 	// readOnly: Reader made it; a missing topic reads as empty.
 	readOnly bool
+	// OnForeign, if set, is called for each record Load skips as not a
+	// checkpoint (cdc_checkpoint_foreign_records_total).
+	OnForeign func()
 }
 
 // Reader returns a Store that only reads, and does not create the topic:
@@ -290,7 +293,6 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 		if err := fs.Err(); err != nil {
 			return nil, fmt.Errorf("read checkpoint topic %q: %w", s.topic, err)
 		}
-		var decodeErr error
 		fs.EachRecord(func(r *kgo.Record) {
 			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
 				delete(want, r.Partition)
@@ -306,18 +308,23 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 				raw[string(r.Key)] = r.Value
 			}
 			if strings.Count(string(r.Key), "/") != 1 {
-				return // not a checkpoint: a backfill request
+				return // not a checkpoint: a backfill request, a fence
 			}
 			var rec Record
-			if err := json.Unmarshal(r.Value, &rec); err != nil {
-				decodeErr = fmt.Errorf("checkpoint topic %q, partition %d offset %d: %w; is another program writing to it?", s.topic, r.Partition, r.Offset, err)
+			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.Key() != string(r.Key) {
+				// Not a record the connector wrote: someone else produced
+				// to the topic. Skipped and counted, not fatal, or anyone
+				// who may write the topic could stop every start (rule 23).
+				if s.log != nil {
+					s.log.Warn("skipped a record in the checkpoint topic that is not a checkpoint; only the connector and the operator should write this topic", "topic", s.topic, "partition", r.Partition, "offset", r.Offset)
+				}
+				if s.OnForeign != nil {
+					s.OnForeign()
+				}
 				return
 			}
 			out[string(r.Key)] = rec
 		})
-		if decodeErr != nil {
-			return nil, decodeErr
-		}
 	}
 	return out, nil
 }

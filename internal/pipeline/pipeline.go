@@ -237,6 +237,16 @@ func (c *Config) Validate() error {
 	if err := route.ValidTopic(c.Checkpoint.Topic); err != nil {
 		return fmt.Errorf("checkpoint.topic: %v", err)
 	}
+	for _, t := range c.Tables {
+		// Events in the checkpoint topic would be the row writers'
+		// say over the connector's state (rule 23).
+		if topic := literal(t.TopicTemplate, t.TopicLowercase); topic == c.Checkpoint.Topic {
+			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
+		}
+		if t.OnInvalid == outbox.OnInvalidDeadLetter && t.DeadLetterTopic == c.Checkpoint.Topic {
+			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
+		}
+	}
 	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
 		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
 	}

@@ -311,6 +311,17 @@ func (s *session) event(m *decode.Message) error {
 	if s.replay != nil {
 		rec.Topic += s.replay.suffix
 	}
+	if rec.Topic == s.p.cfg.Checkpoint.Topic {
+		// A template that expands to the checkpoint topic: a row writer
+		// would be writing the connector's own state (rule 23).
+		cause := outbox.Invalid(ev, "its topic is the checkpoint topic %q, which only the connector and the operator write; fix the row's routing fields or the table's topic template", rec.Topic)
+		if rec.Topic == ev.Table.DeadLetterTopic || ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+			return cause
+		}
+		if rec, err = s.deadLetter(ev, cause); err != nil {
+			return err
+		}
+	}
 	if s.p.log.IsTrace() {
 		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 	}

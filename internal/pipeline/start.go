@@ -148,6 +148,7 @@ func (p *Pipeline) openStore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	store.OnForeign = p.m.ForeignRecords.Inc
 	p.store = store
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -137,4 +138,66 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestRowRoutedToCheckpointTopic: a role with INSERT on the outbox writes a
+// row whose aggregate type routes it, through the template, into the
+// checkpoint topic, keyed like a backfill request. Nothing reaches that
+// topic: with on_invalid: dead-letter the row goes to the dead-letter
+// topic, with fail the connector stops naming the checkpoint topic; and a
+// record someone else wrote there (not JSON) is skipped and counted when
+// the checkpoint is loaded, not fatal.
+func TestRowRoutedToCheckpointTopic(t *testing.T) {
+	for _, policy := range []string{outbox.OnInvalidDeadLetter, outbox.OnInvalidFail} {
+		t.Run(policy, func(t *testing.T) {
+			kafka := testenv.NewKafka(t)
+			e := newEnv(t, kafka)
+			e.cfg.Checkpoint.Topic = kafka.Prefix + "checkpoints"
+			e.cfg.Tables[0].Topic = kafka.Prefix + "{aggregate_type}"
+			e.cfg.Tables[0].OnInvalid = policy
+			e.cfg.Tables[0].DeadLetterTopic = kafka.Prefix + "dead-letters"
+			cl := kafka.Client(t)
+			// Someone else's record in the checkpoint topic, before the start.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := checkpoint.OpenStore(ctx, e.cfg.Checkpoint.Topic, sink.ClientOpts(sink.Config{Brokers: kafka.Brokers}, hclog.NewNullLogger()), hclog.NewNullLogger()); err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte("outbox_cdc/1"), Value: []byte("not json")}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			r := e.start(t)
+			if n := counterValue(r.p.Metrics().ForeignRecords); n < 1 {
+				t.Errorf("cdc_checkpoint_foreign_records_total = %v after a record that is not a checkpoint; want at least 1", n)
+			}
+			conn := connect(t, e.db)
+			key := checkpoint.RequestKey(checkpoint.Key("outbox_cdc", systemID(t, e.db)), "routed")
+			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'E', '{"id": "routed", "table": "public.outbox", "where": "true"}')`,
+				"checkpoints", key); err != nil {
+				t.Fatal(err)
+			}
+			c := kafka.NewConsumer(t, kafka.AllTopics())
+			if policy == outbox.OnInvalidDeadLetter {
+				c.WaitFor(t, 30*time.Second, "the row in the dead-letter topic", func(recs []*kgo.Record) bool {
+					for _, rec := range recs {
+						if rec.Topic == e.cfg.Tables[0].DeadLetterTopic && strings.Contains(testenv.Header(rec, "dead_letter_error"), "checkpoint topic") {
+							return true
+						}
+					}
+					return false
+				})
+			} else {
+				err := waitFatal(t, r)
+				if err == nil || !strings.Contains(err.Error(), "checkpoint topic") {
+					t.Fatalf("Run returned %v; want it to stop naming the checkpoint topic", err)
+				}
+			}
+			c.Settle(500 * time.Millisecond)
+			for _, rec := range c.Records {
+				if rec.Topic == e.cfg.Checkpoint.Topic && string(rec.Key) == key {
+					t.Fatalf("the row reached the checkpoint topic, keyed %s", rec.Key)
+				}
+			}
+		})
+	}
 }
