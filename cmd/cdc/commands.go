@@ -55,7 +55,7 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 			return c.usageErr("%v", err)
 		}
 		defer srv.Close()
-		log.Info("serving /metrics, /healthz and /readyz", "addr", "http://"+srv.Addr(), "metrics_token", c.http.Token != "")
+		log.Info("serving /metrics, /healthz and /readyz", "addr", "http://"+srv.Addr(), "metrics_token", c.http.Token != "" || c.http.TokenFile != "")
 	}
 	if err := p.Run(ctx); err != nil {
 		log.Error("stopped on a fatal error", "error", flatErr(err))

@@ -185,13 +185,16 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		lc.HTTP.Listen = "" // set but empty turns it off
 	}
 	if fc.HTTP.TokenFile != "" {
+		// Read now to refuse a missing or empty file at start; the
+		// endpoint reads it again when it changes.
 		b, err := os.ReadFile(fc.HTTP.TokenFile)
 		if err != nil {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file: %v", err)
 		}
-		if lc.HTTP.Token = strings.TrimSpace(string(b)); lc.HTTP.Token == "" {
+		if strings.TrimSpace(string(b)) == "" {
 			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
 		}
+		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
 	}
 	var signingKeys [][]byte
 	if f := fc.Checkpoint.SigningKeyFile; f != "" {

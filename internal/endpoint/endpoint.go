@@ -7,7 +7,11 @@
 //   - The token is compared in constant time and never logged.
 //   - /readyz answers 200 only while this instance holds the slot and
 //     streams; a standby, a reconnecting or a stopped instance answers 503
-//     and says which in the body.
+//     and says which in the body. The error it retries after, which can
+//     name hosts and roles, is in the body only for a request with the
+//     token.
+//   - Every connection is bounded: header, read, write and idle timeouts,
+//     and a header size limit.
 package endpoint
 
 import (
@@ -17,6 +21,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +36,8 @@ type Source interface {
 	Healthy() error
 	// Ready reports whether this instance streams, and what it does.
 	Ready() (bool, string)
+	// Why is the error it retries after, or "".
+	Why() string
 }
 
 // Config configures the endpoint.
@@ -37,6 +46,9 @@ type Config struct {
 	Listen string
 	// Token, when set, is required as a bearer token on /metrics.
 	Token string
+	// TokenFile, when set, holds the token instead; it is read again when
+	// it changes, so a rotated token needs no restart.
+	TokenFile string
 }
 
 // Server is a running endpoint.
@@ -55,7 +67,8 @@ func Start(cfg Config, reg *prometheus.Registry, src Source) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
-	mux.Handle("/metrics", requireToken(cfg.Token, metrics))
+	tok := &tokenSource{token: cfg.Token, file: cfg.TokenFile}
+	mux.Handle("/metrics", requireToken(tok, metrics))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := src.Healthy(); err != nil {
 			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
@@ -63,15 +76,20 @@ func Start(cfg Config, reg *prometheus.Registry, src Source) (*Server, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		ready, detail := src.Ready()
 		if !ready {
+			if why := src.Why(); why != "" && tok.authorized(r) {
+				detail += ": " + why
+			}
 			http.Error(w, "not ready: "+detail, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready: "+detail)
 	})
-	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, addr: ln.Addr(), done: make(chan struct{})}
+	s := &Server{srv: &http.Server{Handler: mux,
+		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}, addr: ln.Addr(), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -92,13 +110,50 @@ func (s *Server) Close() {
 	<-s.done
 }
 
-func requireToken(token string, next http.Handler) http.Handler {
-	if token == "" {
+// tokenSource is the bearer token: Config.Token, or Config.TokenFile's
+// content, read again whenever the file's modification time or size
+// changes.
+type tokenSource struct {
+	token, file string
+
+	mu      sync.Mutex
+	mod     time.Time
+	size    int64
+	current string
+}
+
+// get returns the token, "" when none is set (or the file is empty or
+// gone: then /metrics refuses every request rather than open up).
+func (t *tokenSource) get() (token string, set bool) {
+	if t.file == "" {
+		return t.token, t.token != ""
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if fi, err := os.Stat(t.file); err != nil {
+		t.current = ""
+	} else if !fi.ModTime().Equal(t.mod) || fi.Size() != t.size {
+		b, err := os.ReadFile(t.file)
+		if err != nil {
+			b = nil
+		}
+		t.current, t.mod, t.size = strings.TrimSpace(string(b)), fi.ModTime(), fi.Size()
+	}
+	return t.current, true
+}
+
+// authorized reports whether r carries the token (false when none is set).
+func (t *tokenSource) authorized(r *http.Request) bool {
+	token, set := t.get()
+	return set && token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) == 1
+}
+
+func requireToken(tok *tokenSource, next http.Handler) http.Handler {
+	if _, set := tok.get(); !set {
 		return next
 	}
-	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		if !tok.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-cdc"`)
 			http.Error(w, "unauthorized: send Authorization: Bearer <http.token>", http.StatusUnauthorized)
 			return

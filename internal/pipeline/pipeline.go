@@ -383,13 +383,18 @@ type State struct {
 	// Streaming: this instance holds the slot and streams.
 	Streaming bool
 	// Detail says what it does: streaming, waiting for the slot (a
-	// standby), reconnecting and why, stopped.
+	// standby), reconnecting, stopped. It names no host or role.
 	Detail string
+	// Reason is why, when Detail says it retries: the error, which may
+	// name hosts and roles (/readyz shows it only with the token).
+	Reason string
 	Since  time.Time
 }
 
-func (p *Pipeline) setState(streaming bool, detail string) {
-	p.state.Store(&State{Streaming: streaming, Detail: detail, Since: time.Now()})
+func (p *Pipeline) setState(streaming bool, detail string) { p.setStateWhy(streaming, detail, "") }
+
+func (p *Pipeline) setStateWhy(streaming bool, detail, reason string) {
+	p.state.Store(&State{Streaming: streaming, Detail: detail, Reason: reason, Since: time.Now()})
 	if streaming {
 		p.m.Streaming.Set(1)
 	} else {
@@ -403,6 +408,10 @@ func (p *Pipeline) Ready() (bool, string) {
 	st := p.State()
 	return st.Streaming, st.Detail
 }
+
+// Why is the error the pipeline retries after, if any, for /readyz with
+// the token.
+func (p *Pipeline) Why() string { return p.State().Reason }
 
 // State returns what the pipeline is doing.
 func (p *Pipeline) State() State { return *p.state.Load() }
@@ -602,11 +611,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 		} else {
 			p.waitingLogged = false
-			what := "reconnecting after: "
+			what := "reconnecting after an error"
 			if p.progress == nil {
-				what = "first start, not streaming yet; retrying after: "
+				what = "first start, not streaming yet; retrying after an error"
 			}
-			p.setState(false, what+oneLine(err))
+			p.setStateWhy(false, what, oneLine(err))
 			p.log.Error("session failed; reconnecting", "error", oneLine(err), "retry_in", backoff)
 		}
 		t := time.NewTimer(wait)
