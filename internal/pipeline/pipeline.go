@@ -570,6 +570,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if Permanent(err) {
 			return err
 		}
+		var tlsErr *wal.TLSError
+		if errors.As(err, &tlsErr) && !p.streamed.Load() {
+			return err // a CA or host name to fix; once streamed, maybe a rotation
+		}
 		var auth *wal.AuthError
 		if errors.As(err, &auth) {
 			// Refused credentials never fix themselves at start. Once it

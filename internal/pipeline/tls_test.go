@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -57,6 +58,21 @@ hostssl all cdc 127.0.0.1/32 cert
 	if _, err := wal.ConnectSQL(ctx, wal.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile}); err == nil ||
 		!strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("an untrusted server certificate: %v; want it refused", err)
+	}
+
+	// The connector itself, with the wrong CA, stops at once with one
+	// line naming sslrootcert (it used to retry for ever).
+	k := testenv.NewKafka(t)
+	e := &env{db: admin, kafka: k, cfg: newEnvConfig(admin, k)}
+	e.cfg.Postgres = wal.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile, Slot: "tls_wrong_ca"}
+	started := time.Now()
+	err = waitFatal(t, e.launch(t, ioDiscard{}))
+	var tlsErr *wal.TLSError
+	if !errors.As(err, &tlsErr) || !strings.Contains(err.Error(), "sslrootcert") || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "tls-secret") {
+		t.Fatalf("a wrong CA: %v; want a fatal one-line error naming sslrootcert", err)
+	}
+	if took := time.Since(started); took > 10*time.Second {
+		t.Errorf("a wrong CA stopped the connector after %s; want at once", took)
 	}
 
 	for i, tc := range []struct {

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -79,7 +80,42 @@ func connectError(err error, pc *pgconn.Config, what string) error {
 			return &AuthError{Err: err, Msg: fmt.Sprintf("postgres at %s: role %q may not open a %s: %s (SQLSTATE 42501): ALTER ROLE %s REPLICATION", where, pc.User, what, pe.Message, pgident.Quote(pc.User))}
 		}
 	}
+	var unknownCA x509.UnknownAuthorityError
+	var invalid x509.CertificateInvalidError
+	var host x509.HostnameError
+	if errors.As(err, &unknownCA) || errors.As(err, &invalid) || errors.As(err, &host) {
+		return &TLSError{Err: err, Msg: fmt.Sprintf("postgres at %s: the server's certificate does not verify (%s): set sslrootcert in postgres.url to the CA that signed it, and connect by the name the certificate holds (sslmode=verify-full checks both)", where, certProblem(err))}
+	}
 	return fmt.Errorf("open %s to postgres at %s: %s", what, where, flatten(err))
+}
+
+// TLSError means the server's certificate did not verify. At start it is
+// fatal, as a wrong Kafka CA is: retrying cannot fix a configuration.
+// Once the connector has streamed, it is retried like other connection
+// errors, since the certificate may be being rotated.
+type TLSError struct {
+	Msg string
+	Err error
+}
+
+func (e *TLSError) Error() string { return e.Msg }
+func (e *TLSError) Unwrap() error { return e.Err }
+
+// certProblem is the x509 error's own words, without pgconn's wrapping.
+func certProblem(err error) string {
+	var unknownCA x509.UnknownAuthorityError
+	if errors.As(err, &unknownCA) {
+		return unknownCA.Error()
+	}
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &invalid) {
+		return invalid.Error()
+	}
+	var host x509.HostnameError
+	if errors.As(err, &host) {
+		return host.Error()
+	}
+	return flatten(err)
 }
 
 // flatten puts a multi-line error on one line.
