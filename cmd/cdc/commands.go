@@ -41,6 +41,9 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	cfg := p.Config()
 	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
+	for _, w := range p.Weaknesses() {
+		log.Warn("insecure setting: " + w)
+	}
 	if os.Getenv("GOMEMLIMIT") == "" {
 		// The records waiting for Kafka are bounded by max_in_flight_bytes;
 		// by default Go lets the heap grow to twice what is live before
@@ -78,6 +81,7 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 	cfg := p.Config()
 	if *offline {
 		fmt.Fprintf(c.stdout, "config OK: %d outbox table(s), slot %s, publication %s\n", len(cfg.Tables), cfg.Postgres.Slot, cfg.Postgres.Publication)
+		printWeaknesses(c, p)
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -92,10 +96,23 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 		for _, pr := range ce.Problems {
 			fmt.Fprintf(c.stderr, "  - %s\n", pr)
 		}
+		printWeaknesses(c, p)
 		return 1
 	}
 	fmt.Fprintln(c.stdout, "postgres and kafka OK: cdc run has what it needs")
+	printWeaknesses(c, p)
 	return 0
+}
+
+// printWeaknesses lists insecure settings after cdc check's verdict: they
+// do not stop cdc run, but an attacker on the network could use them.
+func printWeaknesses(c *cli, p *pipeline.Pipeline) {
+	if ws := p.Weaknesses(); len(ws) > 0 {
+		fmt.Fprintf(c.stdout, "insecure settings (cdc run works, but the network can read or tamper):\n")
+		for _, w := range ws {
+			fmt.Fprintf(c.stdout, "  - %s\n", w)
+		}
+	}
 }
 
 // rangeFlags are the --from-*/--to-* flags of replay and rewind.

@@ -436,6 +436,13 @@ func (p *Pipeline) Healthy() error {
 	return nil
 }
 
+// Weaknesses lists the settings that leave a connection or a secret open
+// to the network (wal.Config.Weaknesses, sink.Config.Weaknesses): cdc run
+// logs each at start, and cdc check lists them.
+func (p *Pipeline) Weaknesses() []string {
+	return append(p.cfg.Postgres.Weaknesses(), p.cfg.Kafka.Weaknesses()...)
+}
+
 // Config returns the validated configuration, defaults filled in.
 func (p *Pipeline) Config() Config { return p.cfg }
 

@@ -291,3 +291,19 @@ func isEOF(err error) bool {
 	var op *net.OpError
 	return strings.Contains(err.Error(), "EOF") || errors.As(err, &op) && strings.Contains(op.Err.Error(), "reset")
 }
+
+// Weaknesses lists what in the Kafka settings sends a secret in clear
+// text, one line each, for the start-up log and cdc check: SASL PLAIN's
+// password or an OAUTHBEARER token without TLS.
+func (c Config) Weaknesses() []string {
+	tlsOn := c.TLS.Enabled || c.TLS.CAFile != "" || c.TLS.CertFile != ""
+	switch m := c.SASL.Mechanism; {
+	case tlsOn:
+		return nil
+	case m == SASLPlain:
+		return []string{"kafka.sasl.mechanism PLAIN without kafka.tls: the password crosses the network in clear text; turn on kafka.tls (or use SCRAM)"}
+	case m == SASLOAuthBearer:
+		return []string{"kafka.sasl.mechanism OAUTHBEARER without kafka.tls: the token crosses the network in clear text; turn on kafka.tls"}
+	}
+	return nil
+}

@@ -138,3 +138,23 @@ func TestOAuthTokenFileIsReread(t *testing.T) {
 		t.Fatal(aws.Name())
 	}
 }
+
+// TestWeaknesses (issue 24): SASL PLAIN and OAUTHBEARER without TLS are
+// named; SCRAM, or anything over TLS, is not.
+func TestWeaknesses(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{SASL: SASLConfig{Mechanism: SASLPlain}}, "PLAIN without kafka.tls"},
+		{Config{SASL: SASLConfig{Mechanism: SASLOAuthBearer}}, "OAUTHBEARER without kafka.tls"},
+		{Config{SASL: SASLConfig{Mechanism: SASLPlain}, TLS: TLSConfig{Enabled: true}}, ""},
+		{Config{SASL: SASLConfig{Mechanism: SASLScram512}}, ""},
+		{Config{}, ""},
+	} {
+		got := strings.Join(tt.cfg.Weaknesses(), "; ")
+		if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) {
+			t.Errorf("%+v: %q; want %q", tt.cfg.SASL, got, tt.want)
+		}
+	}
+}

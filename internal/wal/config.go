@@ -187,3 +187,30 @@ func redact(err error) string {
 
 // passwordKV finds password=... in a key=value connection string.
 var passwordKV = regexp.MustCompile(`password\s*=\s*'?([^'\s]+)`)
+
+// Weaknesses lists what in the connection settings leaves the connection
+// open to a network attacker, one line each, for the start-up log and cdc
+// check: an sslmode that may fall back to plaintext (unset, prefer, allow),
+// that does not encrypt (disable), or that does not check the server's
+// certificate (require). A Unix socket is not on the network.
+func (c Config) Weaknesses() []string {
+	pc, err := pgconn.ParseConfig(c.URL)
+	if err != nil || strings.HasPrefix(pc.Host, "/") {
+		return nil
+	}
+	plaintext := pc.TLSConfig == nil
+	for _, f := range pc.Fallbacks {
+		if f.TLSConfig == nil && !strings.HasPrefix(f.Host, "/") {
+			plaintext = true
+		}
+	}
+	switch {
+	case pc.TLSConfig == nil:
+		return []string{"postgres.url: sslmode=disable or allow: the connection, its password and every event cross the network unencrypted; use sslmode=verify-full with sslrootcert"}
+	case plaintext:
+		return []string{"postgres.url: sslmode is unset, prefer or allow, so the connection falls back to plaintext if TLS fails, and an attacker can make it fail; use sslmode=verify-full with sslrootcert"}
+	case pc.TLSConfig.InsecureSkipVerify && pc.TLSConfig.VerifyPeerCertificate == nil:
+		return []string{"postgres.url: sslmode=require encrypts but does not check the server's certificate, so anyone on the path can pose as the server; use sslmode=verify-full with sslrootcert"}
+	}
+	return nil
+}
