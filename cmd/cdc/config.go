@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,6 +185,13 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 	}
 	if v, ok := env("CDC_HTTP_LISTEN"); ok && v == "" {
 		lc.HTTP.Listen = "" // set but empty turns it off
+	}
+	if lc.HTTP.Listen != "" {
+		// Port 0 picks a free port (the tests use it).
+		_, port, err := net.SplitHostPort(lc.HTTP.Listen)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
+		}
 	}
 	if fc.HTTP.TokenFile != "" {
 		// Read now to refuse a missing or empty file at start; the

@@ -172,6 +172,10 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"max_in_flight_bytes too small", base + "max_in_flight_bytes: 1000\n", "max_in_flight_bytes 1000: use at least 1048576"},
 		{"short signing key", base + "checkpoint: {signing_key_file: " + shortKeyFile + "}\n", "use at least 32"},
 		{"statement timeout", base + "backfill: {statement_timeout: 10ms}\n", "backfill.statement_timeout 10ms"},
+		{"negative duration", base + "shutdown_timeout: -5s\n", `shutdown_timeout (line 3): "-5s" is negative`},
+		{"broker without a port", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [kafka-1]}\n", `kafka.brokers: "kafka-1" is not host:port`},
+		{"broker port", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: ['k:99999']}\n", `port "99999" is not a number from 1 to 65535`},
+		{"listen", base + "http: {listen: 'localhost'}\n", `http.listen "localhost" is not host:port`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -86,8 +86,12 @@ func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 			n.Value, n.Tag = "0s", "!!str"
 			return nil
 		}
-		if _, err := time.ParseDuration(n.Value); err != nil {
+		d, err := time.ParseDuration(n.Value)
+		if err != nil {
 			return fmt.Errorf("%s (%s): %q is not a duration; write a number with a unit, such as 500ms, 5s or 1m", path, at(n), n.Value)
+		}
+		if d < 0 {
+			return fmt.Errorf("%s (%s): %q is negative; a duration is 0 or more (0 turns some settings off, see docs/config.md)", path, at(n), n.Value)
 		}
 	case t.Kind() == reflect.Bool:
 		if n.ShortTag() != "!!bool" {

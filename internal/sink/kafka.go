@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,6 +101,11 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty; list at least one broker as host:port, or set CDC_KAFKA_BROKERS")
+	}
+	for _, b := range c.Brokers {
+		if err := HostPort(b); err != nil {
+			return fmt.Errorf("kafka.brokers: %v", err)
+		}
 	}
 	if err := c.validateSecurity(); err != nil {
 		return err
@@ -364,4 +370,17 @@ func clientLogLevel(s string) kgo.LogLevel {
 		return kgo.LogLevelWarn
 	}
 	return kgo.LogLevelError
+}
+
+// HostPort checks that addr is host:port with a port from 1 to 65535 (an
+// empty host is every address, for a listener).
+func HostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (such as kafka-1:9092 or [::1]:9092)", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", addr, port)
+	}
+	return nil
 }
