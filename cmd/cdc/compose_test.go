@@ -26,10 +26,20 @@ func TestComposeConfigValidates(t *testing.T) {
 		Services map[string]struct {
 			Command []string `yaml:"command"`
 			Volumes []string `yaml:"volumes"`
+			Ports   []string `yaml:"ports"`
 		} `yaml:"services"`
 	}
 	if err := yaml.Unmarshal(raw, &compose); err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	// Published on loopback only (issue 24): the example passwords must
+	// not be reachable from other machines.
+	for name, svc := range compose.Services {
+		for _, p := range svc.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q on every address; publish on 127.0.0.1 only", name, p)
+			}
+		}
 	}
 	conn, ok := compose.Services["connector"]
 	if !ok {

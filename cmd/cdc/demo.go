@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -160,7 +162,13 @@ func demoPostgres(getenv func(string) string, out io.Writer) (demoServer, error)
 	// synchronous_commit on: the walsender only sends flushed WAL, so with
 	// it off every commit would wait for the WAL writer (200 ms) and the
 	// latency shown would be Postgres', not the connector's.
-	srv, err := localpg.Start("synchronous_commit=on")
+	// A password of its own on TCP: trust there would let any local user
+	// in as the superuser while the demo runs.
+	pw := make([]byte, 16)
+	if _, err := crand.Read(pw); err != nil {
+		return demoServer{}, err
+	}
+	srv, err := localpg.StartWith(localpg.Options{Settings: []string{"synchronous_commit=on"}, Password: hex.EncodeToString(pw)})
 	if err != nil {
 		if _, ferr := localpg.FindBinaries(); ferr != nil {
 			return demoServer{}, errors.New("PostgreSQL server binaries not found: install postgresql (apt-get install postgresql, or run make setup) or set CDC_DEMO_POSTGRES_URL to a server with wal_level=logical")

@@ -1,8 +1,10 @@
 package localpg
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -12,6 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Server is a running throwaway PostgreSQL.
@@ -102,6 +107,12 @@ type Options struct {
 	Files []string
 	// HBA, when set, replaces pg_hba.conf.
 	HBA string
+	// Password, when set, is the postgres role's password, and TCP
+	// connections must give it (scram-sha-256); only the server's own
+	// socket directory, which its user alone may enter, is trusted. The
+	// demo uses it: trust on 127.0.0.1 would let any local user in as the
+	// superuser.
+	Password string
 }
 
 // Start runs initdb and pg_ctl start in a new temporary directory.
@@ -110,6 +121,9 @@ func Start(settings ...string) (*Server, error) { return StartWith(Options{Setti
 // StartWith is Start with more options.
 func StartWith(o Options) (*Server, error) {
 	settings := o.Settings
+	if o.Password != "" && o.HBA == "" {
+		o.HBA = "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\nhost all all ::1/128 scram-sha-256\n"
+	}
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -169,6 +183,15 @@ func StartWith(o Options) (*Server, error) {
 	}
 	p.Port = port
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if o.Password != "" {
+		// Set through the socket, the one way in without it.
+		if err := setPassword(dir, port, o.Password); err != nil {
+			p.Stop()
+			return nil, fmt.Errorf("set the postgres password: %v", err)
+		}
+		p.URL = (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", o.Password), Host: fmt.Sprintf("127.0.0.1:%d", port),
+			Path: "/postgres", RawQuery: "sslmode=disable"}).String()
+	}
 	return p, nil
 }
 
@@ -345,4 +368,17 @@ func (p *Server) Stop() {
 	}
 	p.run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", filepath.Join(p.dir, "data"))
 	os.RemoveAll(p.dir)
+}
+
+// setPassword sets the postgres role's password over the server's socket.
+func setPassword(socketDir string, port int, password string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", socketDir, port))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "ALTER ROLE postgres PASSWORD '"+strings.ReplaceAll(password, "'", "''")+"'")
+	return err
 }
