@@ -37,9 +37,23 @@ func TestReleaseConfig(t *testing.T) {
 		Manifests []struct {
 			Images []string `yaml:"image_templates"`
 		} `yaml:"docker_manifests"`
+		SBOMs []struct {
+			Artifacts string `yaml:"artifacts"`
+		} `yaml:"sboms"`
+		Signs []struct {
+			Cmd       string `yaml:"cmd"`
+			Artifacts string `yaml:"artifacts"`
+		} `yaml:"signs"`
 	}
 	if err := yaml.Unmarshal(raw, &rel); err != nil {
 		t.Fatalf(".goreleaser.yaml: %v", err)
+	}
+	// Issue 24: an SBOM of each archive, and signed checksums.
+	if len(rel.SBOMs) != 1 || rel.SBOMs[0].Artifacts != "archive" {
+		t.Errorf(".goreleaser.yaml: sboms %+v; want one of the archives", rel.SBOMs)
+	}
+	if len(rel.Signs) != 1 || rel.Signs[0].Cmd != "cosign" || rel.Signs[0].Artifacts != "checksum" {
+		t.Errorf(".goreleaser.yaml: signs %+v; want cosign over the checksums", rel.Signs)
 	}
 	if rel.Version != 2 || len(rel.Builds) != 1 {
 		t.Fatalf(".goreleaser.yaml: version %d, %d builds; want version 2 and one build", rel.Version, len(rel.Builds))
