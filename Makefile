@@ -91,8 +91,9 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 
 # make bench: what users see, on a real Apache Kafka broker, next to
 # pg_recvlogical on the same backlog (docs/benchmarks.md). Each run appends
-# its figures to $(BENCH_DIR)/results.jsonl; scripts/benchplot draws the
-# plots there. CI runs a short version into a scratch directory.
+# its figures to $(BENCH_DIR)/results.jsonl; scripts/benchplot (a module of
+# its own, so that its plotting library is no requirement of the connector's)
+# draws the plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
 BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce
@@ -110,7 +111,7 @@ bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_r
 	  $(GO) test -run '^$$' -bench 'BenchmarkDrain/tx=1000' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
 	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
-	$(GO) run ./scripts/benchplot $(BENCH_DIR)/results.jsonl $(BENCH_DIR)
+	cd scripts/benchplot && $(GO) run . $(abspath $(BENCH_DIR))/results.jsonl $(abspath $(BENCH_DIR))
 
 vet:
 	$(GO) vet ./...

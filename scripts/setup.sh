@@ -63,4 +63,6 @@ echo "setup: fetching the Apache Kafka broker jars (cached)"
 
 echo "setup: downloading Go modules"
 go mod download
+# make bench's plotter is a module of its own (scripts/benchplot).
+(cd scripts/benchplot && go mod download)
 echo "setup: done"
