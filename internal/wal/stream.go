@@ -281,6 +281,11 @@ func (s *Stream) sendStatus(pos pglogrepl.LSN) error {
 // Close sends a last status update with what acks allows and closes the
 // connection. Call it on the goroutine that ran Run, after Run returned.
 func (s *Stream) Close(ctx context.Context, acks Acks) pglogrepl.LSN {
+	if s.conn.IsClosed() {
+		// A failed receive closed it already, and pgconn's closing
+		// goroutine owns the socket now: nothing more can be sent.
+		return s.sent
+	}
 	if err := s.sendStatus(s.position(acks)); err != nil {
 		s.log.Debug("final status update not sent", "error", err)
 	}
