@@ -60,7 +60,7 @@ func TestBackfillKilledResumes(t *testing.T) {
 		SELECT 'order', 'a-' || (s %% 100), 'E', jsonb_build_object('seq', s) FROM generate_series(1, %d) s`, rows))
 	kafka := testenv.NewKafka(t)
 	// As the least-privileged role: the connector and cdc backfill.
-	role := leastPrivileged(t, db, false)
+	role := testenv.LeastPrivileged(t, db, "outbox", false)
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
 	keyFile := filepath.Join(t.TempDir(), "signing.key")
 	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {

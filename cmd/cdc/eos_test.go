@@ -36,7 +36,7 @@ func TestExactlyOnceFrozenInstance(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := eosConfig(t, leastPrivileged(t, db, true), kafka)
+	config := eosConfig(t, testenv.LeastPrivileged(t, db, "outbox", true), kafka)
 	a := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the first instance to hold the slot", func() bool { return slotActive(t, db) })
 

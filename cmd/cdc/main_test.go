@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -391,40 +390,4 @@ func TestDemo(t *testing.T) {
 	if strings.Contains(out.String(), "\x1b[") {
 		t.Errorf("ANSI escapes in non-terminal output:\n%q", out.String())
 	}
-}
-
-var roleSeq atomic.Int64
-
-// leastPrivileged makes the role docker/init.sql makes, for db's outbox: it
-// may log in and replicate, and read the outbox (and, with stats, see other
-// sessions' replication progress: pg_read_all_stats), and nothing else; the
-// publication is created by the table's owner. It returns db's URL as that
-// role. Roles are the cluster's: each gets a name of its own.
-func leastPrivileged(t *testing.T, db string, stats bool) string {
-	t.Helper()
-	role := fmt.Sprintf("cdc_lp_%d_%d", os.Getpid(), roleSeq.Add(1))
-	sql := []string{
-		"CREATE ROLE " + role + " WITH LOGIN REPLICATION PASSWORD 'cdc'",
-		"GRANT SELECT ON outbox TO " + role,
-		"CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')",
-	}
-	if stats {
-		sql = append(sql, "GRANT pg_read_all_stats TO "+role)
-	}
-	testenv.Exec(t, db, sql...)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if conn, err := pgx.Connect(ctx, db); err == nil {
-			conn.Exec(ctx, "DROP OWNED BY "+role)
-			conn.Exec(ctx, "DROP ROLE "+role)
-			conn.Close(ctx)
-		}
-	})
-	u, err := url.Parse(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, "cdc")
-	return u.String()
 }

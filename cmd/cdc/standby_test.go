@@ -27,7 +27,7 @@ func TestStandbyTakesOverAFrozenHolder(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", withOptions(leastPrivileged(t, db, true), "wal_sender_timeout=60s")), "")
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", withOptions(testenv.LeastPrivileged(t, db, "outbox", true), "wal_sender_timeout=60s")), "")
 	a := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the first replica to hold the slot", func() bool { return slotActive(t, db) })
 	b := startProc(t, config)

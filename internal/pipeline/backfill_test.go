@@ -135,7 +135,7 @@ func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 	wait, written := backfillWriters(t, db, 4, aggs, next, stop)
 	testenv.Eventually(t, 10*time.Second, "the writers to start", func() bool { return written.Load() > 50 })
 
-	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(leastPrivileged(t, db, "event_outbox"), kafka)}
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
 	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
 	if exactlyOnce {
 		e.cfg.Delivery = pipeline.DeliveryExactlyOnce
@@ -296,7 +296,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	type window struct{ low, high pglogrepl.LSN }
 	var mu sync.Mutex
 	var windows []window
-	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(leastPrivileged(t, db, "event_outbox"), kafka)}
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
 	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, nil)}
 	e.onChunk = func(low, high pglogrepl.LSN, read, sent int) {
 		mu.Lock()

@@ -1,16 +1,12 @@
 package pipeline_test
 
 import (
-	"context"
 	"fmt"
-	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -105,7 +101,7 @@ func TestReplicasStartTogether(t *testing.T) {
 			db := testenv.Require(t, pg).NewDatabase(t)
 			testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'order', 'agg-' || (i % 50), 'old', jsonb_build_object('i', i) FROM generate_series(1, 3000) i`)
-			cfg := newEnvConfig(leastPrivileged(t, db, "event_outbox"), kafka)
+			cfg := newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)
 			cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 200})}
 			a := (&env{db: db, kafka: kafka, cfg: cfg}).launch(t, ioDiscard{})
 			b := (&env{db: db, kafka: kafka, cfg: cfg}).launch(t, ioDiscard{})
@@ -186,36 +182,4 @@ func TestStandbyLeavesABusyHolder(t *testing.T) {
 	if ok, detail := a.p.Ready(); !ok {
 		t.Errorf("the holder stopped streaming: %s", detail)
 	}
-}
-
-var roleSeq atomic.Int64
-
-// leastPrivileged makes the role docker/init.sql makes, for db's table: it
-// may log in and replicate, read the table and see replication progress
-// (pg_read_all_stats), and nothing else; the publication is created by the
-// table's owner. It returns db's URL as that role, for the connector; the
-// test's own writers and checks keep the owner's.
-func leastPrivileged(t *testing.T, db, table string) string {
-	t.Helper()
-	role := fmt.Sprintf("cdc_lp_%d_%d", os.Getpid(), roleSeq.Add(1))
-	testenv.Exec(t, db,
-		"CREATE ROLE "+role+" WITH LOGIN REPLICATION PASSWORD 'cdc'",
-		"GRANT SELECT ON "+table+" TO "+role,
-		"GRANT pg_read_all_stats TO "+role,
-		"CREATE PUBLICATION outbox_cdc FOR TABLE "+table+" WITH (publish = 'insert')")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if conn, err := pgx.Connect(ctx, db); err == nil {
-			conn.Exec(ctx, "DROP OWNED BY "+role)
-			conn.Exec(ctx, "DROP ROLE "+role)
-			conn.Close(ctx)
-		}
-	})
-	u, err := url.Parse(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, "cdc")
-	return u.String()
 }

@@ -266,3 +266,40 @@ func Pending(t testing.TB, dbURL, slot, publication, needle string) bool {
 		[]any{slot, publication, needle}, &n)
 	return n > 0
 }
+
+var roleSeq atomic.Int64
+
+// LeastPrivileged makes the role docker/init.sql makes, for table in db:
+// it may log in and replicate and read the table (and, with stats, see
+// other sessions' replication progress: pg_read_all_stats), and nothing
+// else; the publication outbox_cdc is created by the table's owner. It
+// returns db's URL as that role. Roles are the cluster's: each gets a name
+// of its own, dropped when the test ends.
+func LeastPrivileged(t testing.TB, db, table string, stats bool) string {
+	t.Helper()
+	role := fmt.Sprintf("cdc_lp_%d_%d", os.Getpid(), roleSeq.Add(1))
+	sql := []string{
+		"CREATE ROLE " + role + " WITH LOGIN REPLICATION PASSWORD 'cdc'",
+		"GRANT SELECT ON " + table + " TO " + role,
+		"CREATE PUBLICATION outbox_cdc FOR TABLE " + table + " WITH (publish = 'insert')",
+	}
+	if stats {
+		sql = append(sql, "GRANT pg_read_all_stats TO "+role)
+	}
+	Exec(t, db, sql...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, db); err == nil {
+			conn.Exec(ctx, "DROP OWNED BY "+role)
+			conn.Exec(ctx, "DROP ROLE "+role)
+			conn.Close(ctx)
+		}
+	})
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "cdc")
+	return u.String()
+}
