@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -18,6 +19,7 @@ import (
 // pipeline's requests are kept; the topic's other records are skipped as
 // they pass.
 type Requests struct {
+	topic  string
 	prefix string
 	cl     *kgo.Client
 	stop   context.CancelFunc
@@ -25,8 +27,8 @@ type Requests struct {
 
 	mu      sync.Mutex
 	got     map[string][]byte // request ID -> the record's value
-	fetches uint64            // fetches done while caught up with the topic's end
-	changed chan struct{}     // closed and replaced on every change
+	next    map[int32]int64   // partition -> the offset after the last record read
+	changed chan struct{}     // closed and replaced on every fetch
 }
 
 // FollowRequests starts following the requests of the pipeline whose
@@ -34,13 +36,16 @@ type Requests struct {
 func (s *Store) FollowRequests(key string) (*Requests, error) {
 	cl, err := kgo.NewClient(append(s.opts[:len(s.opts):len(s.opts)],
 		kgo.ConsumeTopics(s.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Transaction markers (exactly-once checkpoints) take offsets
+		// too: seeing them is how the follower knows it reached the end.
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(100*time.Millisecond))...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	r := &Requests{prefix: RequestKey(key, ""), cl: cl, stop: stop, done: make(chan struct{}),
-		got: map[string][]byte{}, changed: make(chan struct{})}
+	r := &Requests{topic: s.topic, prefix: RequestKey(key, ""), cl: cl, stop: stop, done: make(chan struct{}),
+		got: map[string][]byte{}, next: map[int32]int64{}, changed: make(chan struct{})}
 	go r.run(ctx)
 	return r, nil
 }
@@ -52,29 +57,22 @@ func (r *Requests) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		caughtUp := true
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			for _, rec := range p.Records {
-				if id, ok := strings.CutPrefix(string(rec.Key), r.prefix); ok {
-					r.mu.Lock()
-					if rec.Value == nil {
-						delete(r.got, id)
-					} else {
-						r.got[id] = rec.Value
-					}
-					r.mu.Unlock()
-				}
-			}
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 < p.HighWatermark {
-				caughtUp = false
-			}
-		})
 		// Fetch errors are retried by the client; a Get that waits on
 		// them ends at its own deadline.
 		r.mu.Lock()
-		if caughtUp && fs.Err() == nil {
-			r.fetches++
-		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			r.next[rec.Partition] = rec.Offset + 1
+			if rec.Attrs.IsControl() {
+				return
+			}
+			if id, ok := strings.CutPrefix(string(rec.Key), r.prefix); ok {
+				if rec.Value == nil {
+					delete(r.got, id)
+				} else {
+					r.got[id] = rec.Value
+				}
+			}
+		})
 		close(r.changed)
 		r.changed = make(chan struct{})
 		r.mu.Unlock()
@@ -82,18 +80,22 @@ func (r *Requests) run(ctx context.Context) {
 }
 
 // Get returns request id once read; ok is false when the topic has been
-// read to its end, as of after the call began, without it (a WAL message
-// that names a request nobody wrote). It waits for that, or for ctx.
+// read to the end it had when Get was called, without it (a WAL message
+// that names a request nobody wrote: cdc backfill writes the request
+// before it announces it). It waits for that, or for ctx.
 func (r *Requests) Get(ctx context.Context, id string) (req BackfillRequest, ok bool, err error) {
-	r.mu.Lock()
-	since := r.fetches
-	r.mu.Unlock()
+	var ends kadm.ListedOffsets
 	for {
 		r.mu.Lock()
 		v, found := r.got[id]
-		// Two fetches at the end that began after the call: the second
-		// started after the request, if it was written before the call.
-		done, changed := r.fetches >= since+2, r.changed
+		read, changed := true, r.changed
+		for _, e := range ends {
+			for p, o := range e {
+				if o.Offset > r.next[p] {
+					read = false
+				}
+			}
+		}
 		r.mu.Unlock()
 		switch {
 		case found:
@@ -101,7 +103,16 @@ func (r *Requests) Get(ctx context.Context, id string) (req BackfillRequest, ok 
 				return req, false, fmt.Errorf("backfill request %s: %w", id, err)
 			}
 			return req, req.ID == id, nil
-		case done:
+		case ends == nil:
+			// Not read yet: read at least to where the topic ends now.
+			if ends, err = kadm.NewClient(r.cl).ListEndOffsets(ctx, r.topic); err == nil {
+				err = ends.Error()
+			}
+			if err != nil {
+				return req, false, fmt.Errorf("read the end of the checkpoint topic: %w", err)
+			}
+			continue
+		case read:
 			return req, false, nil
 		}
 		select {

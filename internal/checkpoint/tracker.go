@@ -44,7 +44,7 @@ type Position struct {
 // the readers; the Kafka client's promise goroutine calls Ack.
 //
 // Its memory is bounded by what the loop may read before Saturated stops
-// it (docs/design.md, rule 25): events in flight, by count and by bytes,
+// it (docs/design.md, rule 22): events in flight, by count and by bytes,
 // and unresolved transactions, by count. A transaction with nothing left
 // in flight that commits behind an unresolved one is folded into it, so
 // the transactions of other tables (PostgreSQL 14 sends their BEGIN and

@@ -201,3 +201,26 @@ func TestRowRoutedToCheckpointTopic(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownBackfillRequestIsPassedOver: any role can write a WAL message
+// naming a request that nobody wrote. The stream passes over it at once
+// (it once waited for the request until a timeout, failed the session, and
+// read the same message again after every restart).
+func TestUnknownBackfillRequestIsPassedOver(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	e := newEnv(t, kafka)
+	var logs lockedLog
+	r := e.launch(t, &logs)
+	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
+	sql, args := pipeline.ControlMessage("nobody-wrote-this")
+	testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
+	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 10*time.Second, "the event after the unknown request", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
+		t.Errorf("%v sessions restarted; want none", n)
+	}
+	if !strings.Contains(logs.String(), "ignored a backfill request that cdc backfill did not write") {
+		t.Errorf("log:\n%s\nwant the unknown request named as ignored", logs.String())
+	}
+}
