@@ -163,7 +163,7 @@ func (p *Plan) Count(ctx context.Context, conn *pgx.Conn) (int64, error) {
 		return conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.from(), p.condition())).Scan(&n)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("count the rows to backfill from %s: %s", p.Table, pgMessage(err))
+		return 0, statementError(fmt.Sprintf("count the rows to backfill from %s", p.Table), err)
 	}
 	return n, nil
 }
@@ -195,7 +195,7 @@ func (p *Plan) Last(ctx context.Context, conn *pgx.Conn) ([]string, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("backfill of %s: read the last key: %s", p.Table, pgMessage(err))
+		return nil, statementError(fmt.Sprintf("backfill of %s: read the last key", p.Table), err)
 	}
 	return last, nil
 }
@@ -242,7 +242,7 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 		c.Rows = append(c.Rows, row)
 	}
 	if _, err := rr.Close(); err != nil {
-		return Chunk{}, fmt.Errorf("backfill of %s: read a chunk: %s", p.Table, pgMessage(err))
+		return Chunk{}, statementError(fmt.Sprintf("backfill of %s: read a chunk", p.Table), err)
 	}
 	if n := len(c.Rows); n > 0 {
 		last := c.Rows[n-1][p.keyAt:]
@@ -367,6 +367,22 @@ func quoteAll(names []string) string {
 	}
 	return strings.Join(q, ", ")
 }
+
+// statementError is a failed statement: what was done, and the server's
+// message on one line. The server's error stays reachable (errors.As), for
+// the SQLSTATE: a job ends on one that a retry would meet again
+// (pipeline.jobEnding).
+func statementError(what string, err error) error {
+	return &stmtError{msg: what + ": " + pgMessage(err), err: err}
+}
+
+type stmtError struct {
+	msg string
+	err error
+}
+
+func (e *stmtError) Error() string { return e.msg }
+func (e *stmtError) Unwrap() error { return e.err }
 
 // pgMessage is a server error's message (with its position's hint), or
 // err's text, on one line.

@@ -460,6 +460,19 @@ func (s *session) control(m *decode.Message) error {
 	return nil
 }
 
+// jobEnding reports whether err is a server error that running the job
+// again would meet again: the condition's own (a data exception, class 22;
+// a statement refused, class 42; a write in the read-only transaction,
+// 25006) or backfill.statement_timeout (57014). Connection errors and the
+// like are retried.
+func jobEnding(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "42") || pe.Code == "25006" || pe.Code == "57014"
+}
+
 // storedError is what the checkpoint keeps of why a job ended: the
 // SQLSTATE of a server error and, for a statement the server refused or
 // cancelled, its message; never a message that may quote row data (a bad
@@ -467,9 +480,13 @@ func (s *session) control(m *decode.Message) error {
 func storedError(err error) string {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
-		return oneLine(err)
+		var bad *backfill.Error
+		if errors.As(err, &bad) {
+			return oneLine(err) // the plan's: names and the condition, no rows
+		}
+		return "the backfill failed (the connector's log has the error)"
 	}
-	if strings.HasPrefix(pe.Code, "42") || pe.Code == "57014" {
+	if strings.HasPrefix(pe.Code, "42") || pe.Code == "57014" || pe.Code == "25006" {
 		return fmt.Sprintf("SQLSTATE %s: %s", pe.Code, pe.Message)
 	}
 	return fmt.Sprintf("SQLSTATE %s (the connector's log has the message)", pe.Code)
@@ -556,7 +573,7 @@ func (p *Pipeline) runBackfills(ctx context.Context) {
 		}
 		var bad *backfill.Error
 		switch {
-		case errors.As(err, &bad):
+		case errors.As(err, &bad), jobEnding(err):
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
 			p.log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", oneLine(err))

@@ -55,7 +55,7 @@ type Config struct {
 	// MaxInFlightBytes is how many bytes of records may wait for Kafka's
 	// ack before the replication loop stops reading, whichever of the two
 	// limits comes first: with large payloads the count alone let a
-	// broker stall fill the memory (rule 25). Default
+	// broker stall fill the memory (docs/design.md, rule 22). Default
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
 	MaxInFlightBytes int64
 	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.

@@ -224,3 +224,36 @@ func TestUnknownBackfillRequestIsPassedOver(t *testing.T) {
 		t.Errorf("log:\n%s\nwant the unknown request named as ignored", logs.String())
 	}
 }
+
+// TestBackfillDataErrorEndsTheJob: a condition that fails on a row's value
+// part-way (the value changed after the request) ends the job, instead of
+// retrying it for ever, and the checkpoint keeps the SQLSTATE, not the
+// server's message, which quotes the value.
+func TestBackfillDataErrorEndsTheJob(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('n', i) FROM generate_series(1, 4000) i`)
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.start(t)
+	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "(payload->>'n')::int > 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last row, which the job reaches last, no longer has a number.
+	testenv.Exec(t, db, `UPDATE event_outbox SET payload = '{"n": "secret-value"}' WHERE id = 4000`)
+	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	if err == nil || !job.Done() {
+		t.Fatalf("the job: %+v, %v; want it ended on the bad value", job, err)
+	}
+	if !strings.Contains(job.Error, "SQLSTATE 22P02") || strings.Contains(job.Error, "secret-value") {
+		t.Errorf("the checkpoint keeps %q; want the SQLSTATE and not the row's value", job.Error)
+	}
+}
