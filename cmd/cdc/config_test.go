@@ -311,7 +311,8 @@ func TestEverySettingFromTheEnvironment(t *testing.T) {
 	envKeys(reflect.TypeOf(fileConfig{}), nil, func(name string, _ []string, _ reflect.Type) { names = append(names, name) })
 	for _, want := range []string{"CDC_POSTGRES_URL", "CDC_POSTGRES_CONFIRM_INTERVAL", "CDC_KAFKA_BROKERS", "CDC_KAFKA_MAX_BATCH_DELAY",
 		"CDC_KAFKA_TOPIC_DEFAULTS_PARTITIONS", "CDC_KAFKA_TLS_CA_FILE", "CDC_KAFKA_SASL_PASSWORD", "CDC_CHECKPOINT_TOPIC", "CDC_REPLAY_WINDOW",
-		"CDC_MAX_IN_FLIGHT", "CDC_LOG_KAFKA", "CDC_HTTP_TOKEN_FILE", "CDC_RECONNECT_BACKOFF_MAX"} {
+		"CDC_MAX_IN_FLIGHT", "CDC_LOG_KAFKA", "CDC_HTTP_TOKEN_FILE", "CDC_RECONNECT_BACKOFF_MAX",
+		"CDC_CHECKPOINT_SIGNING_KEY_FILE", "CDC_MAX_IN_FLIGHT_BYTES", "CDC_BACKFILL_STATEMENT_TIMEOUT", "CDC_HTTP_UNHEALTHY_AFTER"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no %s among the variables %v", want, names)
 		}

@@ -303,8 +303,9 @@ type Pipeline struct {
 	opts   Options
 	log    hclog.Logger
 	router *route.Router
-	// store and progress are set by the first session that streams, and
-	// kept by the later ones.
+	// store is opened by the first session that reaches the checkpoint;
+	// progress is set by every session's start, from the checkpoint it
+	// read (another replica may have moved it).
 	store    *checkpoint.Store
 	progress *checkpoint.Progress
 	m        *metrics.Metrics
