@@ -115,6 +115,7 @@ bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_r
 
 vet:
 	$(GO) vet ./...
+	cd scripts/containers && $(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 
 clean:

@@ -63,6 +63,9 @@ echo "setup: fetching the Apache Kafka broker jars (cached)"
 
 echo "setup: downloading Go modules"
 go mod download
-# make bench's plotter is a module of its own (scripts/benchplot).
+# make bench's plotter and the tests' container starter are modules of their
+# own (scripts/benchplot, scripts/containers), outside the connector's
+# requirements.
 (cd scripts/benchplot && go mod download)
+(cd scripts/containers && go mod download)
 echo "setup: done"

@@ -1,19 +1,20 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/testcontainers/testcontainers-go"
-	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/outboxcdc/cdc/internal/localpg"
 )
@@ -24,7 +25,7 @@ import (
 //  1. CDC_TEST_POSTGRES_URL / CDC_TEST_KAFKA_BROKERS: servers someone else
 //     runs (make test-kafka sets the Kafka one).
 //  2. CDC_TEST_BACKEND=local or =testcontainers, if set.
-//  3. testcontainers-go when a Docker engine answers, else local
+//  3. testcontainers-go (scripts/containers) when a Docker engine answers, else local
 //     processes: initdb/pg_ctl for Postgres and in-process kfake for Kafka.
 //
 // Main prints the choice, so every test run says which path it used.
@@ -83,8 +84,90 @@ func dockerReachable() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// postgresImage is the server the testcontainers path runs.
-const postgresImage = "postgres:17"
+// The testcontainers path runs scripts/containers, a module of its own, so
+// that testcontainers-go is not a requirement of the connector's module. It
+// is built once per test binary; each container lives as long as the child
+// process that started it, which removes it when its stdin closes.
+var containersBin = sync.OnceValues(func() (string, error) {
+	dir, err := repoDir("scripts/containers")
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp("", "cdc-containers-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(tmp, "containers")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build scripts/containers: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return bin, nil
+})
+
+// repoDir finds rel in the repository, walking up from the test's package
+// directory.
+func repoDir(rel string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, rel, "go.mod")); err == nil {
+			return filepath.Join(dir, rel), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("%s not found above the working directory", rel)
+		}
+		dir = parent
+	}
+}
+
+// container is one running scripts/containers child.
+type container struct {
+	URL     string   `json:"url"`
+	Brokers []string `json:"brokers"`
+	Image   string   `json:"image"`
+	stdin   io.Closer
+	cmd     *exec.Cmd
+}
+
+// runContainer starts scripts/containers with args and waits for the line
+// that says where the container listens.
+func runContainer(args ...string) (*container, error) {
+	bin, err := containersBin()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &container{stdin: stdin, cmd: cmd}
+	if err := json.NewDecoder(stdout).Decode(c); err != nil {
+		stdin.Close()
+		cmd.Wait()
+		return nil, fmt.Errorf("start a %s container with testcontainers: %v (its errors are above)", args[0], err)
+	}
+	return c, nil
+}
+
+// stop removes the container and waits for the child.
+func (c *container) stop() {
+	c.stdin.Close()
+	c.cmd.Wait()
+}
 
 func startPostgres(settings ...string) (*Postgres, error) {
 	if Backend() == backendLocal {
@@ -94,34 +177,17 @@ func startPostgres(settings ...string) (*Postgres, error) {
 		}
 		return &Postgres{URL: srv.URL, Bin: srv.Bin, stop: srv.Stop, crash: srv.Crash, down: srv.StopKeep, up: srv.StartAgain, backup: srv.Backup, restore: srv.Restore, Via: "local initdb/pg_ctl from " + srv.Bin}, nil
 	}
-	cmd := []string{"postgres", "-c", "wal_level=logical", "-c", "max_replication_slots=64", "-c", "max_wal_senders=64",
-		"-c", "max_connections=200", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"}
-	for _, s := range settings {
-		cmd = append(cmd, "-c", s)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c, err := tcpostgres.Run(ctx, postgresImage,
-		tcpostgres.WithDatabase("postgres"), tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
-		testcontainers.WithCmd(cmd...), tcpostgres.BasicWaitStrategies())
+	c, err := runContainer(append([]string{"postgres"}, settings...)...)
 	if err != nil {
-		return nil, fmt.Errorf("start %s with testcontainers: %w", postgresImage, err)
-	}
-	u, err := c.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		testcontainers.TerminateContainer(c)
 		return nil, err
 	}
-	return &Postgres{URL: u, stop: func() { testcontainers.TerminateContainer(c) }, Via: "testcontainers " + postgresImage}, nil
+	return &Postgres{URL: c.URL, stop: c.stop, Via: "testcontainers " + c.Image}, nil
 }
-
-// kafkaImage is the broker the testcontainers path runs; the kafka module
-// of testcontainers-go supports confluent-local.
-const kafkaImage = "confluentinc/confluent-local:7.5.0"
 
 var containerKafka struct {
 	once    sync.Once
 	brokers []string
+	image   string
 	stop    func()
 	err     error
 }
@@ -129,15 +195,12 @@ var containerKafka struct {
 // sharedContainerKafka starts one broker container for the test binary.
 func sharedContainerKafka() ([]string, error) {
 	containerKafka.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		c, err := tckafka.Run(ctx, kafkaImage, tckafka.WithClusterID("outbox-cdc-test"))
+		c, err := runContainer("kafka")
 		if err != nil {
-			containerKafka.err = fmt.Errorf("start %s with testcontainers: %w", kafkaImage, err)
+			containerKafka.err = err
 			return
 		}
-		containerKafka.stop = func() { testcontainers.TerminateContainer(c) }
-		containerKafka.brokers, containerKafka.err = c.Brokers(ctx)
+		containerKafka.brokers, containerKafka.image, containerKafka.stop = c.Brokers, c.Image, c.stop
 	})
 	return containerKafka.brokers, containerKafka.err
 }
@@ -148,7 +211,7 @@ func kafkaVia() string {
 	case External():
 		return "external brokers " + strings.TrimSpace(os.Getenv("CDC_TEST_KAFKA_BROKERS"))
 	case Backend() == backendContainers:
-		return "testcontainers " + kafkaImage
+		return "testcontainers (scripts/containers)"
 	default:
 		return "in-process kfake"
 	}
@@ -161,7 +224,7 @@ func Describe() (postgres, kafka string) {
 	case os.Getenv("CDC_TEST_POSTGRES_URL") != "":
 		postgres = "CDC_TEST_POSTGRES_URL"
 	case Backend() == backendContainers:
-		postgres = "testcontainers " + postgresImage
+		postgres = "testcontainers (scripts/containers)"
 	default:
 		postgres = "local initdb/pg_ctl"
 		if bin, err := localpg.FindBinaries(); err == nil {

@@ -4,7 +4,10 @@
 // Postgres comes from CDC_TEST_POSTGRES_URL (an existing server, superuser
 // URL), from testcontainers-go when a Docker engine answers, or from the
 // local server binaries via localpg. Kafka comes from CDC_TEST_KAFKA_BROKERS,
-// from testcontainers-go, or is franz-go's in-process kfake. backend.go is
+// from testcontainers-go, or is franz-go's in-process kfake. The
+// testcontainers path runs scripts/containers, a module of its own, so that
+// the connector's module does not require testcontainers-go or the Docker
+// client. backend.go is
 // the one place that chooses; CDC_TEST_BACKEND=local|testcontainers forces
 // a path, and every run prints the one it used.
 //
