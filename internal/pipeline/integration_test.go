@@ -59,6 +59,8 @@ type env struct {
 	onChunk func(low, high pglogrepl.LSN, read, sent int)
 	// onDelivered is the pipeline's Options.OnDelivered.
 	onDelivered func(rec *kgo.Record, err error)
+	// logOut is where start writes the log; os.Stderr when nil.
+	logOut io.Writer
 }
 
 func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
@@ -87,6 +89,41 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 // testSigningKey signs the tests' backfill requests.
 const testSigningKey = "0123456789abcdef0123456789abcdef-test"
 
+// sweptLog is a log writer for security tests: at the end of the test it
+// fails on any line holding one of the secrets, and on a log of fewer than
+// minLines lines (one that did not see the run). It writes nothing else.
+func sweptLog(t *testing.T, minLines int, secrets ...string) io.Writer {
+	t.Helper()
+	w := &sweep{}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		lines := strings.Split(strings.TrimSuffix(w.b.String(), "\n"), "\n")
+		if len(lines) < minLines {
+			t.Errorf("the swept log has %d lines: it did not see the run", len(lines))
+		}
+		for i, line := range lines {
+			for _, s := range secrets {
+				if strings.Contains(line, s) {
+					t.Errorf("log line %d shows a secret: %s", i+1, line)
+				}
+			}
+		}
+	})
+	return w
+}
+
+type sweep struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *sweep) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
 // running is a pipeline started in the background.
 type running struct {
 	p       *pipeline.Pipeline
@@ -97,7 +134,11 @@ type running struct {
 
 func (e *env) start(t *testing.T) *running {
 	t.Helper()
-	r := e.launch(t, os.Stderr)
+	out := e.logOut
+	if out == nil {
+		out = os.Stderr
+	}
+	r := e.launch(t, out)
 	// Events committed before the slot exists are not streamed: wait until
 	// the first session is streaming.
 	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })

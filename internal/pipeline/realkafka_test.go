@@ -285,7 +285,11 @@ func TestRealSecuredKafka(t *testing.T) {
 	kafka := func(name string) *testenv.Kafka {
 		return &testenv.Kafka{Brokers: broker.Brokers, Prefix: "secure-" + strings.ToLower(name) + "."}
 	}
-	secured := func(e *env, mechanism, password, ca string) {
+	// Every run logs at trace level with franz-go's wire log on, into a
+	// log swept for both passwords.
+	secured := func(t *testing.T, e *env, mechanism, password, ca string) {
+		e.logLevel, e.cfg.Kafka.ClientLog = hclog.Trace, "debug"
+		e.logOut = sweptLog(t, 2, "cdc-secret", "not-the-secret")
 		e.cfg.Kafka.Brokers = broker.Secure
 		e.cfg.Kafka.TLS = sink.TLSConfig{CAFile: ca}
 		e.cfg.Kafka.SASL = sink.SASLConfig{Mechanism: mechanism, Username: "cdc", Password: password}
@@ -294,7 +298,7 @@ func TestRealSecuredKafka(t *testing.T) {
 		t.Run(mech, func(t *testing.T) {
 			k := kafka(mech)
 			e := newEnv(t, k)
-			secured(e, mech, "cdc-secret", certs.CAFile)
+			secured(t, e, mech, "cdc-secret", certs.CAFile)
 			e.start(t)
 			id := insertEvent(t, connect(t, e.db), "s-1", "OverSASL")
 			c := k.NewConsumer(t, k.AllTopics()) // over the plaintext listener
@@ -309,9 +313,9 @@ func TestRealSecuredKafka(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, kafka(strings.ReplaceAll(tc.name, " ", "-")))
-			secured(e, sink.SASLScram256, tc.password, tc.ca)
+			secured(t, e, sink.SASLScram256, tc.password, tc.ca)
 			start := time.Now()
-			err := waitFatal(t, e.launch(t, os.Stderr))
+			err := waitFatal(t, e.launch(t, e.logOut))
 			var ce *sink.ConnectError
 			if !errors.As(err, &ce) || !pipeline.Permanent(err) || !strings.Contains(err.Error(), tc.want) ||
 				strings.Contains(err.Error(), tc.password) || strings.Contains(err.Error(), "\n") {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/localpg"
@@ -66,7 +67,9 @@ hostssl all cdc 127.0.0.1/32 cert
 	e := &env{db: admin, kafka: k, cfg: newEnvConfig(admin, k)}
 	e.cfg.Postgres = wal.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile, Slot: "tls_wrong_ca"}
 	started := time.Now()
-	err = waitFatal(t, e.launch(t, ioDiscard{}))
+	e.logLevel = hclog.Trace
+	// The error is returned, not logged: it is checked below.
+	err = waitFatal(t, e.launch(t, sweptLog(t, 0, "tls-secret")))
 	var tlsErr *wal.TLSError
 	if !errors.As(err, &tlsErr) || !strings.Contains(err.Error(), "sslrootcert") || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "tls-secret") {
 		t.Fatalf("a wrong CA: %v; want a fatal one-line error naming sslrootcert", err)
@@ -88,6 +91,7 @@ hostssl all cdc 127.0.0.1/32 cert
 			e.cfg.Postgres = tc.cfg
 			e.cfg.Postgres.Slot = fmt.Sprintf("tls_%d", i)
 			e.cfg.Postgres.StatusInterval = 50 * time.Millisecond
+			e.logLevel, e.logOut = hclog.Trace, sweptLog(t, 5, "tls-secret")
 			e.start(t)
 			id := insertEvent(t, connect(t, admin), fmt.Sprintf("tls-%d", i), "OverTLS")
 			c := k.NewConsumer(t, k.AllTopics())
