@@ -94,7 +94,7 @@ const testSigningKey = "0123456789abcdef0123456789abcdef-test"
 // minLines lines (one that did not see the run). It writes nothing else.
 func sweptLog(t *testing.T, minLines int, secrets ...string) io.Writer {
 	t.Helper()
-	w := &sweep{}
+	w := &syncBuffer{}
 	t.Cleanup(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -111,17 +111,6 @@ func sweptLog(t *testing.T, minLines int, secrets ...string) io.Writer {
 		}
 	})
 	return w
-}
-
-type sweep struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *sweep) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
 }
 
 // running is a pipeline started in the background.
