@@ -18,6 +18,7 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -547,7 +548,7 @@ func humanBytes(n int64) string {
 func probeCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("probe", "[--ready] [--addr host:port]")
 	ready := fs.Bool("ready", false, "ask /readyz (this instance streams) instead of /healthz (the process is alive)")
-	addr := fs.String("addr", defaultListen, "the connector's http.listen")
+	addr := fs.String("addr", config.DefaultListen, "the connector's http.listen")
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}

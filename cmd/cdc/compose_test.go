@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -61,7 +62,7 @@ func TestComposeConfigValidates(t *testing.T) {
 	if code := run(context.Background(), []string{"check", "--offline", "--config", "../../docker/cdc.yaml"}, noEnv, &out, &out); code != 0 {
 		t.Fatalf("cdc check --offline docker/cdc.yaml: exit %d\n%s", code, out.String())
 	}
-	cfg, _, err := loadConfig("../../docker/cdc.yaml", noEnv)
+	cfg, _, err := config.Load("../../docker/cdc.yaml", noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestComposeSQLGivesLeastPrivilege(t *testing.T) {
 	if super {
 		t.Fatal("init.sql makes the connector's role a superuser")
 	}
-	file, _, err := loadConfig("../../docker/cdc.yaml", noEnv)
+	file, _, err := config.Load("../../docker/cdc.yaml", noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}

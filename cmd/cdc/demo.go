@@ -63,7 +63,7 @@ func demoCmd(ctx context.Context, c *cli, args []string) int {
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
-	return demo(ctx, *duration, *rate, c.env.get, c.stdout, c.stderr)
+	return demo(ctx, *duration, *rate, c.env.Get, c.stdout, c.stderr)
 }
 
 func demo(ctx context.Context, duration time.Duration, rate int, getenv func(string) string, out, errOut io.Writer) int {

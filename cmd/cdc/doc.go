@@ -7,7 +7,7 @@
 //	cdc check --offline ...       validate the config only
 //	cdc demo                      everything in one process, to see it work
 //
-// This is the only place that reads files, the environment and flags; the
-// packages under internal take typed configs. Exit codes: 0 after a clean
+// It parses flags, has internal/config read the file and the environment,
+// and calls the packages under internal, which take typed configs. Exit codes: 0 after a clean
 // shutdown, 1 on a fatal runtime error, 2 on a configuration error.
 package main

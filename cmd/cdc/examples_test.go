@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -51,12 +52,17 @@ func TestExamples(t *testing.T) {
 			db := p.NewDatabase(t)
 			testenv.Exec(t, db, read("schema.sql"))
 			kafka := testenv.NewKafka(t)
-			// validConfig fills the default topics that get the prefix;
-			// pipeline.New validates the changed tables again.
-			cfg, _, err := validConfig(cfgPath, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ",")))
+			// pipeline.New fills the default topics that get the prefix,
+			// and validates the changed tables again below.
+			loaded, _, err := config.Load(cfgPath, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ",")))
 			if err != nil {
 				t.Fatalf("%s: %v", cfgPath, err)
 			}
+			valid, err := pipeline.New(loaded, hclog.NewNullLogger(), pipeline.Options{})
+			if err != nil {
+				t.Fatalf("%s: %v", cfgPath, err)
+			}
+			cfg := valid.Config()
 			// Unique topic names, so that examples can share a real broker.
 			for _, tbl := range cfg.Tables {
 				tbl.Topic = kafka.Prefix + tbl.Topic

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 )
@@ -31,19 +32,9 @@ func init() {
 	}
 }
 
-// environ looks a variable up: os.LookupEnv, or a test's map. "Set to
-// empty" and "unset" differ: CDC_HTTP_LISTEN= turns the endpoint off.
-type environ func(string) (string, bool)
-
-// get returns a variable's value, "" when unset.
-func (e environ) get(key string) string {
-	v, _ := e(key)
-	return v
-}
-
 // cli is one invocation: where it reads its environment and writes.
 type cli struct {
-	env            environ
+	env            config.Environ
 	stdout, stderr io.Writer
 	http           endpoint.Config // set by pipeline, from the config
 }
@@ -99,7 +90,7 @@ func main() {
 
 // run is main without the process: it returns the exit code. 0: done, or a
 // clean shutdown; 1: a fatal error at run time; 2: a usage or config error.
-func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, env config.Environ, stdout, stderr io.Writer) int {
 	c := &cli{env: env, stdout: stdout, stderr: stderr}
 	if len(args) == 0 {
 		usage(stderr)
@@ -185,7 +176,7 @@ func (c *cli) usageErr(format string, args ...any) int {
 // pipeline loads the config at path and builds the pipeline, which
 // validates it. ok false means return code.
 func (c *cli) pipeline(path string) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
-	cfg, lc, err := loadConfig(path, c.env)
+	cfg, lc, err := config.Load(path, c.env)
 	if err != nil {
 		return nil, nil, c.usageErr("%v", err), false
 	}

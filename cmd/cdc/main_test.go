@@ -18,11 +18,28 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
 var pg *testenv.Postgres
+
+// env is an environment of these key, value pairs; noEnv is empty.
+var (
+	env   = config.Map
+	noEnv = env()
+)
+
+// writeConfig writes body as a config file in a temporary directory.
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cdc.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // TestMain doubles as the cdc binary: with CDC_TEST_EXEC_MAIN=1 the test
 // binary runs main's logic, so the tests below can start, SIGKILL and

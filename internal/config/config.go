@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -134,52 +134,52 @@ type fileTable struct {
 	} `yaml:"backfill"`
 }
 
-// defaultListen is where cdc run serves /metrics, /healthz and /readyz.
-const defaultListen = "127.0.0.1:9187"
+// DefaultListen is where cdc run serves /metrics, /healthz and /readyz.
+const DefaultListen = "127.0.0.1:9187"
 
-// logConfig is how the process logs, and serves its HTTP endpoint.
-type logConfig struct {
+// Log is how the process logs, and serves its HTTP endpoint.
+type Log struct {
 	Level string // trace, debug, info (default), warn, error
 	JSON  bool
 	HTTP  endpoint.Config
 }
 
-// loadConfig reads the YAML file at path ("" for none) and applies the
+// Load reads the YAML file at path ("" for none) and applies the
 // environment: ${VAR} in the file's values, then CDC_<KEY> variables,
 // which override the file's keys (docs/config.md, "Environment"). It
 // reports what is wrong with the file itself; the packages' own
 // validation, with the defaults, runs once in pipeline.New.
-func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
+func Load(path string, env Environ) (pipeline.Config, Log, error) {
 	var fc fileConfig
 	var doc yaml.Node
 	where := "config " + path
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("read config: %w", err)
+			return pipeline.Config{}, Log{}, fmt.Errorf("read config: %w", err)
 		}
 		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %s", where, oneLine(err))
+			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s", where, oneLine(err))
 		}
 		if err := expandEnv(&doc, env, ""); err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
+			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
 		}
 	} else {
 		where = "config"
 	}
 	if err := applyEnv(&doc, reflect.TypeOf(fc), env); err != nil {
-		return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
+		return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
 	}
 	if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
-		return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %w", where, err)
+		return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
 	}
 	if doc.Kind != 0 {
 		if err := doc.Decode(&fc); err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("%s: %s (see docs/config.md)", where, oneLine(err))
+			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, oneLine(err))
 		}
 	}
 
-	lc := logConfig{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: defaultListen, Token: fc.HTTP.Token}}
+	lc := Log{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: DefaultListen, Token: fc.HTTP.Token}}
 	if fc.HTTP.Listen != nil {
 		lc.HTTP.Listen = *fc.HTTP.Listen
 	}
@@ -190,7 +190,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		// Port 0 picks a free port (the tests use it).
 		_, port, err := net.SplitHostPort(lc.HTTP.Listen)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
+			return pipeline.Config{}, Log{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
 		}
 	}
 	if fc.HTTP.TokenFile != "" {
@@ -198,10 +198,10 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 		// endpoint reads it again when it changes.
 		b, err := os.ReadFile(fc.HTTP.TokenFile)
 		if err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file: %v", err)
+			return pipeline.Config{}, Log{}, fmt.Errorf("http.token_file: %v", err)
 		}
 		if strings.TrimSpace(string(b)) == "" {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
+			return pipeline.Config{}, Log{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
 		}
 		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
 	}
@@ -209,7 +209,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 	if f := fc.Checkpoint.SigningKeyFile; f != "" {
 		keys, err := readSigningKeys(f)
 		if err != nil {
-			return pipeline.Config{}, logConfig{}, err
+			return pipeline.Config{}, Log{}, err
 		}
 		signingKeys = keys
 	}
@@ -219,14 +219,14 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 	switch lc.Level {
 	case "trace", "debug", "info", "warn", "error":
 	default:
-		return pipeline.Config{}, logConfig{}, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
+		return pipeline.Config{}, Log{}, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
 	}
 	switch fc.Log.Format {
 	case "", "text":
 	case "json":
 		lc.JSON = true
 	default:
-		return pipeline.Config{}, logConfig{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
+		return pipeline.Config{}, Log{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
 	}
 
 	autoCreate, createTopics := true, true
@@ -283,7 +283,7 @@ func loadConfig(path string, env environ) (pipeline.Config, logConfig, error) {
 	for i, ft := range fc.Tables {
 		t, err := ft.table()
 		if err != nil {
-			return pipeline.Config{}, logConfig{}, fmt.Errorf("tables[%d]: %w", i, err)
+			return pipeline.Config{}, Log{}, fmt.Errorf("tables[%d]: %w", i, err)
 		}
 		cfg.Tables = append(cfg.Tables, t)
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -17,15 +17,15 @@ import (
 )
 
 // validConfig is what cdc run works with: the file and environment as
-// loadConfig reads them, validated once by pipeline.New.
-func validConfig(path string, getenv environ) (pipeline.Config, logConfig, error) {
-	cfg, lc, err := loadConfig(path, getenv)
+// Load reads them, validated once by pipeline.New.
+func validConfig(path string, getenv Environ) (pipeline.Config, Log, error) {
+	cfg, lc, err := Load(path, getenv)
 	if err != nil {
-		return pipeline.Config{}, logConfig{}, err
+		return pipeline.Config{}, Log{}, err
 	}
 	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
-		return pipeline.Config{}, logConfig{}, err
+		return pipeline.Config{}, Log{}, err
 	}
 	return p.Config(), lc, nil
 }
@@ -40,13 +40,7 @@ func writeConfig(t *testing.T, body string) string {
 }
 
 // env is an environment of these key, value pairs.
-func env(kv ...string) environ {
-	m := map[string]string{}
-	for i := 0; i < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
+var env = Map
 
 // noEnv is an empty environment.
 var noEnv = env()

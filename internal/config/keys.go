@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"errors"
@@ -188,7 +188,7 @@ func orTop(path string) string {
 // a value can never change the file's structure. An unquoted value is typed
 // again after expansion (port: ${PORT} is a number); a quoted one stays a
 // string.
-func expandEnv(n *yaml.Node, env environ, path string) error {
+func expandEnv(n *yaml.Node, env Environ, path string) error {
 	switch n.Kind {
 	case yaml.DocumentNode, yaml.SequenceNode:
 		for i, c := range n.Content {
@@ -222,7 +222,7 @@ func expandEnv(n *yaml.Node, env environ, path string) error {
 	return nil
 }
 
-func expandValue(s string, env environ) (string, error) {
+func expandValue(s string, env Environ) (string, error) {
 	var b strings.Builder
 	for {
 		i := strings.Index(s, "${")
@@ -299,7 +299,7 @@ func envKeys(t reflect.Type, path []string, f func(name string, path []string, t
 // applyEnv sets every key whose CDC_ variable is set and not empty in the
 // parsed file, creating it if the file lacks it (or if there is no file).
 // The node it sets remembers the variable, for error messages.
-func applyEnv(doc *yaml.Node, t reflect.Type, env environ) error {
+func applyEnv(doc *yaml.Node, t reflect.Type, env Environ) error {
 	var err error
 	envKeys(t, nil, func(name string, path []string, ft reflect.Type) {
 		v, ok := env(name)
