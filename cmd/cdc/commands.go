@@ -20,6 +20,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/endpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -62,7 +63,7 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 		log.Info("serving /metrics, /healthz and /readyz", "addr", "http://"+srv.Addr(), "metrics_token", c.http.Token != "" || c.http.TokenFile != "")
 	}
 	if err := p.Run(ctx); err != nil {
-		log.Error("stopped on a fatal error", "error", flatErr(err))
+		log.Error("stopped on a fatal error", "error", errtext.OneLine(err))
 		return 1
 	}
 	return 0
@@ -222,7 +223,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	})
 	show.done()
 	if err != nil {
-		log.Error("replay failed", "error", flatErr(err))
+		log.Error("replay failed", "error", errtext.OneLine(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions in %s: %d matched, %d skipped (outside the range, the tables or the filters)\n",
@@ -261,7 +262,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	req, err := p.RequestBackfill(ctx, t, cond)
 	if err != nil {
-		log.Error("backfill not started", "error", flatErr(err))
+		log.Error("backfill not started", "error", errtext.OneLine(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "requested backfill %s of %s: %d rows match %s\n", req.ID, req.Table, req.Rows, orAll(req.Where))
@@ -286,7 +287,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 		fmt.Fprintln(c.stdout, "stopped following; the connector goes on with the backfill, and cdc status shows it")
 		return 0
 	case err != nil:
-		log.Error("backfill failed", "error", flatErr(err))
+		log.Error("backfill failed", "error", errtext.OneLine(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "backfilled %d rows of %s in %s\n", job.Rows, job.Table, job.Finished.Sub(job.Started).Round(time.Millisecond))
@@ -368,7 +369,7 @@ func rewindCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	done, err := p.Rewind(ctx, rg)
 	if err != nil {
-		log.Error("rewind failed", "error", flatErr(err))
+		log.Error("rewind failed", "error", errtext.OneLine(err))
 		return 1
 	}
 	fmt.Fprintf(c.stdout, "rewound slot %s from %s to %s; the next cdc run re-delivers from there\n", p.Config().Postgres.Slot, done.From, done.To)
@@ -392,7 +393,7 @@ func resetCmd(ctx context.Context, c *cli, args []string) int {
 	a, err := p.AcceptGap(ctx)
 	switch {
 	case err != nil:
-		log.Error("reset failed", "error", flatErr(err))
+		log.Error("reset failed", "error", errtext.OneLine(err))
 		return 1
 	case a.Gap == nil && a.LostSlot:
 		fmt.Fprintln(c.stdout, "dropped the lost slot; cdc run creates a new one")
@@ -576,9 +577,4 @@ func probeCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	fmt.Fprintf(c.stdout, "%s: %s\n", path, msg)
 	return 0
-}
-
-// flatErr is err's text on one line, for the log (see oneLine).
-func flatErr(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
@@ -53,7 +54,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
 		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.String())
 	if err != nil {
-		return nil, errorf("backfill of %s: %v", t, oneLine(err))
+		return nil, errorf("backfill of %s: %v", t, errtext.OneLine(err))
 	}
 	for rows.Next() {
 		var c col
@@ -395,9 +396,5 @@ func pgMessage(err error) string {
 		}
 		return msg
 	}
-	return oneLine(err)
-}
-
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
+	return errtext.OneLine(err)
 }

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxcdc/cdc/internal/endpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -159,7 +160,7 @@ func Load(path string, env Environ) (pipeline.Config, Log, error) {
 			return pipeline.Config{}, Log{}, fmt.Errorf("read config: %w", err)
 		}
 		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s", where, oneLine(err))
+			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s", where, yamlError(err))
 		}
 		if err := expandEnv(&doc, env, ""); err != nil {
 			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
@@ -175,7 +176,7 @@ func Load(path string, env Environ) (pipeline.Config, Log, error) {
 	}
 	if doc.Kind != 0 {
 		if err := doc.Decode(&fc); err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, oneLine(err))
+			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, yamlError(err))
 		}
 	}
 
@@ -389,12 +390,11 @@ func batchDelay(d *time.Duration) time.Duration {
 	return *d
 }
 
-// oneLine flattens yaml.v3's multi-line errors ("yaml: unmarshal
+// yamlError flattens yaml.v3's multi-line errors ("yaml: unmarshal
 // errors:\n  line 3: ...") into one line.
-func oneLine(err error) string {
+func yamlError(err error) string {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
-	return strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " ")
+	return errtext.Flatten(strings.TrimPrefix(msg, "unmarshal errors:\n  "))
 }
 
 // readSigningKeys reads checkpoint.signing_key_file: one key a line, the

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -482,7 +483,7 @@ func storedError(err error) string {
 	if !errors.As(err, &pe) {
 		var bad *backfill.Error
 		if errors.As(err, &bad) {
-			return oneLine(err) // the plan's: names and the condition, no rows
+			return errtext.OneLine(err) // the plan's: names and the condition, no rows
 		}
 		return "the backfill failed (the connector's log has the error)"
 	}
@@ -576,13 +577,13 @@ func (p *Pipeline) runBackfills(ctx context.Context) {
 		case errors.As(err, &bad), jobEnding(err):
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
-			p.log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", oneLine(err))
+			p.log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
 			err = emit(ctx, conn, control{Type: controlFail, Run: run, Job: job.ID, Error: storedError(err)})
 			if err == nil {
 				err = p.waitDone(ctx, job.ID)
 			}
 		case err != nil:
-			p.log.Warn("backfill interrupted; retrying", "job", job.ID, "table", job.Table, "error", oneLine(err), "retry_in", backoff)
+			p.log.Warn("backfill interrupted; retrying", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err), "retry_in", backoff)
 		}
 		if err != nil {
 			if conn != nil {

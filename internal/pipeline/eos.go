@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -363,7 +364,7 @@ type TxnTimeoutError struct {
 
 func (e *TxnTimeoutError) Error() string {
 	return fmt.Sprintf("the Kafka transaction was open %s, longer than exactly_once.transaction_timeout (%s), and the broker aborted it (%s); a Postgres transaction too large to send in that time, or a slow broker: raise exactly_once.transaction_timeout (up to the brokers' transaction.max.timeout.ms) and restart; nothing was committed or confirmed, so nothing is lost",
-		e.Open.Round(time.Second), e.Limit, oneLine(e.Err))
+		e.Open.Round(time.Second), e.Limit, errtext.OneLine(e.Err))
 }
 
 // isFenced reports whether err says another instance took over.

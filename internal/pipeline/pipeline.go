@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -473,7 +474,7 @@ func (p *Pipeline) Check(ctx context.Context) error {
 		// The backfills' conditions and orders, which need the tables.
 		for _, j := range p.initialJobs(false) {
 			if err := p.checkBackfills(ctx, []checkpoint.Backfill{j}); err != nil {
-				probs = append(probs, "postgres: "+oneLine(err))
+				probs = append(probs, "postgres: "+errtext.OneLine(err))
 			}
 		}
 	}
@@ -561,15 +562,15 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			// itself (it outlived the transaction timeout, during a long
 			// outage say). Its events were not committed; a new session
 			// sends them again.
-			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", oneLine(err))
-			err = errors.New("kafka aborted the open transaction: " + oneLine(err))
+			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
+			err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
 		}
 		var timedOut *TxnTimeoutError
 		if errors.As(err, &timedOut) {
 			// Once may be an outage that outlasted the timeout; the same
 			// again, with Kafka up, is a transaction too large for it.
 			if timeouts++; timeouts < 2 {
-				p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", oneLine(err))
+				p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", errtext.OneLine(err))
 				err = errors.New("kafka aborted a transaction that was open too long")
 			}
 		} else if err != nil {
@@ -618,7 +619,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				}
 			}
 			if wait > 0 && !p.waitingLogged {
-				p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", oneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
+				p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", errtext.OneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
 				p.waitingLogged = true
 			}
 		} else {
@@ -627,8 +628,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			if p.progress == nil {
 				what = "first start, not streaming yet; retrying after an error"
 			}
-			p.setStateWhy(false, what, oneLine(err))
-			p.log.Error("session failed; reconnecting", "error", oneLine(err), "retry_in", backoff)
+			p.setStateWhy(false, what, errtext.OneLine(err))
+			p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", backoff)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -742,11 +743,4 @@ func Permanent(err error) bool {
 // that counts produce requests.
 func (p *Pipeline) kafkaOpts() []kgo.Opt {
 	return append(append([]kgo.Opt(nil), p.opts.KafkaOpts...), kgo.WithHooks(p.m.KafkaHook()))
-}
-
-// oneLine is err's text on one line, for the log: an error that spans
-// lines (pgx's connection attempts, a server's DETAIL) would break the
-// text format's one line per entry, which log shippers rely on.
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }

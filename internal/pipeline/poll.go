@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -31,7 +32,7 @@ func (p *Pipeline) pollSlot(ctx context.Context) {
 		}
 		if conn != nil {
 			if err := p.readSlots(ctx, conn); err != nil {
-				p.log.Debug("metrics: cannot read the slot; retrying", "error", oneLine(err))
+				p.log.Debug("metrics: cannot read the slot; retrying", "error", errtext.OneLine(err))
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -170,7 +171,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
 		}
 		if err := acks.Final(fctx); err != nil {
-			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", oneLine(err))
+			p.log.Warn("last checkpoint not written; what it would have covered is sent again on the next start", "error", errtext.OneLine(err))
 		}
 		cancel()
 	}
@@ -365,7 +366,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 	}
 	s.p.DeadLettered.Add(1)
 	s.p.m.DeadLetter(ev.Table.String())
-	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", oneLine(cause))
+	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
 	return rec, nil
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -95,7 +96,7 @@ func (p *Pipeline) takeOver(ctx context.Context) bool {
 		return true // free now: try at once
 	}
 	if err != nil {
-		p.log.Warn("standby: cannot read the slot holder's last status update", "error", oneLine(err))
+		p.log.Warn("standby: cannot read the slot holder's last status update", "error", errtext.OneLine(err))
 		return false
 	}
 	if !canSee {

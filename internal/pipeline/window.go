@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -39,13 +40,13 @@ func (p *Pipeline) keepWindow(ctx context.Context) {
 		if conn == nil {
 			c, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
 			if err != nil {
-				p.log.Warn("replay window: cannot connect to postgres; retrying", "error", oneLine(err))
+				p.log.Warn("replay window: cannot connect to postgres; retrying", "error", errtext.OneLine(err))
 				continue
 			}
 			conn = c
 		}
 		if err := p.advanceWindow(ctx, conn); err != nil && ctx.Err() == nil {
-			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.replaySlot(), "error", oneLine(err))
+			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.replaySlot(), "error", errtext.OneLine(err))
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
 		}

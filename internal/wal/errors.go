@@ -4,10 +4,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
@@ -86,7 +86,7 @@ func connectError(err error, pc *pgconn.Config, what string) error {
 	if errors.As(err, &unknownCA) || errors.As(err, &invalid) || errors.As(err, &host) {
 		return &TLSError{Err: err, Msg: fmt.Sprintf("postgres at %s: the server's certificate does not verify (%s): set sslrootcert in postgres.url to the CA that signed it, and connect by the name the certificate holds (sslmode=verify-full checks both)", where, certProblem(err))}
 	}
-	return fmt.Errorf("open %s to postgres at %s: %s", what, where, flatten(err))
+	return fmt.Errorf("open %s to postgres at %s: %s", what, where, errtext.OneLine(err))
 }
 
 // TLSError means the server's certificate did not verify. At start it is
@@ -115,10 +115,5 @@ func certProblem(err error) string {
 	if errors.As(err, &host) {
 		return host.Error()
 	}
-	return flatten(err)
-}
-
-// flatten puts a multi-line error on one line.
-func flatten(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+	return errtext.OneLine(err)
 }
