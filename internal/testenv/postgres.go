@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -246,11 +247,20 @@ func CommitLSN(t testing.TB, dbURL string, xid string, from pglogrepl.LSN) pglog
 	var lsn *pglogrepl.LSN
 	Eventually(t, 30*time.Second, "the commit record of xid "+xid+" to be flushed", func() bool {
 		// With synchronous_commit off the flush position can still be
-		// behind from; pg_walinspect refuses a start in the future.
-		QueryRow(t, dbURL, `SELECT CASE WHEN pg_current_wal_flush_lsn() > $1::pg_lsn THEN
+		// behind from; pg_walinspect refuses a start in the future, and
+		// fails while no whole record lies between from and the flush
+		// position yet ("could not find a valid record after"): both
+		// mean not yet.
+		var err error
+		withConn(t, dbURL, func(ctx context.Context, conn *pgx.Conn) {
+			err = conn.QueryRow(ctx, `SELECT CASE WHEN pg_current_wal_flush_lsn() > $1::pg_lsn THEN
 			(SELECT start_lsn FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn())
-			 WHERE xid::text = $2 AND resource_manager = 'Transaction' AND record_type = 'COMMIT') END`, []any{from, xid}, &lsn)
-		return lsn != nil
+			 WHERE xid::text = $2 AND resource_manager = 'Transaction' AND record_type = 'COMMIT') END`, from, xid).Scan(&lsn)
+		})
+		if err != nil && !strings.Contains(err.Error(), "could not find a valid record") {
+			t.Fatalf("read the commit record of xid %s: %v", xid, err)
+		}
+		return err == nil && lsn != nil
 	})
 	return *lsn
 }
