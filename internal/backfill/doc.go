@@ -1,6 +1,11 @@
-// Package backfill reads the rows already in an outbox table, for the
-// connector to send them as events: a poller's pending rows on the first
-// start, and the rows an operator asks for with cdc backfill.
+// Package backfill owns backfills: it reads the rows already in an outbox
+// table, for the connector to send them as events: a poller's pending rows
+// on the first start, and the rows an operator asks for with cdc backfill.
+// It holds the plan (the queries), the jobs and their watermark state
+// machine (Jobs: pure, events in, rows to send and checkpoint notes out),
+// the runner that reads the chunks (Runner), the first start's job, and
+// the requests with their signatures (Request, Jobs.Admit). The pipeline
+// feeds it the stream's control messages and sends what it hands back.
 //
 // It reads by keyset pagination: chunks of rows in the order of the
 // table's order_by columns plus its primary key, each chunk after the key
@@ -12,16 +17,32 @@
 // have been.
 //
 // Invariants:
+//
 //   - Every key column is NOT NULL and the key is unique (it ends with the
 //     primary key): a row compares greater than the last key exactly when
 //     it was not read yet, so keyset pagination neither skips nor repeats
 //     a row.
+//
 //   - Plan checks the condition and the columns with the server before
 //     anything is read or sent: a condition that does not parse, or a
 //     column that does not exist, is a one-line error.
+//
 //   - Reads are read-only transactions: a condition cannot write.
 //
-// Where the chunks go, and how they stay consistent with the live stream
-// (an exported snapshot on the first start, watermarks in the WAL after),
-// is the pipeline's: docs/design.md, "Backfill".
+//   - The first start's job reads in the snapshot the slot exported, and
+//     is sent before the stream's first transaction, in transactions that
+//     end at the slot's consistent point (docs/design.md, rule 18).
+//
+//   - Any other job reads each chunk between a low and a high watermark,
+//     logical decoding messages it writes (the DBLog approach). The chunk
+//     is sent at the high watermark, in its transaction, less the rows the
+//     stream met between the watermarks: a chunk neither overtakes nor
+//     doubles the live events around it (TestWatermarksSendWhatTheStreamDidNot),
+//     and its progress is part of the watermark's checkpoint, so a restart
+//     goes on from the last chunk Kafka acknowledged.
+//
+//   - A watermark or a failure names the session's random run, which only
+//     logical decoding can read; a request runs only when its signature
+//     verifies with checkpoint.signing_key_file (TestAdmitChecksTheSignature,
+//     docs/design.md, rule 23).
 package backfill

@@ -334,7 +334,7 @@ type Pipeline struct {
 	confirmed atomic.Uint64
 	// bf is the backfill jobs as the stream has reached them; snapshot
 	// is the first start's exported snapshot, for its backfill.
-	bf       backfills
+	bf       *backfill.Jobs
 	snapshot string
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session checkpoints it first.
@@ -356,7 +356,7 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{cfg: cfg, opts: opts, log: log, router: r, m: opts.Metrics}
-	p.bf.wake = make(chan struct{}, 1)
+	p.bf = backfill.NewJobs()
 	if p.m == nil {
 		p.m = metrics.New()
 	}
@@ -472,8 +472,8 @@ func (p *Pipeline) Check(ctx context.Context) error {
 	}
 	if len(probs) == 0 {
 		// The backfills' conditions and orders, which need the tables.
-		for _, j := range p.initialJobs(false) {
-			if err := p.checkBackfills(ctx, []checkpoint.Backfill{j}); err != nil {
+		for _, j := range backfill.InitialJobs(p.cfg.Tables, false) {
+			if err := p.backfills().Check(ctx, []checkpoint.Backfill{j}); err != nil {
 				probs = append(probs, "postgres: "+errtext.OneLine(err))
 			}
 		}

@@ -79,7 +79,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		// Before anything else on the replication connection, which
 		// would end the snapshot's export (docs/design.md, rule 18).
 		p.snapshot = ""
-		if err := p.initialBackfill(ctx, s, snap, from); err != nil {
+		if err := p.backfills().FirstStart(ctx, s, p.progress.Saved().Backfills, snap, from); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				return nil
@@ -138,10 +138,10 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}
 
 	// Backfills run beside the stream, from the saved checkpoint's state.
-	p.bf.reset(p.progress.Saved().Backfills)
+	p.bf.Reset(p.progress.Saved().Backfills)
 	bctx, stopBackfills := context.WithCancel(ctx)
 	backfillsDone := make(chan struct{})
-	go func() { defer close(backfillsDone); p.runBackfills(bctx) }()
+	go func() { defer close(backfillsDone); p.backfills().Run(bctx, p.bf) }()
 	defer func() { stopBackfills(); <-backfillsDone }()
 
 	runErr := stream.Run(ctx, s.handle, acks)
@@ -217,9 +217,6 @@ type session struct {
 	// ctx is the session's, for the admin calls EnsureTopic makes.
 	ctx      context.Context
 	counters map[counterKey]prometheus.Counter
-	// window is the backfill chunk whose watermarks the stream is
-	// between, if any.
-	window *liveChunk
 	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
 	eos *committer
 	// stream is the replication stream once it started, for blocking.
@@ -275,9 +272,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if s.replay != nil && !s.replay.take(&m.Event) {
 			return nil
 		}
-		if w := s.window; w != nil && m.Event.Table == w.table {
-			w.seen[string(m.Event.Fields[outbox.FieldID].B)] = struct{}{}
-		}
+		s.p.bf.Seen(&m.Event)
 		return s.event(&m)
 	case decode.KindIgnoredMessage:
 		s.p.IgnoredMessages.Add(1)

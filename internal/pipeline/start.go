@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -88,10 +89,10 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			}
 		}
 		rec = p.newRecord(conn, 0)
-		if rec.Backfills = p.initialJobs(true); len(rec.Backfills) > 0 {
+		if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
 			// A condition or order that does not work stops the first
 			// start before anything exists.
-			if err := p.checkBackfills(ctx, rec.Backfills); err != nil {
+			if err := p.backfills().Check(ctx, rec.Backfills); err != nil {
 				return 0, err
 			}
 			// The backfill reads the rows committed before the slot in
@@ -113,7 +114,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		// The slot was made by someone else, or by a first start that
 		// stopped before its checkpoint: the rows before it can only be
 		// backfilled beside the stream now.
-		if rec.Backfills = p.initialJobs(false); len(rec.Backfills) > 0 {
+		if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false); len(rec.Backfills) > 0 {
 			p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
 		}
 	case checkpoint.StartResume:

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -50,7 +51,7 @@ func TestForgedBackfillRequestIsIgnored(t *testing.T) {
 		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(checkpoint.RequestKey(key, req.ID)), Value: v}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
-		sql, args := pipeline.ControlMessage(req.ID)
+		sql, args := backfill.ControlMessage(req.ID)
 		testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
 	}
 	testenv.Eventually(t, 30*time.Second, "both requests refused", func() bool {
@@ -212,7 +213,7 @@ func TestUnknownBackfillRequestIsPassedOver(t *testing.T) {
 	var logs lockedLog
 	r := e.launch(t, &logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
-	sql, args := pipeline.ControlMessage("nobody-wrote-this")
+	sql, args := backfill.ControlMessage("nobody-wrote-this")
 	testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
 	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
 	c := kafka.NewConsumer(t, kafka.AllTopics())

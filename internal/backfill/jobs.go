@@ -1,0 +1,386 @@
+package backfill
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+)
+
+// Control is one of the connector's own logical decoding messages (with
+// decode.ControlPrefix): a request's announcement, a chunk's watermarks,
+// or a job's end.
+type Control struct {
+	Type  string `json:"type"` // ControlRequest, ControlLow, ControlHigh, ControlFail
+	ID    string `json:"id,omitempty"`
+	Run   string `json:"run,omitempty"`
+	Job   string `json:"job,omitempty"`
+	Chunk int    `json:"chunk,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// The kinds of Control.
+const (
+	ControlRequest = "backfill-request"
+	ControlLow     = "backfill-low"
+	ControlHigh    = "backfill-high"
+	ControlFail    = "backfill-fail"
+)
+
+// ParseControl reads a control message's content.
+func ParseControl(b []byte) (Control, error) {
+	var c Control
+	err := json.Unmarshal(b, &c)
+	return c, err
+}
+
+// ControlMessage is the SQL that announces backfill request id to a
+// running pipeline: cdc backfill runs it after saving the request.
+func ControlMessage(id string) (string, []any) {
+	b, _ := json.Marshal(Control{Type: ControlRequest, ID: id})
+	return "SELECT pg_logical_emit_message(true, $1, $2::text)", []any{decode.ControlPrefix, string(b)}
+}
+
+// Jobs is the pipeline's jobs as far as the stream has read: the saved
+// checkpoint's at the start of each session, then changed by the stream's
+// control messages. It is the watermark state machine: the stream's
+// goroutine feeds it events and control messages (Seen, Low, High, Sent,
+// Fail, Admit) and gets back what to send and what to note in the
+// checkpoint; it does no I/O. The job runner (Runner) reads it and sets
+// each chunk's rows.
+type Jobs struct {
+	mu sync.Mutex
+	// run names this session's job runner in its watermarks and failures:
+	// random, and read only by logical decoding (a REPLICATION role), so a
+	// message another role writes cannot pass for one of them.
+	run   string
+	jobs  []checkpoint.Backfill
+	chunk *liveChunk    // the chunk between its watermarks, as the runner set it
+	wake  chan struct{} // a job was added
+
+	// window is the chunk whose watermarks the stream is between, if any;
+	// the stream's goroutine alone uses it.
+	window *liveChunk
+}
+
+// NewJobs returns an empty set of jobs.
+func NewJobs() *Jobs { return &Jobs{wake: make(chan struct{}, 1)} }
+
+// liveChunk is one chunk of a backfill running beside the stream.
+type liveChunk struct {
+	run, job string
+	n        int
+	table    *outbox.Table
+	// seen holds the ids of the table's events the stream met since the
+	// low watermark, at low; the stream's goroutine alone uses them.
+	seen map[string]struct{}
+	low  pglogrepl.LSN
+	// Set by the runner before it writes the high watermark.
+	rows  *Chunk
+	dec   *decode.RowDecoder
+	total int64
+	until []string
+	done  chan struct{} // closed once the stream handled the high watermark
+	// Set by High, for Sent.
+	high pglogrepl.LSN
+}
+
+// Reset starts a session's jobs from the saved checkpoint's, with a new
+// run name.
+func (b *Jobs) Reset(jobs []checkpoint.Backfill) {
+	b.mu.Lock()
+	b.run = newID()
+	b.jobs = slices.Clone(jobs)
+	b.chunk = nil
+	b.window = nil
+	b.mu.Unlock()
+}
+
+// Run is the session's run name.
+func (b *Jobs) Run() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.run
+}
+
+// next returns the first unfinished job.
+func (b *Jobs) next() (checkpoint.Backfill, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, j := range b.jobs {
+		if !j.Done() {
+			return j, true
+		}
+	}
+	return checkpoint.Backfill{}, false
+}
+
+// Has reports whether job id is known, done or not.
+func (b *Jobs) Has(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id })
+}
+
+// update changes job id with f (a new job when there is none) and
+// returns a copy of the list, for a checkpoint note.
+func (b *Jobs) update(id string, f func(*checkpoint.Backfill)) []checkpoint.Backfill {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	j := checkpoint.Backfill{ID: id}
+	if i := slices.IndexFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id }); i >= 0 {
+		j = b.jobs[i]
+	}
+	f(&j)
+	rec := checkpoint.Record{Backfills: b.jobs}
+	rec.SetBackfill(j)
+	b.jobs = rec.Backfills
+	return slices.Clone(b.jobs)
+}
+
+// job returns job id as the stream has it.
+func (b *Jobs) job(id string) checkpoint.Backfill {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, j := range b.jobs {
+		if j.ID == id {
+			return j
+		}
+	}
+	return checkpoint.Backfill{ID: id}
+}
+
+// done reports whether the stream finished job id.
+func (b *Jobs) done(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id && !j.Done() })
+}
+
+// setChunk makes ch the chunk between its watermarks (nil: none).
+func (b *Jobs) setChunk(ch *liveChunk) {
+	b.mu.Lock()
+	b.chunk = ch
+	b.mu.Unlock()
+}
+
+// setRows gives the chunk its rows, before its high watermark is written.
+func (b *Jobs) setRows(ch *liveChunk, c *Chunk) {
+	b.mu.Lock()
+	ch.rows = c
+	b.mu.Unlock()
+}
+
+// Seen notes an event the stream met: between a chunk's watermarks, a row
+// of its table that the stream sends is not sent again from the chunk.
+func (b *Jobs) Seen(ev *outbox.Event) {
+	if w := b.window; w != nil && ev.Table == w.table {
+		w.seen[string(ev.Fields[outbox.FieldID].B)] = struct{}{}
+	}
+}
+
+// Low takes a low watermark, committed at commit: the stream is between
+// the watermarks of the runner's chunk from here, when c is its.
+func (b *Jobs) Low(c Control, commit pglogrepl.LSN) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ch := b.chunk; ch != nil && ch.run == c.Run && ch.job == c.Job && ch.n == c.Chunk {
+		ch.seen, ch.low = map[string]struct{}{}, commit
+		b.window = ch
+	}
+}
+
+// High takes a high watermark, committed at commit at time at: the rows
+// of its chunk to send there, in the watermark's transaction, which are
+// those the stream did not meet between the watermarks. ok is false for
+// a watermark that is not the window's (one of an earlier run, read again
+// after a restart). Once the rows are sent, Sent finishes the chunk.
+func (b *Jobs) High(c Control, commit pglogrepl.LSN, at time.Time) (rows []decode.Message, ok bool, err error) {
+	ch := b.window
+	if ch == nil || ch.run != c.Run || ch.job != c.Job || ch.n != c.Chunk {
+		return nil, false, nil
+	}
+	b.mu.Lock()
+	read, dec := ch.rows, ch.dec
+	b.mu.Unlock()
+	if read == nil {
+		return nil, false, fmt.Errorf("internal: backfill chunk %d of %s reached its high watermark without rows", ch.n, ch.job)
+	}
+	for _, row := range read.Rows {
+		m, err := dec.Row(row, commit, at)
+		if err != nil {
+			return nil, false, err
+		}
+		if _, live := ch.seen[m.Event.ID()]; live {
+			continue // the stream sent it, in its place
+		}
+		rows = append(rows, m)
+	}
+	ch.high = commit
+	return rows, true, nil
+}
+
+// ChunkSent is what a chunk sent at its high watermark.
+type ChunkSent struct {
+	Table     string
+	Low, High pglogrepl.LSN // the watermarks' commit LSNs
+	Read      int           // rows the chunk read
+	Sent      int           // rows sent: those the stream had not met
+}
+
+// Sent finishes the window's chunk, whose sent rows the stream produced:
+// it returns the jobs with its progress, for the watermark transaction's
+// checkpoint note, and lets the runner go on.
+func (b *Jobs) Sent(sent int) ([]checkpoint.Backfill, ChunkSent) {
+	ch := b.window
+	b.window = nil
+	b.mu.Lock()
+	read, total := ch.rows, ch.total
+	b.chunk = nil
+	b.mu.Unlock()
+	jobs := b.update(ch.job, func(j *checkpoint.Backfill) {
+		j.Rows += int64(sent)
+		if read.Last != nil {
+			j.After = read.Last
+		}
+		if j.Total == 0 {
+			j.Total = total
+		}
+		if j.Until == nil {
+			j.Until = ch.until
+		}
+		if read.Final {
+			j.Finished = time.Now()
+		}
+	})
+	close(ch.done)
+	return jobs, ChunkSent{Table: ch.table.String(), Low: ch.low, High: ch.high, Read: len(read.Rows), Sent: sent}
+}
+
+// Fail takes a job's end on an error, as the runner wrote it: the jobs
+// to note, or false for a message that is not this session's runner's
+// (another role's, or an earlier session's read again: its job runs again).
+func (b *Jobs) Fail(c Control) ([]checkpoint.Backfill, bool) {
+	b.mu.Lock()
+	ours := c.Run != "" && c.Run == b.run
+	b.mu.Unlock()
+	if !ours || !b.Has(c.Job) {
+		return nil, false
+	}
+	return b.update(c.Job, func(j *checkpoint.Backfill) {
+		if !j.Done() {
+			j.Finished, j.Error = time.Now(), c.Error
+		}
+	}), true
+}
+
+// Refused is why a backfill request is not run. The stream logs it and
+// goes on: a request is the operator's, and a bad one loses nothing.
+type Refused struct {
+	Msg    string
+	Forged bool // its signature does not verify
+}
+
+func (r *Refused) Error() string { return r.Msg }
+
+// Admit checks backfill request req, announced in the stream, against the
+// signing keys (the first signs, all verify; none: every request is
+// refused) and the configured tables, and adds it as a job that starts at
+// this point of the stream. key is the checkpoint's key the request is
+// signed for; found is false when cdc backfill did not write it to the
+// checkpoint topic. It returns the jobs, for the checkpoint note, or a
+// *Refused.
+func (b *Jobs) Admit(req checkpoint.BackfillRequest, found bool, keys [][]byte, key string, tables []*outbox.Table) ([]checkpoint.Backfill, error) {
+	switch {
+	case !found:
+		return nil, &Refused{Msg: "ignored a backfill request that cdc backfill did not write to the checkpoint topic"}
+	case len(keys) == 0:
+		return nil, &Refused{Msg: "ignored a backfill request: cdc run has no checkpoint.signing_key_file to check it was cdc backfill's; set the same file for both"}
+	case !req.Verify(keys, key):
+		return nil, &Refused{Msg: "ignored a backfill request whose signature does not verify: written by someone without checkpoint.signing_key_file's key, or with another key", Forged: true}
+	case Table(tables, req.Table) == nil:
+		return nil, &Refused{Msg: "ignored a backfill request for a table that is not configured"}
+	}
+	jobs := b.update(req.ID, func(j *checkpoint.Backfill) {
+		*j = checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now()}
+	})
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	return jobs, nil
+}
+
+// Table returns the configured table SQL names name.
+func Table(tables []*outbox.Table, name string) *outbox.Table {
+	for _, t := range tables {
+		if !t.IsMessage() && t.String() == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// InitialJobs are the first start's backfills: one per table with
+// backfill set.
+func InitialJobs(tables []*outbox.Table, initial bool) []checkpoint.Backfill {
+	var jobs []checkpoint.Backfill
+	for _, t := range tables {
+		if t.Backfill != nil {
+			jobs = append(jobs, checkpoint.Backfill{ID: "first-start:" + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
+		}
+	}
+	return jobs
+}
+
+// jobEnding reports whether err is a server error that running the job
+// again would meet again: the condition's own (a data exception, class 22;
+// a statement refused, class 42; a write in the read-only transaction,
+// 25006) or backfill.statement_timeout (57014). Connection errors and the
+// like are retried.
+func jobEnding(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "42") || pe.Code == "25006" || pe.Code == "57014"
+}
+
+// storedError is what the checkpoint keeps of why a job ended: the
+// SQLSTATE of a server error and, for a statement the server refused or
+// cancelled, its message; never a message that may quote row data (a bad
+// value's text). The log has the whole error.
+func storedError(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		var bad *Error
+		if errors.As(err, &bad) {
+			return errtext.OneLine(err) // the plan's: names and the condition, no rows
+		}
+		return "the backfill failed (the connector's log has the error)"
+	}
+	if strings.HasPrefix(pe.Code, "42") || pe.Code == "57014" || pe.Code == "25006" {
+		return fmt.Sprintf("SQLSTATE %s: %s", pe.Code, pe.Message)
+	}
+	return fmt.Sprintf("SQLSTATE %s (the connector's log has the message)", pe.Code)
+}
+
+// newID is a random identifier for a job or a run.
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

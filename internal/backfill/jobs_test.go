@@ -1,0 +1,172 @@
+package backfill
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/outbox"
+)
+
+// The watermark state machine without Postgres: what a chunk sends at its
+// high watermark, and what the checkpoint notes (docs/design.md,
+// "Backfill").
+
+func testTable() *outbox.Table {
+	return &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
+}
+
+var testColumns = []decode.Column{{Name: "id", TypeOID: 25}, {Name: "aggregatetype", TypeOID: 25}, {Name: "aggregateid", TypeOID: 25}, {Name: "type", TypeOID: 25}, {Name: "payload", TypeOID: 25}}
+
+func row(id string) [][]byte {
+	return [][]byte{[]byte(id), []byte("order"), []byte("a-" + id), []byte("created"), []byte(`{"n":1}`)}
+}
+
+// chunkOf sets up job's chunk n as the runner does before its low
+// watermark.
+func chunkOf(t *testing.T, b *Jobs, tbl *outbox.Table, job string, n int) *liveChunk {
+	t.Helper()
+	dec, err := decode.NewRowDecoder(tbl, testColumns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &liveChunk{run: b.Run(), job: job, n: n, table: tbl, dec: dec, total: 3, until: []string{"3"}, done: make(chan struct{})}
+	b.setChunk(ch)
+	return ch
+}
+
+func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
+	tbl := testTable()
+	b := NewJobs()
+	b.Reset([]checkpoint.Backfill{{ID: "j1", Table: tbl.String(), Started: time.Now()}})
+	ch := chunkOf(t, b, tbl, "j1", 0)
+	c := Control{Type: ControlLow, Run: b.Run(), Job: "j1", Chunk: 0}
+
+	// A watermark of another run (an earlier session's, read again) opens
+	// no window, and an event before the low watermark is not noted.
+	b.Low(Control{Type: ControlLow, Run: "other", Job: "j1"}, 100)
+	if b.window != nil {
+		t.Fatal("another run's low watermark opened the window")
+	}
+	b.Low(c, 110)
+	if b.window != ch || ch.low != 110 {
+		t.Fatalf("the low watermark did not open the chunk's window: %+v", b.window)
+	}
+	// The stream sends row 2 between the watermarks; an event of another
+	// table with the same id does not count.
+	live := outbox.Event{Table: tbl}
+	live.Fields[outbox.FieldID] = outbox.Value{B: []byte("2")}
+	b.Seen(&live)
+	other := outbox.Event{Table: &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "other"}}}
+	other.Fields[outbox.FieldID] = outbox.Value{B: []byte("3")}
+	b.Seen(&other)
+
+	b.setRows(ch, &Chunk{Rows: [][][]byte{row("1"), row("2"), row("3")}, Last: []string{"3"}, Final: true})
+	high := Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 0}
+	if _, ok, err := b.High(Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 1}, 120, time.Now()); ok || err != nil {
+		t.Fatalf("another chunk's high watermark was taken: ok %v, err %v", ok, err)
+	}
+	at := time.Now()
+	rows, ok, err := b.High(high, 120, at)
+	if !ok || err != nil {
+		t.Fatalf("High: ok %v, err %v", ok, err)
+	}
+	var ids []string
+	for _, m := range rows {
+		ids = append(ids, m.Event.ID())
+		if m.Event.CommitLSN != 120 || !m.Event.CommitTime.Equal(at) {
+			t.Errorf("row %s is not in the high watermark's transaction: %s at %v", m.Event.ID(), m.Event.CommitLSN, m.Event.CommitTime)
+		}
+	}
+	if !slices.Equal(ids, []string{"1", "3"}) {
+		t.Fatalf("the chunk sends %v; want 1 and 3 (the stream sent 2 in its place)", ids)
+	}
+	select {
+	case <-ch.done:
+		t.Fatal("the runner was let go before the rows were sent")
+	default:
+	}
+
+	jobs, sent := b.Sent(len(rows))
+	if want := (ChunkSent{Table: tbl.String(), Low: 110, High: 120, Read: 3, Sent: 2}); sent != want {
+		t.Errorf("Sent = %+v, want %+v", sent, want)
+	}
+	if len(jobs) != 1 || jobs[0].Rows != 2 || !slices.Equal(jobs[0].After, []string{"3"}) || jobs[0].Total != 3 || !jobs[0].Done() {
+		t.Errorf("the checkpoint note is %+v; want 2 rows after key 3 of 3, done", jobs)
+	}
+	select {
+	case <-ch.done:
+	default:
+		t.Fatal("Sent did not let the runner go on")
+	}
+	if b.window != nil {
+		t.Fatal("the window is still open after its high watermark")
+	}
+	if _, ok := b.next(); ok {
+		t.Fatal("the finished job is still to run")
+	}
+}
+
+func TestWatermarksFail(t *testing.T) {
+	b := NewJobs()
+	b.Reset([]checkpoint.Backfill{{ID: "j1", Table: "public.outbox"}})
+	if _, ok := b.Fail(Control{Type: ControlFail, Run: "forged", Job: "j1", Error: "x"}); ok {
+		t.Fatal("a failure another run wrote ended the job")
+	}
+	if _, ok := b.Fail(Control{Type: ControlFail, Run: b.Run(), Job: "nope", Error: "x"}); ok {
+		t.Fatal("a failure of an unknown job was taken")
+	}
+	jobs, ok := b.Fail(Control{Type: ControlFail, Run: b.Run(), Job: "j1", Error: "SQLSTATE 42703"})
+	if !ok || len(jobs) != 1 || !jobs[0].Done() || jobs[0].Error != "SQLSTATE 42703" {
+		t.Fatalf("Fail = %+v, %v", jobs, ok)
+	}
+}
+
+func TestAdmitChecksTheSignature(t *testing.T) {
+	tbl := testTable()
+	key := []byte("0123456789abcdef0123456789abcdef")
+	signed := func(table string, k []byte) checkpoint.BackfillRequest {
+		r := checkpoint.BackfillRequest{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
+		r.Sign(k, "slot/1")
+		return r
+	}
+	for _, tc := range []struct {
+		name   string
+		req    checkpoint.BackfillRequest
+		found  bool
+		keys   [][]byte
+		forged bool
+	}{
+		{"not in the checkpoint topic", signed(tbl.String(), key), false, [][]byte{key}, false},
+		{"no key to check with", signed(tbl.String(), key), true, nil, false},
+		{"another key", signed(tbl.String(), []byte("fedcba9876543210fedcba9876543210")), true, [][]byte{key}, true},
+		{"unsigned", checkpoint.BackfillRequest{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
+		{"a table not configured", signed("public.secrets", key), true, [][]byte{key}, false},
+	} {
+		b := NewJobs()
+		b.Reset(nil)
+		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Table{tbl})
+		var refused *Refused
+		if !errors.As(err, &refused) || refused.Forged != tc.forged {
+			t.Errorf("%s: Admit = %v; want refused, forged %v", tc.name, err, tc.forged)
+		}
+		if b.Has(tc.req.ID) {
+			t.Errorf("%s: the refused request became a job", tc.name)
+		}
+	}
+	// Signed with a key being rotated out: every key of the file verifies.
+	b := NewJobs()
+	b.Reset(nil)
+	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Table{tbl})
+	if err != nil || len(jobs) != 1 || jobs[0].Table != tbl.String() || jobs[0].Where != "true" {
+		t.Fatalf("Admit = %+v, %v", jobs, err)
+	}
+	select {
+	case <-b.wake:
+	default:
+		t.Fatal("an admitted job did not wake the runner")
+	}
+}

@@ -1,0 +1,97 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Requested is what Request started.
+type Requested struct {
+	ID    string
+	Table string
+	Where string
+	Rows  int64 // rows matching now
+	key   string
+}
+
+// Request asks the running pipeline (cdc run with this config) to
+// backfill table's rows matching where, beside its stream: it is cdc
+// backfill. It checks the table, the condition and the order first, and
+// sends nothing when they are wrong. The request, signed with keys[0] for
+// the checkpoint's key, goes to the checkpoint topic; a logical decoding
+// message with its ID tells the pipeline, at a point of the stream, which
+// is where the job starts. load reads the pipeline's checkpoint, and
+// returns the store it read it from.
+func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.Context) (checkpoint.Record, *checkpoint.Store, error), t *outbox.Table, where string) (Requested, error) {
+	if len(keys) == 0 {
+		return Requested{}, &wal.SetupError{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
+	}
+	rows, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	if err != nil {
+		return Requested{}, err
+	}
+	defer rows.Close(context.WithoutCancel(ctx))
+	job := checkpoint.Backfill{ID: newID(), Table: t.String(), Where: where}
+	plan, _, err := r.plan(ctx, rows, job)
+	if err != nil {
+		return Requested{}, err
+	}
+	total, err := plan.Count(ctx, rows)
+	if err != nil {
+		return Requested{}, err
+	}
+	rec, store, err := load(ctx)
+	if err != nil {
+		return Requested{}, err
+	}
+	if a := rec.ActiveBackfill(); a != nil {
+		return Requested{}, &wal.SetupError{Msg: fmt.Sprintf("backfill %s of %s is running (%d of %d rows); wait for it to finish (cdc status shows it), then ask again", a.ID, a.Table, a.Rows, a.Total)}
+	}
+	req := checkpoint.BackfillRequest{ID: job.ID, Table: job.Table, Where: where, RequestedAt: time.Now()}
+	req.Sign(keys[0], rec.Key())
+	if err := store.SaveRequest(ctx, rec.Key(), req); err != nil {
+		return Requested{}, err
+	}
+	sql, args := ControlMessage(job.ID)
+	if _, err := rows.Exec(ctx, sql, args...); err != nil {
+		return Requested{}, fmt.Errorf("announce the backfill to the connector (pg_logical_emit_message): %w", err)
+	}
+	return Requested{ID: job.ID, Table: job.Table, Where: where, Rows: total, key: rec.Key()}, nil
+}
+
+// Watch follows job r in the checkpoint topic, calling show with its
+// state (zero until the pipeline started it) about once a second, until
+// it is done or ctx ends. A job that ended on an error returns it.
+func Watch(ctx context.Context, store *checkpoint.Store, r Requested, show func(checkpoint.Backfill)) (checkpoint.Backfill, error) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		recs, err := store.Load(ctx, false)
+		if err != nil {
+			return checkpoint.Backfill{}, err
+		}
+		var job checkpoint.Backfill
+		if rec, ok := recs[r.key]; ok {
+			if j := rec.FindBackfill(r.ID); j != nil {
+				job = *j
+			}
+		}
+		show(job)
+		if job.Done() {
+			if job.Error != "" {
+				return job, fmt.Errorf("backfill %s of %s failed: %s", job.ID, job.Table, job.Error)
+			}
+			return job, nil
+		}
+		select {
+		case <-ctx.Done():
+			return job, ctx.Err()
+		case <-t.C:
+		}
+	}
+}

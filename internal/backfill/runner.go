@@ -1,0 +1,379 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Runner runs the jobs: the first start's in the slot's snapshot
+// (FirstStart), the others beside the stream, chunk by chunk between
+// watermarks (Run). Its fields are the pipeline's config.
+type Runner struct {
+	Postgres         wal.Config
+	StatementTimeout time.Duration // backfill.statement_timeout
+	Tables           []*outbox.Table
+	// MaxInFlight bounds the first start's unacknowledged events; the
+	// progress is saved once every StatusInterval.
+	MaxInFlight    int
+	StatusInterval time.Duration
+	// A job that was interrupted is retried after Backoff, doubling up
+	// to BackoffMax.
+	Backoff, BackoffMax time.Duration
+	Log                 hclog.Logger
+	Metrics             *metrics.Metrics
+}
+
+// plan works out job's queries on conn.
+func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Backfill) (*Plan, *decode.RowDecoder, error) {
+	t := Table(r.Tables, job.Table)
+	if t == nil {
+		return nil, nil, &Error{Msg: fmt.Sprintf("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)}
+	}
+	var orderBy []string
+	chunk := outbox.DefaultChunkSize
+	if t.Backfill != nil {
+		orderBy, chunk = t.Backfill.OrderBy, t.Backfill.ChunkSize
+	}
+	plan, err := NewPlan(ctx, conn, t, job.Where, orderBy, chunk)
+	if err != nil {
+		return nil, nil, err
+	}
+	dec, err := decode.NewRowDecoder(t, plan.Columns)
+	if err != nil {
+		return nil, nil, err
+	}
+	return plan, dec, nil
+}
+
+// Check has the server check each job's queries.
+func (r *Runner) Check(ctx context.Context, jobs []checkpoint.Backfill) error {
+	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, j := range jobs {
+		if _, _, err := r.plan(ctx, conn, j); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progressEvery is how often a running backfill logs its progress.
+const progressEvery = 5 * time.Second
+
+// progressLog logs a job's progress: rows, rate and time left.
+func (r *Runner) progressLog(job checkpoint.Backfill, rows int64, since time.Time, final bool) {
+	rate := float64(rows) / max(time.Since(since).Seconds(), 0.001)
+	l := []any{"table", job.Table, "job", job.ID, "rows", job.Rows, "total", job.Total, "rows_per_second", int64(rate)}
+	if final {
+		r.Log.Info("backfill finished", l...)
+		return
+	}
+	if left := job.Total - job.Rows; left > 0 && rate > 0 {
+		l = append(l, "eta", (time.Duration(float64(left) / rate * float64(time.Second))).Round(time.Second).String())
+	}
+	r.Log.Info("backfill progress", l...)
+}
+
+// Sender is what the first start's backfill sends through: the session,
+// before its stream starts.
+type Sender interface {
+	// Begin opens a transaction of events committed at now.
+	Begin(now time.Time) error
+	// Event routes and produces one event, as the stream would.
+	Event(m *decode.Message) error
+	// Commit closes the transaction at at, the slot's consistent point,
+	// and lets its records go.
+	Commit(at pglogrepl.LSN, now time.Time)
+	// WaitInFlight waits until at most n events are unacknowledged.
+	WaitInFlight(ctx context.Context, n int) error
+	// Save writes the checkpoint with job's progress and waits for it.
+	Save(ctx context.Context, job checkpoint.Backfill) error
+}
+
+// FirstStart sends the first start's jobs (Initial, not done) from
+// snapshot, before the stream starts at at, the slot's consistent point.
+// The events are tracked in transactions that end at at, so nothing is
+// confirmed past it until the stream runs; the jobs' progress goes to the
+// checkpoint as it is acknowledged, and an interruption is continued
+// beside the stream (docs/design.md, rule 18).
+func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Backfill, snapshot string, at pglogrepl.LSN) error {
+	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return fmt.Errorf("backfill: begin: %w", err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", snapshot)); err != nil {
+		return fmt.Errorf("backfill: import the slot's snapshot %s: %w", snapshot, err)
+	}
+	for _, job := range jobs {
+		if job.Done() || !job.Initial {
+			continue
+		}
+		if err := r.firstStartJob(ctx, s, conn, job, at); err != nil {
+			return err
+		}
+	}
+	_, err = conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, job checkpoint.Backfill, at pglogrepl.LSN) error {
+	plan, dec, err := r.plan(ctx, conn, job)
+	if err != nil {
+		return err
+	}
+	if job.Total, err = plan.Count(ctx, conn); err != nil {
+		return err
+	}
+	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
+	started, saved, logged := time.Now(), time.Now(), time.Now()
+	rows0 := job.Rows
+	limit := max(r.MaxInFlight-plan.ChunkSize(), 1)
+	for {
+		c, err := plan.Read(ctx, conn, job.After, nil)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if err := s.Begin(now); err != nil {
+			return err
+		}
+		for _, row := range c.Rows {
+			m, err := dec.Row(row, at, now)
+			if err != nil {
+				return err
+			}
+			if err := s.Event(&m); err != nil {
+				return err
+			}
+		}
+		s.Commit(at, now)
+		r.Metrics.BackfillRows(job.Table).Add(float64(len(c.Rows)))
+		job.Rows += int64(len(c.Rows))
+		if c.Last != nil {
+			job.After = c.Last
+		}
+		if c.Final {
+			job.Finished = time.Now()
+		}
+		// Keep at most max_in_flight events unacknowledged; save the
+		// progress once every status interval, when all of it is acked.
+		if err := s.WaitInFlight(ctx, limit); err != nil {
+			return err
+		}
+		if c.Final || time.Since(saved) >= r.StatusInterval {
+			if err := s.WaitInFlight(ctx, 0); err != nil {
+				return err
+			}
+			if err := s.Save(ctx, job); err != nil {
+				return err
+			}
+			saved = time.Now()
+		}
+		if c.Final {
+			r.progressLog(job, job.Rows-rows0, started, true)
+			return nil
+		}
+		if time.Since(logged) >= progressEvery {
+			r.progressLog(job, job.Rows-rows0, started, false)
+			logged = time.Now()
+		}
+	}
+}
+
+// Run runs jobs' jobs beside the stream until ctx is done, one at a
+// time, in order: each chunk is read between a low and a high watermark
+// and handed to the stream (Jobs.High) through jobs.
+func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
+	run := jobs.Run()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	backoff := r.Backoff
+	for ctx.Err() == nil {
+		job, ok := jobs.next()
+		if !ok {
+			select {
+			case <-ctx.Done():
+			case <-jobs.wake:
+			}
+			continue
+		}
+		var err error
+		if conn == nil {
+			conn, err = wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+		}
+		if err == nil {
+			err = r.runJob(ctx, conn, jobs, run, job)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		var bad *Error
+		switch {
+		case errors.As(err, &bad), jobEnding(err):
+			// The job cannot run as asked: end it, in the stream's
+			// order, with the reason in the checkpoint.
+			r.Log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
+			err = emit(ctx, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: storedError(err)})
+			if err == nil {
+				err = waitDone(ctx, jobs, job.ID)
+			}
+		case err != nil:
+			r.Log.Warn("backfill interrupted; retrying", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err), "retry_in", backoff)
+		}
+		if err != nil {
+			if conn != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+			t := time.NewTimer(jitter(backoff))
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			backoff = min(2*backoff, r.BackoffMax)
+			continue
+		}
+		backoff = r.Backoff
+	}
+}
+
+// jitter spreads a wait over its second half.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// waitDone waits until the stream finished job id.
+func waitDone(ctx context.Context, jobs *Jobs, id string) error {
+	for !jobs.done(id) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// runJob runs job's chunks between watermarks until the last.
+func (r *Runner) runJob(ctx context.Context, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Backfill) error {
+	plan, dec, err := r.plan(ctx, conn, job)
+	if err != nil {
+		return err
+	}
+	total := job.Total
+	if total == 0 {
+		if total, err = plan.Count(ctx, conn); err != nil {
+			return err
+		}
+	}
+	if job.Rows == 0 {
+		r.Log.Info("backfill starting beside the stream", "job", job.ID, "table", job.Table, "where", job.Where, "rows", total)
+	} else {
+		r.Log.Info("backfill resuming", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "total", total)
+	}
+	// Stop at the last row that matches now: the stream sends the rows
+	// committed from now on, and a backfill that chased them on a busy
+	// table would never end.
+	until := job.Until
+	if until == nil {
+		if until, err = plan.Last(ctx, conn); err != nil {
+			return err
+		}
+	}
+	after := job.After
+	started, logged, rows0 := time.Now(), time.Now(), job.Rows
+	for n := 0; ; n++ {
+		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, until: until, done: make(chan struct{})}
+		jobs.setChunk(ch)
+		if err := emit(ctx, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
+			return err
+		}
+		c, err := readChunk(ctx, conn, plan, after, until)
+		if err != nil {
+			return err
+		}
+		jobs.setRows(ch, &c)
+		if err := emit(ctx, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch.done:
+		}
+		if c.Last != nil {
+			after = c.Last
+		}
+		if j, ok := jobs.next(); c.Final || !ok || j.ID != job.ID {
+			cur := jobs.job(job.ID)
+			r.progressLog(cur, cur.Rows-rows0, started, true)
+			return nil
+		}
+		if time.Since(logged) >= progressEvery {
+			cur := jobs.job(job.ID)
+			r.progressLog(cur, cur.Rows-rows0, started, false)
+			logged = time.Now()
+		}
+	}
+}
+
+// readChunk reads one chunk in a read-only transaction of its own, which
+// starts after the low watermark committed. Without an end (nothing
+// matched at the start) there is nothing to read.
+func readChunk(ctx context.Context, conn *pgx.Conn, plan *Plan, after, until []string) (Chunk, error) {
+	if until == nil {
+		return Chunk{Final: true}, nil
+	}
+	if _, err := conn.Exec(ctx, "BEGIN READ ONLY"); err != nil {
+		return Chunk{}, err
+	}
+	c, err := plan.Read(ctx, conn, after, until)
+	if err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return Chunk{}, err
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		return Chunk{}, err
+	}
+	return c, nil
+}
+
+// emit writes c as a transactional logical decoding message, in a
+// transaction of its own.
+func emit(ctx context.Context, conn *pgx.Conn, c Control) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text)", decode.ControlPrefix, string(b)); err != nil {
+		return fmt.Errorf("write a backfill watermark: %w", err)
+	}
+	return nil
+}
