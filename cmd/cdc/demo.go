@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -205,20 +206,20 @@ type demoConnector struct {
 
 // demoConfig is the connector's config: cdc_demo.outbox with Debezium's
 // layout, and a replay window.
-func demoConfig(pgURL string, brokers []string) pipeline.Config {
-	return pipeline.Config{
+func demoConfig(pgURL string, brokers []string) config.Config {
+	return config.Config{
 		Postgres:   wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
 		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables:     []*outbox.Table{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
-		Checkpoint: pipeline.CheckpointConfig{Topic: "cdc-demo.checkpoints"},
-		Replay:     pipeline.ReplayConfig{Window: time.Hour},
+		Checkpoint: config.CheckpointConfig{Topic: "cdc-demo.checkpoints"},
+		Replay:     config.ReplayConfig{Window: time.Hour},
 	}
 }
 
 // forgetDemoCheckpoint deletes what an earlier demo left in the checkpoint
 // topic: the demo dropped its slot when it ended, and the connector would
 // rightly refuse that gap.
-func forgetDemoCheckpoint(ctx context.Context, conn *pgx.Conn, cfg pipeline.Config) error {
+func forgetDemoCheckpoint(ctx context.Context, conn *pgx.Conn, cfg config.Config) error {
 	var sysid string
 	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
 		return fmt.Errorf("read the system identifier: %v", err)
@@ -232,7 +233,7 @@ func forgetDemoCheckpoint(ctx context.Context, conn *pgx.Conn, cfg pipeline.Conf
 
 // replayDemo replays what the order service wrote since, to the .replay
 // topics, while the connector keeps streaming: cdc replay --from-time.
-func replayDemo(ctx context.Context, cfg pipeline.Config, since time.Time, out io.Writer) error {
+func replayDemo(ctx context.Context, cfg config.Config, since time.Time, out io.Writer) error {
 	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
 		return err
@@ -250,7 +251,7 @@ func replayDemo(ctx context.Context, cfg pipeline.Config, since time.Time, out i
 
 // startDemoConnector runs the connector in the background and waits until
 // it streams. It returns nil, nil if ctx ends first.
-func startDemoConnector(ctx context.Context, cfg pipeline.Config, b *board) (*demoConnector, error) {
+func startDemoConnector(ctx context.Context, cfg config.Config, b *board) (*demoConnector, error) {
 	c := &demoConnector{done: make(chan error, 1)}
 	streaming := make(chan struct{})
 	var once sync.Once

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -37,11 +38,11 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	k := testenv.NewKafka(t)
 
-	cfg := pipeline.Config{
+	cfg := config.Config{
 		Postgres:   wal.Config{URL: src, StatusInterval: 50 * time.Millisecond},
 		Kafka:      sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables:     []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + outbox.DefaultTopic}},
-		Checkpoint: pipeline.CheckpointConfig{Topic: k.CheckpointTopic()},
+		Checkpoint: config.CheckpointConfig{Topic: k.CheckpointTopic()},
 	}
 	streaming := make(chan struct{}, 1)
 	conn, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(*checkpoint.Tracker) {

@@ -1,423 +1,340 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"os"
-	"reflect"
-	"strconv"
-	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
-	"github.com/outboxcdc/cdc/internal/endpoint"
-	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/pgident"
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// fileConfig is the YAML file format. docs/config.md documents every key;
-// keep the two in step.
-type fileConfig struct {
-	Postgres struct {
-		URL             string        `yaml:"url"`
-		PasswordFile    string        `yaml:"password_file"`
-		Slot            string        `yaml:"slot"`
-		Publication     string        `yaml:"publication"`
-		StatusInterval  time.Duration `yaml:"status_interval"`
-		ConfirmInterval time.Duration `yaml:"confirm_interval"`
-	} `yaml:"postgres"`
-	Kafka struct {
-		Brokers                []string `yaml:"brokers"`
-		ClientID               string   `yaml:"client_id"`
-		MaxMessageBytes        int32    `yaml:"max_message_bytes"`
-		AllowAutoTopicCreation *bool    `yaml:"allow_auto_topic_creation"`
-		CreateTopics           *bool    `yaml:"create_topics"`
-		TopicDefaults          struct {
-			Partitions        int32             `yaml:"partitions"`
-			ReplicationFactor int16             `yaml:"replication_factor"`
-			Configs           map[string]string `yaml:"configs"`
-		} `yaml:"topic_defaults"`
-		Linger        time.Duration  `yaml:"linger"`
-		MaxBatchDelay *time.Duration `yaml:"max_batch_delay"`
-		TLS           struct {
-			Enabled    bool   `yaml:"enabled"`
-			CAFile     string `yaml:"ca_file"`
-			CertFile   string `yaml:"cert_file"`
-			KeyFile    string `yaml:"key_file"`
-			ServerName string `yaml:"server_name"`
-		} `yaml:"tls"`
-		SASL struct {
-			Mechanism    string `yaml:"mechanism"`
-			Username     string `yaml:"username"`
-			Password     string `yaml:"password"`
-			PasswordFile string `yaml:"password_file"`
-			TokenFile    string `yaml:"token_file"`
-		} `yaml:"sasl"`
-		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
-		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
-	} `yaml:"kafka"`
-	Checkpoint struct {
-		Topic          string `yaml:"topic"`
-		SigningKeyFile string `yaml:"signing_key_file"`
-	} `yaml:"checkpoint"`
-	Replay struct {
-		Window time.Duration `yaml:"window"`
-	} `yaml:"replay"`
-	Standby struct {
-		TakeoverAfter *time.Duration `yaml:"takeover_after"`
-	} `yaml:"standby"`
-	Backfill struct {
-		StatementTimeout time.Duration `yaml:"statement_timeout"`
-	} `yaml:"backfill"`
-	Delivery    string `yaml:"delivery"`
-	ExactlyOnce struct {
-		CommitEvents       int           `yaml:"commit_events"`
-		CommitInterval     time.Duration `yaml:"commit_interval"`
-		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
-	} `yaml:"exactly_once"`
-	Tables           []fileTable   `yaml:"tables"`
-	MaxInFlight      int           `yaml:"max_in_flight"`
-	MaxInFlightBytes int64         `yaml:"max_in_flight_bytes"`
-	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`
-	Reconnect        struct {
-		Backoff    time.Duration `yaml:"backoff"`
-		BackoffMax time.Duration `yaml:"backoff_max"`
-	} `yaml:"reconnect"`
-	Log struct {
-		Level  string `yaml:"level"`
-		Format string `yaml:"format"`
-		Kafka  string `yaml:"kafka"`
-	} `yaml:"log"`
-	HTTP struct {
-		Listen    *string `yaml:"listen"`
-		Token     string  `yaml:"token"`
-		TokenFile string  `yaml:"token_file"`
-		// UnhealthyAfter: how long without streaming before /healthz fails.
-		UnhealthyAfter time.Duration `yaml:"unhealthy_after"`
-	} `yaml:"http"`
+// DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
+// memory (about 2 KB per event in flight, for the row, the record and
+// franz-go's batch), and covers a round trip of 40 ms to Kafka at
+// 100k events/s; 10,000 cost 10 MB more of peak RSS for no speed on the
+// benchmarks (docs/benchmarks.md).
+const DefaultMaxInFlight = 4096
+
+// DefaultMaxInFlightBytes is max_in_flight_bytes's default: 64 MiB of
+// records waiting for Kafka, which franz-go's batches, the decoded rows and
+// the records each hold once, keeps the connector's memory under about
+// 128 MB however large the payloads.
+const DefaultMaxInFlightBytes = 64 << 20
+
+// DefaultUnhealthyAfter is Config.UnhealthyAfter's default: ten of the
+// longest reconnect backoffs, so that a restart is asked for only after
+// many retries have failed.
+const DefaultUnhealthyAfter = 5 * time.Minute
+
+// Config configures a pipeline: what Load reads, and what pipeline.New
+// takes.
+type Config struct {
+	Postgres wal.Config
+	Kafka    sink.Config
+	Tables   []*outbox.Table
+	// DeadLetterMaxMessageBytes is the record size limit of the
+	// dead-letter topics; to dead-letter oversized events it must exceed
+	// Kafka.MaxMessageBytes. Default 1,000,012.
+	DeadLetterMaxMessageBytes int32
+	// MaxInFlight is how many events may wait for Kafka's ack before the
+	// replication loop stops reading. Default DefaultMaxInFlight.
+	MaxInFlight int
+	// MaxInFlightBytes is how many bytes of records may wait for Kafka's
+	// ack before the replication loop stops reading, whichever of the two
+	// limits comes first: with large payloads the count alone let a
+	// broker stall fill the memory (docs/design.md, rule 22). Default
+	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
+	MaxInFlightBytes int64
+	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// RetryBackoff is the first delay before reconnecting after a transient
+	// error; it doubles up to RetryBackoffMax. Each wait is jittered over
+	// its second half. Defaults 1s and 30s (reconnect.backoff and
+	// reconnect.backoff_max).
+	RetryBackoff    time.Duration
+	RetryBackoffMax time.Duration
+	// Checkpoint is where the pipeline keeps its durable progress.
+	Checkpoint CheckpointConfig
+	// Replay keeps WAL for replays and rewinds.
+	Replay ReplayConfig
+	// Backfill configures every backfill's statements.
+	Backfill BackfillConfig
+	// Standby configures how an instance that finds the slot in use
+	// takes over from a holder that went silent.
+	Standby StandbyConfig
+	// UnhealthyAfter is how long the pipeline may go without streaming,
+	// other than as a standby watching a live holder, before Healthy
+	// fails: /healthz then answers 503 so that an orchestrator restarts a
+	// process that is stuck (a connection that never comes back, say).
+	// Default 5m (http.unhealthy_after).
+	UnhealthyAfter time.Duration
+	// Delivery is DeliveryAtLeastOnce (the default) or
+	// DeliveryExactlyOnce, which ExactlyOnce configures.
+	Delivery    string
+	ExactlyOnce ExactlyOnceConfig
 }
 
-// fileTable is one entry of tables: an outbox table, or a logical decoding
-// message prefix.
-type fileTable struct {
-	Name          string `yaml:"name"`
-	MessagePrefix string `yaml:"message_prefix"`
-	// Columns maps fields to columns (or JSON members). An absent key
-	// keeps the default; null or "" leaves the field unmapped.
-	Columns    map[string]*string `yaml:"columns"`
-	Additional []struct {
-		Column    string `yaml:"column"`
-		Placement string `yaml:"placement"`
-		As        string `yaml:"as"`
-	} `yaml:"additional"`
-	Topic                   string            `yaml:"topic"`
-	TopicNormalize          []string          `yaml:"topic_normalize"`
-	TopicReplacement        string            `yaml:"topic_replacement"`
-	Key                     string            `yaml:"key"`
-	Format                  string            `yaml:"format"`
-	Headers                 map[string]string `yaml:"headers"`
-	CloudEventsSource       string            `yaml:"cloudevents_source"`
-	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
-	OnInvalid               string            `yaml:"on_invalid"`
-	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
-	Backfill                *struct {
-		Where     string `yaml:"where"`
-		OrderBy   string `yaml:"order_by"`
-		ChunkSize int    `yaml:"chunk_size"`
-	} `yaml:"backfill"`
+// CheckpointConfig configures the checkpoint store.
+type CheckpointConfig struct {
+	// Topic is the compacted Kafka topic of the checkpoints, created when
+	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
+	Topic string
+	// SigningKeys sign backfill requests (the first) and verify them (any):
+	// checkpoint.signing_key_file's lines. Without them cdc backfill
+	// refuses to ask and cdc run ignores requests.
+	SigningKeys [][]byte
 }
 
-// DefaultListen is where cdc run serves /metrics, /healthz and /readyz.
-const DefaultListen = "127.0.0.1:9187"
-
-// Log is how the process logs, and serves its HTTP endpoint.
-type Log struct {
-	Level string // trace, debug, info (default), warn, error
-	JSON  bool
-	HTTP  endpoint.Config
+// BackfillConfig configures the statements backfills run.
+type BackfillConfig struct {
+	// StatementTimeout cancels a backfill statement (a chunk, a count)
+	// that runs longer: a condition is the operator's, and runs as a role
+	// that can read every table. Default 5m (backfill.statement_timeout).
+	StatementTimeout time.Duration
 }
 
-// Load reads the YAML file at path ("" for none) and applies the
-// environment: ${VAR} in the file's values, then CDC_<KEY> variables,
-// which override the file's keys (docs/config.md, "Environment"). It
-// reports what is wrong with the file itself; the packages' own
-// validation, with the defaults, runs once in pipeline.New.
-func Load(path string, env Environ) (pipeline.Config, Log, error) {
-	var fc fileConfig
-	var doc yaml.Node
-	where := "config " + path
-	if path != "" {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("read config: %w", err)
-		}
-		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s", where, yamlError(err))
-		}
-		if err := expandEnv(&doc, env, ""); err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
-		}
-	} else {
-		where = "config"
-	}
-	if err := applyEnv(&doc, reflect.TypeOf(fc), env); err != nil {
-		return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
-	}
-	if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
-		return pipeline.Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
-	}
-	if doc.Kind != 0 {
-		if err := doc.Decode(&fc); err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, yamlError(err))
-		}
-	}
+// ReplayConfig configures the replay window.
+type ReplayConfig struct {
+	// Window is how far back cdc replay and cdc rewind can reach. The
+	// pipeline keeps a second slot, "<slot>_replay", that far behind, so
+	// Postgres retains that much WAL. Default 0: no window, no second
+	// slot. At least 1s when set.
+	Window time.Duration
+}
 
-	lc := Log{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: DefaultListen, Token: fc.HTTP.Token}}
-	if fc.HTTP.Listen != nil {
-		lc.HTTP.Listen = *fc.HTTP.Listen
+// ReplaySlot is the replay window's slot.
+func (c *Config) ReplaySlot() string { return c.Postgres.Slot + "_replay" }
+
+// Validate fills defaults and reports the first configuration error. Each
+// stage's config validates itself and owns its defaults; Validate adds the
+// rules that tie stages together. New calls it: call it yourself only to
+// check a config without building a pipeline.
+func (c *Config) Validate() error {
+	if len(c.Tables) == 0 {
+		return errors.New("tables is empty; configure at least one outbox table")
 	}
-	if v, ok := env("CDC_HTTP_LISTEN"); ok && v == "" {
-		lc.HTTP.Listen = "" // set but empty turns it off
+	c.Postgres.Messages = false
+	// Validation fills in the tables: fill copies, so that tables shared
+	// with a pipeline already running (a replay next to the stream, in one
+	// process) are never written while that pipeline reads them.
+	tables := make([]*outbox.Table, len(c.Tables))
+	for i, t := range c.Tables {
+		tables[i] = t.Clone()
 	}
-	if lc.HTTP.Listen != "" {
-		// Port 0 picks a free port (the tests use it).
-		_, port, err := net.SplitHostPort(lc.HTTP.Listen)
-		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-			return pipeline.Config{}, Log{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
+	c.Tables = tables
+	seen := map[string]bool{}
+	for _, t := range c.Tables {
+		if err := t.Validate(); err != nil {
+			return err
+		}
+		if seen[t.String()] {
+			return fmt.Errorf("%s is configured twice", t)
+		}
+		seen[t.String()] = true
+		if t.IsMessage() {
+			c.Postgres.Messages = true
 		}
 	}
-	if fc.HTTP.TokenFile != "" {
-		// Read now to refuse a missing or empty file at start; the
-		// endpoint reads it again when it changes.
-		b, err := os.ReadFile(fc.HTTP.TokenFile)
-		if err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("http.token_file: %v", err)
+	for _, t := range c.Tables {
+		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
+			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
 		}
-		if strings.TrimSpace(string(b)) == "" {
-			return pipeline.Config{}, Log{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
+	}
+	if err := c.Postgres.Validate(); err != nil {
+		return err
+	}
+	if err := c.validateDelivery(); err != nil {
+		return err
+	}
+	if err := c.validateStandby(); err != nil {
+		return err
+	}
+	if c.IsExactlyOnce() {
+		// Records wait for their transaction's commit anyway; holding
+		// them to pace requests would only delay it. The session's
+		// producer gets its transactional id, which names the database
+		// system, when it connects.
+		c.Kafka.MaxBatchDelay = -1
+		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxInFlight < 1 {
+		return fmt.Errorf("max_in_flight %d: use at least 1", c.MaxInFlight)
+	}
+	if c.MaxInFlight > 1_000_000 {
+		return fmt.Errorf("max_in_flight %d: use at most 1000000; memory is bounded by max_in_flight_bytes too", c.MaxInFlight)
+	}
+	if c.MaxInFlightBytes == 0 {
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if c.MaxInFlightBytes < 1<<20 {
+		return fmt.Errorf("max_in_flight_bytes %d: use at least 1048576 (1 MiB); the default is %d", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
+	}
+	if c.Kafka.MaxBufferedRecords == 0 {
+		// franz-go's Produce blocks when its buffer is full, which would
+		// block the replication loop and its status updates: keep the
+		// buffer above the in-flight limit.
+		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
+		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
+	}
+	if c.DeadLetterMaxMessageBytes == 0 {
+		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
+	}
+	c.Kafka.TopicMaxMessageBytes = map[string]int32{}
+	for _, t := range c.Tables {
+		if t.OnInvalid == outbox.OnInvalidDeadLetter {
+			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
 		}
-		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
 	}
-	var signingKeys [][]byte
-	if f := fc.Checkpoint.SigningKeyFile; f != "" {
-		keys, err := readSigningKeys(f)
-		if err != nil {
-			return pipeline.Config{}, Log{}, err
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = DefaultUnhealthyAfter
+	}
+	if c.UnhealthyAfter < time.Second {
+		return fmt.Errorf("http.unhealthy_after %s: use at least 1s; minutes in production", c.UnhealthyAfter)
+	}
+	if c.Backfill.StatementTimeout == 0 {
+		c.Backfill.StatementTimeout = 5 * time.Minute
+	}
+	if c.Backfill.StatementTimeout < time.Second {
+		return fmt.Errorf("backfill.statement_timeout %s: use at least 1s; minutes in production", c.Backfill.StatementTimeout)
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.RetryBackoffMax == 0 {
+		c.RetryBackoffMax = max(30*time.Second, c.RetryBackoff)
+	}
+	if c.RetryBackoff < 10*time.Millisecond || c.RetryBackoffMax < c.RetryBackoff {
+		return fmt.Errorf("reconnect.backoff %s and backoff_max %s: use at least 10ms, and a maximum at least the first", c.RetryBackoff, c.RetryBackoffMax)
+	}
+	if c.Checkpoint.Topic == "" {
+		c.Checkpoint.Topic = checkpoint.DefaultTopic
+	}
+	if err := route.ValidTopic(c.Checkpoint.Topic); err != nil {
+		return fmt.Errorf("checkpoint.topic: %v", err)
+	}
+	for _, t := range c.Tables {
+		// Events in the checkpoint topic would be the row writers'
+		// say over the connector's state (rule 23).
+		if topic := t.LiteralTopic(); topic == c.Checkpoint.Topic {
+			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
 		}
-		signingKeys = keys
+		if t.OnInvalid == outbox.OnInvalidDeadLetter && t.DeadLetterTopic == c.Checkpoint.Topic {
+			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
+		}
 	}
-	if lc.Level == "" {
-		lc.Level = "info"
+	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
+		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
 	}
-	switch lc.Level {
-	case "trace", "debug", "info", "warn", "error":
+	if len(c.ReplaySlot()) > 63 {
+		return fmt.Errorf("postgres.slot %q is too long to name its replay slot %q; use at most 56 characters", c.Postgres.Slot, c.ReplaySlot())
+	}
+	return nil
+}
+
+// WALTables lists the outbox tables (not message sources) with the columns
+// the decoder reads from each, for wal's checks.
+func (c *Config) WALTables() []wal.Table {
+	var ts []wal.Table
+	for _, t := range c.Tables {
+		if !t.IsMessage() {
+			ts = append(ts, wal.Table{Schema: t.Name.Schema, Name: t.Name.Name, Columns: t.Needed()})
+		}
+	}
+	return ts
+}
+
+// Delivery modes.
+const (
+	DeliveryAtLeastOnce = "at-least-once"
+	DeliveryExactlyOnce = "exactly-once"
+)
+
+// ExactlyOnceConfig configures exactly-once delivery.
+type ExactlyOnceConfig struct {
+	// CommitEvents and CommitInterval: a Kafka transaction is committed at
+	// the first Postgres transaction boundary after it holds this many
+	// events, or has been open this long. Defaults 10,000 and 100ms.
+	CommitEvents   int
+	CommitInterval time.Duration
+	// TransactionTimeout is how long the broker lets a transaction stay
+	// open (transaction.timeout.ms): a Postgres transaction must stream
+	// within it. Default 1m; at most the broker's
+	// transaction.max.timeout.ms (15m by default).
+	TransactionTimeout time.Duration
+}
+
+// IsExactlyOnce reports whether delivery is exactly once.
+func (c *Config) IsExactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
+
+func (c *Config) validateDelivery() error {
+	switch c.Delivery {
+	case "":
+		c.Delivery = DeliveryAtLeastOnce
+	case DeliveryAtLeastOnce, DeliveryExactlyOnce:
 	default:
-		return pipeline.Config{}, Log{}, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
+		return fmt.Errorf("delivery %q: use at-least-once or exactly-once", c.Delivery)
 	}
-	switch fc.Log.Format {
-	case "", "text":
-	case "json":
-		lc.JSON = true
-	default:
-		return pipeline.Config{}, Log{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
+	e := &c.ExactlyOnce
+	if e.CommitEvents == 0 {
+		e.CommitEvents = 10_000
 	}
-
-	autoCreate, createTopics := true, true
-	if fc.Kafka.AllowAutoTopicCreation != nil {
-		autoCreate = *fc.Kafka.AllowAutoTopicCreation
+	if e.CommitInterval == 0 {
+		e.CommitInterval = 100 * time.Millisecond
 	}
-	if fc.Kafka.CreateTopics != nil {
-		createTopics = *fc.Kafka.CreateTopics
+	if e.TransactionTimeout == 0 {
+		e.TransactionTimeout = sink.DefaultTransactionTimeout
 	}
-	cfg := pipeline.Config{
-		Postgres: wal.Config{
-			URL:             fc.Postgres.URL,
-			PasswordFile:    fc.Postgres.PasswordFile,
-			Slot:            fc.Postgres.Slot,
-			Publication:     fc.Postgres.Publication,
-			StatusInterval:  fc.Postgres.StatusInterval,
-			ConfirmInterval: fc.Postgres.ConfirmInterval,
-		},
-		Kafka: sink.Config{
-			Brokers:                fc.Kafka.Brokers,
-			ClientID:               fc.Kafka.ClientID,
-			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
-			AllowAutoTopicCreation: autoCreate,
-			CreateTopics:           createTopics,
-			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
-				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
-			ClientLog:     fc.Log.Kafka,
-			Linger:        fc.Kafka.Linger,
-			MaxBatchDelay: batchDelay(fc.Kafka.MaxBatchDelay),
-			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
-				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
-			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
-				PasswordFile: fc.Kafka.SASL.PasswordFile, TokenFile: fc.Kafka.SASL.TokenFile},
-		},
-		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
-		MaxInFlight:               fc.MaxInFlight,
-		MaxInFlightBytes:          fc.MaxInFlightBytes,
-		ShutdownTimeout:           fc.ShutdownTimeout,
-		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
-		RetryBackoff:              fc.Reconnect.Backoff,
-		RetryBackoffMax:           fc.Reconnect.BackoffMax,
-		Checkpoint:                pipeline.CheckpointConfig{Topic: fc.Checkpoint.Topic, SigningKeys: signingKeys},
-		Replay:                    pipeline.ReplayConfig{Window: fc.Replay.Window},
-		Delivery:                  fc.Delivery,
-		Standby:                   pipeline.StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
-		Backfill:                  pipeline.BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout},
-		ExactlyOnce: pipeline.ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
-			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
-	}
-	if len(fc.Tables) == 0 {
-		// Debezium's default layout, so that a config-less start works.
-		cfg.Tables = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
-	}
-	for i, ft := range fc.Tables {
-		t, err := ft.table()
-		if err != nil {
-			return pipeline.Config{}, Log{}, fmt.Errorf("tables[%d]: %w", i, err)
-		}
-		cfg.Tables = append(cfg.Tables, t)
-	}
-	return cfg, lc, nil
-}
-
-func (ft fileTable) table() (*outbox.Table, error) {
-	t := &outbox.Table{
-		MessagePrefix:     ft.MessagePrefix,
-		Topic:             ft.Topic,
-		Key:               ft.Key,
-		Format:            ft.Format,
-		Headers:           ft.Headers,
-		CloudEventsSource: ft.CloudEventsSource,
-		Tombstone:         ft.TombstoneOnEmptyPayload,
-		OnInvalid:         ft.OnInvalid,
-		DeadLetterTopic:   ft.DeadLetterTopic,
-	}
-	for _, n := range ft.TopicNormalize {
-		switch n {
-		case "lowercase":
-			t.TopicLowercase = true
-		case "replace-illegal":
-			t.TopicReplaceIllegal = ft.TopicReplacement
-			if t.TopicReplaceIllegal == "" {
-				t.TopicReplaceIllegal = "_"
-			}
-		default:
-			return nil, fmt.Errorf("topic_normalize: %q: use lowercase or replace-illegal", n)
-		}
-	}
-	if ft.TopicReplacement != "" && t.TopicReplaceIllegal == "" {
-		return nil, fmt.Errorf("topic_replacement is set but topic_normalize does not include replace-illegal")
-	}
-	isMessage := ft.MessagePrefix != ""
 	switch {
-	case isMessage && ft.Name != "":
-		return nil, fmt.Errorf("set name (a table) or message_prefix (logical decoding messages), not both")
-	case isMessage:
-		t.Columns = outbox.DefaultMessageFields
-	case ft.Name == "":
-		return nil, fmt.Errorf("name is required (or message_prefix for logical decoding messages)")
-	default:
-		name, err := outbox.ParseTableName(ft.Name)
-		if err != nil {
-			return nil, fmt.Errorf("name: %w", err)
-		}
-		t.Name, t.Columns = name, outbox.DefaultColumns
+	case e.CommitEvents < 1:
+		return fmt.Errorf("exactly_once.commit_events %d: use at least 1", e.CommitEvents)
+	case e.CommitInterval < time.Millisecond || e.CommitInterval > time.Minute:
+		return fmt.Errorf("exactly_once.commit_interval %s: use 1ms to 1m", e.CommitInterval)
+	case e.TransactionTimeout < time.Second || e.TransactionTimeout > 15*time.Minute:
+		return fmt.Errorf("exactly_once.transaction_timeout %s: use 1s to 15m (and at most the brokers' transaction.max.timeout.ms)", e.TransactionTimeout)
+	case e.TransactionTimeout <= 2*e.CommitInterval:
+		return fmt.Errorf("exactly_once.transaction_timeout %s must be well over commit_interval %s", e.TransactionTimeout, e.CommitInterval)
 	}
-	// ident reads a column as written in SQL; JSON members are taken as
-	// they are.
-	ident := func(s string) (string, error) {
-		if isMessage {
-			return s, nil
-		}
-		return pgident.Parse(s)
-	}
-	for key, val := range ft.Columns {
-		f, ok := outbox.FieldByName(key)
-		if !ok {
-			return nil, fmt.Errorf("columns.%s: unknown field; use %s", key, strings.Join(outbox.FieldNames[:], ", "))
-		}
-		if val == nil || *val == "" {
-			t.Columns[f] = ""
-			continue
-		}
-		c, err := ident(*val)
-		if err != nil {
-			return nil, fmt.Errorf("columns.%s: %w", key, err)
-		}
-		t.Columns[f] = c
-	}
-	for i, a := range ft.Additional {
-		c, err := ident(a.Column)
-		if err != nil {
-			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
-		}
-		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
-	}
-	if b := ft.Backfill; b != nil {
-		t.Backfill = &outbox.Backfill{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}
-		if strings.TrimSpace(b.OrderBy) != "" {
-			cols, err := pgident.ParseList(b.OrderBy)
-			if err != nil {
-				return nil, fmt.Errorf("backfill.order_by: %w", err)
-			}
-			t.Backfill.OrderBy = cols
-		}
-	}
-	return t, nil
+	return nil
 }
 
-// batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,
-// standby.takeover_after) to the packages' convention: unset (nil) is 0,
-// the default, and 0 is -1, off.
-func batchDelay(d *time.Duration) time.Duration {
-	switch {
-	case d == nil:
-		return 0
-	case *d == 0:
-		return -1
-	}
-	return *d
+// StandbyConfig configures takeover.
+type StandbyConfig struct {
+	// TakeoverAfter is how long the slot's holder may send Postgres
+	// nothing before a standby ends its walsender and takes over. Default
+	// DefaultTakeoverAfter; negative turns takeover off (a standby then
+	// waits for wal_sender_timeout). At least three status intervals.
+	TakeoverAfter time.Duration
 }
 
-// yamlError flattens yaml.v3's multi-line errors ("yaml: unmarshal
-// errors:\n  line 3: ...") into one line.
-func yamlError(err error) string {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	return errtext.Flatten(strings.TrimPrefix(msg, "unmarshal errors:\n  "))
-}
+// DefaultTakeoverAfter is StandbyConfig.TakeoverAfter's default: five
+// status intervals of the default 1s, so that takeover comes within about
+// 7 s of the holder freezing.
+const DefaultTakeoverAfter = 5 * time.Second
 
-// readSigningKeys reads checkpoint.signing_key_file: one key a line, the
-// first signing, every one verifying (a key being rotated in or out). The
-// errors never show a key.
-func readSigningKeys(file string) ([][]byte, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint.signing_key_file: %v", err)
+func (c *Config) validateStandby() error {
+	switch t := c.Standby.TakeoverAfter; {
+	case t == 0:
+		c.Standby.TakeoverAfter = max(DefaultTakeoverAfter, 3*c.Postgres.StatusInterval)
+	case t < 0:
+		c.Standby.TakeoverAfter = 0 // off
+	case t < 3*c.Postgres.StatusInterval:
+		return fmt.Errorf("standby.takeover_after %s: use at least three postgres.status_interval (%s), or a live holder could be taken for a frozen one", t, c.Postgres.StatusInterval)
 	}
-	var keys [][]byte
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		if len(line) < 32 {
-			return nil, fmt.Errorf("checkpoint.signing_key_file %s: the key on line %d is %d characters; use at least 32 (openssl rand -hex 32)", file, i+1, len(line))
-		}
-		keys = append(keys, []byte(line))
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("checkpoint.signing_key_file %s is empty; put a key in it: openssl rand -hex 32 > %s", file, file)
-	}
-	return keys, nil
+	return nil
 }

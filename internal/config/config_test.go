@@ -10,24 +10,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
 )
 
 // validConfig is what cdc run works with: the file and environment as
-// Load reads them, validated once by pipeline.New.
-func validConfig(path string, getenv Environ) (pipeline.Config, Log, error) {
+// Load reads them, validated once as pipeline.New does.
+func validConfig(path string, getenv Environ) (Config, Log, error) {
 	cfg, lc, err := Load(path, getenv)
 	if err != nil {
-		return pipeline.Config{}, Log{}, err
+		return Config{}, Log{}, err
 	}
-	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
-	if err != nil {
-		return pipeline.Config{}, Log{}, err
+	if err := cfg.Validate(); err != nil {
+		return Config{}, Log{}, err
 	}
-	return p.Config(), lc, nil
+	if _, err := route.New(cfg.Tables); err != nil {
+		return Config{}, Log{}, err
+	}
+	return cfg, lc, nil
 }
 
 func writeConfig(t *testing.T, body string) string {
@@ -60,7 +60,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		cfg.Tables[0].Columns != outbox.DefaultColumns || cfg.Tables[0].Topic != "outbox.event.{aggregate_type}" {
 		t.Errorf("default table = %+v", cfg.Tables[0])
 	}
-	if cfg.MaxInFlight != pipeline.DefaultMaxInFlight || cfg.ShutdownTimeout != 30*time.Second || lc.Level != "info" || lc.JSON {
+	if cfg.MaxInFlight != DefaultMaxInFlight || cfg.ShutdownTimeout != 30*time.Second || lc.Level != "info" || lc.JSON {
 		t.Errorf("cfg = %+v, log = %+v", cfg, lc)
 	}
 }

@@ -1,10 +1,13 @@
-// Package config reads the connector's configuration: the YAML file, the
-// ${VAR} references in its values, and the CDC_<KEY> variables that override
-// its keys (docs/config.md). It refuses an unknown key with the nearest
-// known one, a value of the wrong type with its line, and never shows a
-// secret in an error. It turns the file into the pipeline's Config and the
-// process's logging and endpoint settings; the pipeline validates the
-// result and applies the defaults, once, in pipeline.New.
+// Package config is the connector's configuration: the Config a pipeline
+// runs with, its defaults and the rules that tie the stages' settings
+// together (Validate), and Load, which reads it from the YAML file, the
+// ${VAR} references in its values, and the CDC_<KEY> variables that
+// override its keys (docs/config.md). Load refuses an unknown key with the
+// nearest known one and a value of the wrong type with its line, and never
+// shows a secret in an error; it also returns the process's logging and
+// endpoint settings. Validate runs once, in pipeline.New; it fills the
+// defaults into copies of the tables, never into the caller's
+// (TestValidateLeavesCallersTablesAlone).
 //
 // Every key of the file is documented in docs/config.md, and every key
 // outside tables has an environment variable (TestEveryConfigKeyIsDocumented,

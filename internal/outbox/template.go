@@ -85,3 +85,20 @@ func (t *Table) parseTemplate(tmpl string) (Template, error) {
 	}
 	return tp, nil
 }
+
+// LiteralTopic is the table's topic when its template has no
+// placeholders, lowercased as the table asks; "" when a row's fields
+// choose it.
+func (t *Table) LiteralTopic() string {
+	var b strings.Builder
+	for _, part := range t.TopicTemplate.Parts {
+		if part.Kind != PartLiteral {
+			return ""
+		}
+		b.WriteString(part.Text)
+	}
+	if t.TopicLowercase {
+		return strings.ToLower(b.String())
+	}
+	return b.String()
+}

@@ -42,12 +42,12 @@ func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
 	if main.Active {
 		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", p.cfg.Postgres.Slot, main.ActivePID)}
 	}
-	replay, err := wal.InspectSlot(ctx, sql, p.cfg.replaySlot())
+	replay, err := wal.InspectSlot(ctx, sql, p.cfg.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
 	if !replay.Exists || replay.WALStatus == "lost" {
-		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", p.cfg.replaySlot())}
+		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", p.cfg.ReplaySlot())}
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
@@ -78,7 +78,7 @@ func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
 			return Rewound{}, fmt.Errorf("drop replication slot %q: %w", p.cfg.Postgres.Slot, err)
 		}
 	}
-	at, err := conn.CopySlot(ctx, p.cfg.replaySlot(), p.cfg.Postgres.Slot, false)
+	at, err := conn.CopySlot(ctx, p.cfg.ReplaySlot(), p.cfg.Postgres.Slot, false)
 	if err != nil {
 		return Rewound{}, err
 	}
@@ -112,7 +112,7 @@ type Accepted struct {
 // creating the slot when it is missing or lost, so that the next cdc run
 // streams from the slot. Without a gap it changes nothing.
 func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	lost := errors.Is(err, wal.ErrSlotLost)
 	if err != nil && !lost {
 		return Accepted{}, err

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -138,7 +139,7 @@ func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
 	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
 	if exactlyOnce {
-		e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+		e.cfg.Delivery = config.DeliveryExactlyOnce
 	}
 	r := e.start(t)
 	// Let the writers go on after the stream started, then stop them.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -79,7 +80,7 @@ const fillProcedure = `CREATE PROCEDURE fill(n int) LANGUAGE plpgsql AS $$
 
 // runUntil runs a pipeline until its watermark passes beforeLast and
 // returns how long that took and what it allocated.
-func runUntil(b *testing.B, cfg pipeline.Config, beforeLast pglogrepl.LSN) (elapsed time.Duration, mallocs, bytes uint64) {
+func runUntil(b *testing.B, cfg config.Config, beforeLast pglogrepl.LSN) (elapsed time.Duration, mallocs, bytes uint64) {
 	b.Helper()
 	trackers := make(chan *checkpoint.Tracker, 1)
 	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(tr *checkpoint.Tracker) { trackers <- tr }})

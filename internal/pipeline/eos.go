@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -29,59 +30,6 @@ import (
 // one held is invisible to read_committed consumers and sent again. A second
 // instance with the same id fences the first, whose next produce or commit
 // fails: it stops without committing.
-
-// Delivery modes.
-const (
-	DeliveryAtLeastOnce = "at-least-once"
-	DeliveryExactlyOnce = "exactly-once"
-)
-
-// ExactlyOnceConfig configures exactly-once delivery.
-type ExactlyOnceConfig struct {
-	// CommitEvents and CommitInterval: a Kafka transaction is committed at
-	// the first Postgres transaction boundary after it holds this many
-	// events, or has been open this long. Defaults 10,000 and 100ms.
-	CommitEvents   int
-	CommitInterval time.Duration
-	// TransactionTimeout is how long the broker lets a transaction stay
-	// open (transaction.timeout.ms): a Postgres transaction must stream
-	// within it. Default 1m; at most the broker's
-	// transaction.max.timeout.ms (15m by default).
-	TransactionTimeout time.Duration
-}
-
-func (c *Config) exactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
-
-func (c *Config) validateDelivery() error {
-	switch c.Delivery {
-	case "":
-		c.Delivery = DeliveryAtLeastOnce
-	case DeliveryAtLeastOnce, DeliveryExactlyOnce:
-	default:
-		return fmt.Errorf("delivery %q: use at-least-once or exactly-once", c.Delivery)
-	}
-	e := &c.ExactlyOnce
-	if e.CommitEvents == 0 {
-		e.CommitEvents = 10_000
-	}
-	if e.CommitInterval == 0 {
-		e.CommitInterval = 100 * time.Millisecond
-	}
-	if e.TransactionTimeout == 0 {
-		e.TransactionTimeout = sink.DefaultTransactionTimeout
-	}
-	switch {
-	case e.CommitEvents < 1:
-		return fmt.Errorf("exactly_once.commit_events %d: use at least 1", e.CommitEvents)
-	case e.CommitInterval < time.Millisecond || e.CommitInterval > time.Minute:
-		return fmt.Errorf("exactly_once.commit_interval %s: use 1ms to 1m", e.CommitInterval)
-	case e.TransactionTimeout < time.Second || e.TransactionTimeout > 15*time.Minute:
-		return fmt.Errorf("exactly_once.transaction_timeout %s: use 1s to 15m (and at most the brokers' transaction.max.timeout.ms)", e.TransactionTimeout)
-	case e.TransactionTimeout <= 2*e.CommitInterval:
-		return fmt.Errorf("exactly_once.transaction_timeout %s must be well over commit_interval %s", e.TransactionTimeout, e.CommitInterval)
-	}
-	return nil
-}
 
 // transactionalID is the producer's transactional id: one per slot and
 // database system, the same across restarts and replicas, so that a second
@@ -123,7 +71,7 @@ func (c *committer) halt() {
 	c.mu.Unlock()
 }
 
-func newCommitter(s *session, progress *checkpoint.Progress, store *checkpoint.Store, cfg ExactlyOnceConfig, idle time.Duration) *committer {
+func newCommitter(s *session, progress *checkpoint.Progress, store *checkpoint.Store, cfg config.ExactlyOnceConfig, idle time.Duration) *committer {
 	return &committer{s: s, k: s.kafka, tr: s.tracker, progress: progress, store: store,
 		events: cfg.CommitEvents, interval: cfg.CommitInterval, idle: idle,
 		confirmed: progress.Saved().Confirmed, last: time.Now()}

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -23,7 +23,7 @@ import (
 func TestExactlyOnceDelivers(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	e := newEnv(t, kafka)
-	e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+	e.cfg.Delivery = config.DeliveryExactlyOnce
 	r := e.start(t)
 	conn := connect(t, e.db)
 	want := map[string]bool{}
@@ -82,7 +82,7 @@ func postgresCrash(t *testing.T, exactlyOnce bool) {
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	if exactlyOnce {
-		e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+		e.cfg.Delivery = config.DeliveryExactlyOnce
 		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
 	}
 	r := e.start(t)
@@ -187,7 +187,7 @@ func reconnectingWriter(url string) (written *atomic.Int64, stop func()) {
 func TestIdleCommitFailureIsNotATimeout(t *testing.T) {
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
-	e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+	e.cfg.Delivery = config.DeliveryExactlyOnce
 	e.cfg.ExactlyOnce.TransactionTimeout = time.Second
 	r := e.start(t)
 	conn := connect(t, e.db)

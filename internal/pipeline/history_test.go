@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -45,7 +46,7 @@ func TestRestoreFromBackup(t *testing.T) {
 			db := srv.NewDatabase(t)
 			testenv.Exec(t, db, schema)
 			e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-			e.cfg.Delivery = pipeline.DeliveryExactlyOnce
+			e.cfg.Delivery = config.DeliveryExactlyOnce
 			c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
 			write := func(n int, typ string) map[string]bool {
 				conn := connect(t, db)

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -52,7 +53,7 @@ CREATE TABLE other (id bigserial PRIMARY KEY, note text);
 type env struct {
 	db    string
 	kafka *testenv.Kafka
-	cfg   pipeline.Config
+	cfg   config.Config
 	// logLevel is the pipeline's log level; CDC_TEST_LOG overrides it.
 	logLevel hclog.Level
 	// onChunk is the pipeline's Options.OnBackfillChunk.
@@ -71,8 +72,8 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 	return &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
 }
 
-func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
-	return pipeline.Config{
+func newEnvConfig(db string, kafka *testenv.Kafka) config.Config {
+	return config.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables: []*outbox.Table{{
@@ -82,7 +83,7 @@ func newEnvConfig(db string, kafka *testenv.Kafka) pipeline.Config {
 		}},
 		RetryBackoff:    100 * time.Millisecond,
 		RetryBackoffMax: time.Second,
-		Checkpoint:      pipeline.CheckpointConfig{Topic: kafka.CheckpointTopic(), SigningKeys: [][]byte{[]byte(testSigningKey)}},
+		Checkpoint:      config.CheckpointConfig{Topic: kafka.CheckpointTopic(), SigningKeys: [][]byte{[]byte(testSigningKey)}},
 	}
 }
 

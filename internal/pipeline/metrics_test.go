@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -16,7 +17,7 @@ import (
 // series the configuration makes known is exported at 0 before the first
 // event, so that increase() has a series and absent() does not fire.
 func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
-	cfg := pipeline.Config{
+	cfg := config.Config{
 		Postgres: wal.Config{URL: "postgres://cdc@127.0.0.1:1/app"},
 		Kafka:    sink.Config{Brokers: []string{"127.0.0.1:1"}},
 		Tables: []*outbox.Table{

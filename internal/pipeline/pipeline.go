@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -22,252 +23,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
-
-// Config configures a pipeline.
-// DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
-// memory (about 2 KB per event in flight, for the row, the record and
-// franz-go's batch), and covers a round trip of 40 ms to Kafka at
-// 100k events/s; 10,000 cost 10 MB more of peak RSS for no speed on the
-// benchmarks (docs/benchmarks.md).
-const DefaultMaxInFlight = 4096
-
-// DefaultMaxInFlightBytes is max_in_flight_bytes's default: 64 MiB of
-// records waiting for Kafka, which franz-go's batches, the decoded rows and
-// the records each hold once, keeps the connector's memory under about
-// 128 MB however large the payloads.
-const DefaultMaxInFlightBytes = 64 << 20
-
-// DefaultUnhealthyAfter is Config.UnhealthyAfter's default: ten of the
-// longest reconnect backoffs, so that a restart is asked for only after
-// many retries have failed.
-const DefaultUnhealthyAfter = 5 * time.Minute
-
-type Config struct {
-	Postgres wal.Config
-	Kafka    sink.Config
-	Tables   []*outbox.Table
-	// DeadLetterMaxMessageBytes is the record size limit of the
-	// dead-letter topics; to dead-letter oversized events it must exceed
-	// Kafka.MaxMessageBytes. Default 1,000,012.
-	DeadLetterMaxMessageBytes int32
-	// MaxInFlight is how many events may wait for Kafka's ack before the
-	// replication loop stops reading. Default DefaultMaxInFlight.
-	MaxInFlight int
-	// MaxInFlightBytes is how many bytes of records may wait for Kafka's
-	// ack before the replication loop stops reading, whichever of the two
-	// limits comes first: with large payloads the count alone let a
-	// broker stall fill the memory (docs/design.md, rule 22). Default
-	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
-	MaxInFlightBytes int64
-	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
-	// Default 30s.
-	ShutdownTimeout time.Duration
-	// RetryBackoff is the first delay before reconnecting after a transient
-	// error; it doubles up to RetryBackoffMax. Each wait is jittered over
-	// its second half. Defaults 1s and 30s (reconnect.backoff and
-	// reconnect.backoff_max).
-	RetryBackoff    time.Duration
-	RetryBackoffMax time.Duration
-	// Checkpoint is where the pipeline keeps its durable progress.
-	Checkpoint CheckpointConfig
-	// Replay keeps WAL for replays and rewinds.
-	Replay ReplayConfig
-	// Backfill configures every backfill's statements.
-	Backfill BackfillConfig
-	// Standby configures how an instance that finds the slot in use
-	// takes over from a holder that went silent.
-	Standby StandbyConfig
-	// UnhealthyAfter is how long the pipeline may go without streaming,
-	// other than as a standby watching a live holder, before Healthy
-	// fails: /healthz then answers 503 so that an orchestrator restarts a
-	// process that is stuck (a connection that never comes back, say).
-	// Default 5m (http.unhealthy_after).
-	UnhealthyAfter time.Duration
-	// Delivery is DeliveryAtLeastOnce (the default) or
-	// DeliveryExactlyOnce, which ExactlyOnce configures.
-	Delivery    string
-	ExactlyOnce ExactlyOnceConfig
-}
-
-// CheckpointConfig configures the checkpoint store.
-type CheckpointConfig struct {
-	// Topic is the compacted Kafka topic of the checkpoints, created when
-	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
-	Topic string
-	// SigningKeys sign backfill requests (the first) and verify them (any):
-	// checkpoint.signing_key_file's lines. Without them cdc backfill
-	// refuses to ask and cdc run ignores requests.
-	SigningKeys [][]byte
-}
-
-// BackfillConfig configures the statements backfills run.
-type BackfillConfig struct {
-	// StatementTimeout cancels a backfill statement (a chunk, a count)
-	// that runs longer: a condition is the operator's, and runs as a role
-	// that can read every table. Default 5m (backfill.statement_timeout).
-	StatementTimeout time.Duration
-}
-
-// ReplayConfig configures the replay window.
-type ReplayConfig struct {
-	// Window is how far back cdc replay and cdc rewind can reach. The
-	// pipeline keeps a second slot, "<slot>_replay", that far behind, so
-	// Postgres retains that much WAL. Default 0: no window, no second
-	// slot. At least 1s when set.
-	Window time.Duration
-}
-
-// replaySlot is the replay window's slot.
-func (c *Config) replaySlot() string { return c.Postgres.Slot + "_replay" }
-
-// Validate fills defaults and reports the first configuration error. Each
-// stage's config validates itself and owns its defaults; Validate adds the
-// rules that tie stages together. New calls it: call it yourself only to
-// check a config without building a pipeline.
-func (c *Config) Validate() error {
-	if len(c.Tables) == 0 {
-		return errors.New("tables is empty; configure at least one outbox table")
-	}
-	c.Postgres.Messages = false
-	// Validation fills in the tables: fill copies, so that tables shared
-	// with a pipeline already running (a replay next to the stream, in one
-	// process) are never written while that pipeline reads them.
-	tables := make([]*outbox.Table, len(c.Tables))
-	for i, t := range c.Tables {
-		tables[i] = t.Clone()
-	}
-	c.Tables = tables
-	seen := map[string]bool{}
-	for _, t := range c.Tables {
-		if err := t.Validate(); err != nil {
-			return err
-		}
-		if seen[t.String()] {
-			return fmt.Errorf("%s is configured twice", t)
-		}
-		seen[t.String()] = true
-		if t.IsMessage() {
-			c.Postgres.Messages = true
-		}
-	}
-	for _, t := range c.Tables {
-		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
-			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
-		}
-	}
-	if err := c.Postgres.Validate(); err != nil {
-		return err
-	}
-	if err := c.validateDelivery(); err != nil {
-		return err
-	}
-	if err := c.validateStandby(); err != nil {
-		return err
-	}
-	if c.exactlyOnce() {
-		// Records wait for their transaction's commit anyway; holding
-		// them to pace requests would only delay it. The session's
-		// producer gets its transactional id, which names the database
-		// system, when it connects.
-		c.Kafka.MaxBatchDelay = -1
-		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxInFlight < 1 {
-		return fmt.Errorf("max_in_flight %d: use at least 1", c.MaxInFlight)
-	}
-	if c.MaxInFlight > 1_000_000 {
-		return fmt.Errorf("max_in_flight %d: use at most 1000000; memory is bounded by max_in_flight_bytes too", c.MaxInFlight)
-	}
-	if c.MaxInFlightBytes == 0 {
-		c.MaxInFlightBytes = DefaultMaxInFlightBytes
-	}
-	if c.MaxInFlightBytes < 1<<20 {
-		return fmt.Errorf("max_in_flight_bytes %d: use at least 1048576 (1 MiB); the default is %d", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
-	}
-	if c.Kafka.MaxBufferedRecords == 0 {
-		// franz-go's Produce blocks when its buffer is full, which would
-		// block the replication loop and its status updates: keep the
-		// buffer above the in-flight limit.
-		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
-	}
-	if err := c.Kafka.Validate(); err != nil {
-		return err
-	}
-	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
-		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
-	}
-	if c.DeadLetterMaxMessageBytes == 0 {
-		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
-	}
-	c.Kafka.TopicMaxMessageBytes = map[string]int32{}
-	for _, t := range c.Tables {
-		if t.OnInvalid == outbox.OnInvalidDeadLetter {
-			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
-		}
-	}
-	if c.UnhealthyAfter == 0 {
-		c.UnhealthyAfter = DefaultUnhealthyAfter
-	}
-	if c.UnhealthyAfter < time.Second {
-		return fmt.Errorf("http.unhealthy_after %s: use at least 1s; minutes in production", c.UnhealthyAfter)
-	}
-	if c.Backfill.StatementTimeout == 0 {
-		c.Backfill.StatementTimeout = 5 * time.Minute
-	}
-	if c.Backfill.StatementTimeout < time.Second {
-		return fmt.Errorf("backfill.statement_timeout %s: use at least 1s; minutes in production", c.Backfill.StatementTimeout)
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = time.Second
-	}
-	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = max(30*time.Second, c.RetryBackoff)
-	}
-	if c.RetryBackoff < 10*time.Millisecond || c.RetryBackoffMax < c.RetryBackoff {
-		return fmt.Errorf("reconnect.backoff %s and backoff_max %s: use at least 10ms, and a maximum at least the first", c.RetryBackoff, c.RetryBackoffMax)
-	}
-	if c.Checkpoint.Topic == "" {
-		c.Checkpoint.Topic = checkpoint.DefaultTopic
-	}
-	if err := route.ValidTopic(c.Checkpoint.Topic); err != nil {
-		return fmt.Errorf("checkpoint.topic: %v", err)
-	}
-	for _, t := range c.Tables {
-		// Events in the checkpoint topic would be the row writers'
-		// say over the connector's state (rule 23).
-		if topic := literal(t.TopicTemplate, t.TopicLowercase); topic == c.Checkpoint.Topic {
-			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
-		}
-		if t.OnInvalid == outbox.OnInvalidDeadLetter && t.DeadLetterTopic == c.Checkpoint.Topic {
-			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
-		}
-	}
-	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
-		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
-	}
-	if len(c.replaySlot()) > 63 {
-		return fmt.Errorf("postgres.slot %q is too long to name its replay slot %q; use at most 56 characters", c.Postgres.Slot, c.replaySlot())
-	}
-	return nil
-}
-
-// walTables lists the outbox tables (not message sources) with the columns
-// the decoder reads from each, for wal's checks.
-func (c *Config) walTables() []wal.Table {
-	var ts []wal.Table
-	for _, t := range c.Tables {
-		if !t.IsMessage() {
-			ts = append(ts, wal.Table{Schema: t.Name.Schema, Name: t.Name.Name, Columns: t.Needed()})
-		}
-	}
-	return ts
-}
 
 // Options are hooks for tests and the demo; the zero value is what cdc run
 // uses.
@@ -300,7 +55,7 @@ type Options struct {
 
 // Pipeline streams outbox events from one slot to Kafka.
 type Pipeline struct {
-	cfg    Config
+	cfg    config.Config
 	opts   Options
 	log    hclog.Logger
 	router *route.Router
@@ -347,7 +102,7 @@ type Pipeline struct {
 
 // New validates cfg, which it then owns, and returns a Pipeline. It
 // connects to nothing.
-func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
+func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -363,7 +118,7 @@ func New(cfg Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
 		s := metrics.Source{Name: t.String(), Table: !t.IsMessage()}
-		if topic := literal(t.TopicTemplate, t.TopicLowercase); topic != "" {
+		if topic := t.LiteralTopic(); topic != "" {
 			s.Topics = append(s.Topics, topic)
 		}
 		if t.OnInvalid == outbox.OnInvalidDeadLetter && !strings.Contains(t.DeadLetterTopic, "{") {
@@ -446,7 +201,7 @@ func (p *Pipeline) Weaknesses() []string {
 }
 
 // Config returns the validated configuration, defaults filled in.
-func (p *Pipeline) Config() Config { return p.cfg }
+func (p *Pipeline) Config() config.Config { return p.cfg }
 
 // Check checks Postgres' and Kafka's preconditions without creating or
 // streaming anything.
@@ -454,9 +209,9 @@ func (p *Pipeline) Check(ctx context.Context) error {
 	var probs []string
 	var slots []string
 	if p.cfg.Replay.Window > 0 {
-		slots = append(slots, p.cfg.replaySlot())
+		slots = append(slots, p.cfg.ReplaySlot())
 	}
-	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.walTables(), slots...); err != nil {
+	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.WALTables(), slots...); err != nil {
 		var ce *wal.CheckError
 		if !errors.As(err, &ce) {
 			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
@@ -499,7 +254,7 @@ func (p *Pipeline) Check(ctx context.Context) error {
 			for _, tpl := range []struct {
 				topic string
 				use   bool
-			}{{literal(t.TopicTemplate, t.TopicLowercase), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
+			}{{t.LiteralTopic(), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
 				if tpl.use && tpl.topic != "" && !strings.Contains(tpl.topic, "{") && !seen[tpl.topic] {
 					seen[tpl.topic] = true
 					check(tpl.topic, p.cfg.Kafka.CreateTopics, false)
@@ -511,21 +266,6 @@ func (p *Pipeline) Check(ctx context.Context) error {
 		return &wal.CheckError{Problems: probs}
 	}
 	return nil
-}
-
-// literal is a topic template's text when it has no placeholders, else "".
-func literal(t outbox.Template, lower bool) string {
-	var b strings.Builder
-	for _, part := range t.Parts {
-		if part.Kind != outbox.PartLiteral {
-			return ""
-		}
-		b.WriteString(part.Text)
-	}
-	if lower {
-		return strings.ToLower(b.String())
-	}
-	return b.String()
 }
 
 // Run streams until ctx is done, then shuts down cleanly and returns nil;

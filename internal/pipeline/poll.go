@@ -57,7 +57,7 @@ func (p *Pipeline) readSlots(ctx context.Context, conn *pgx.Conn) error {
 		p.m.SetWALStatus(st.WALStatus)
 	}
 	if p.cfg.Replay.Window > 0 {
-		rs, err := wal.InspectSlot(ctx, conn, p.cfg.replaySlot())
+		rs, err := wal.InspectSlot(ctx, conn, p.cfg.ReplaySlot())
 		if err != nil {
 			return err
 		}

@@ -198,7 +198,7 @@ func (p *Pipeline) Replay(ctx context.Context, r Replay, progress func(ReplayPro
 		tmp = tmp[:40]
 	}
 	tmp = fmt.Sprintf("%s_rp_%d", tmp, os.Getpid())
-	held, err := conn.CopySlot(ctx, p.cfg.replaySlot(), tmp, true)
+	held, err := conn.CopySlot(ctx, p.cfg.ReplaySlot(), tmp, true)
 	if err != nil {
 		return ReplaySummary{}, fmt.Errorf("%w; is the connector running with replay.window set? it creates the replay slot", err)
 	}
@@ -302,7 +302,7 @@ func (p *Pipeline) loadRecord(ctx context.Context, sys wal.System) (checkpoint.R
 // start when the time is inside the window.
 func (p *Pipeline) windowStart(r Range, rec checkpoint.Record, held pglogrepl.LSN) (pglogrepl.LSN, error) {
 	outside := func(asked string) error {
-		return &OutsideWindowError{Asked: asked, First: max(held, rec.Window.LSN), FirstTime: rec.Window.Time, Window: p.cfg.Replay.Window, ReplaySlot: p.cfg.replaySlot()}
+		return &OutsideWindowError{Asked: asked, First: max(held, rec.Window.LSN), FirstTime: rec.Window.Time, Window: p.cfg.Replay.Window, ReplaySlot: p.cfg.ReplaySlot()}
 	}
 	switch {
 	case r.FromLSN != 0:

@@ -38,7 +38,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}
 
 	var connected func(wal.System) error
-	if p.cfg.exactlyOnce() {
+	if p.cfg.IsExactlyOnce() {
 		connected = func(sys wal.System) error {
 			tk, err := p.fence(ctx, sys)
 			if err != nil {
@@ -72,7 +72,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
 			"slot_lsn", from.String(), "through_commit_lsn", s.skipTo.String())
 	}
-	if p.cfg.exactlyOnce() {
+	if p.cfg.IsExactlyOnce() {
 		s.eos = newCommitter(s, p.progress, p.store, p.cfg.ExactlyOnce, p.cfg.Postgres.StatusInterval)
 	}
 	if snap := p.snapshot; snap != "" {
@@ -112,7 +112,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		p.setState(false, "session ended")
 	}()
 	var acks sessionAcks
-	if p.cfg.exactlyOnce() {
+	if p.cfg.IsExactlyOnce() {
 		c := s.eos
 		c.onSaved = func() { p.m.Checkpoints.Inc(); stream.Wake() }
 		acks = c

@@ -28,32 +28,6 @@ import (
 // resumes, finds its connection gone before it can confirm anything; in
 // exactly-once mode the new holder has also fenced it.
 
-// StandbyConfig configures takeover.
-type StandbyConfig struct {
-	// TakeoverAfter is how long the slot's holder may send Postgres
-	// nothing before a standby ends its walsender and takes over. Default
-	// DefaultTakeoverAfter; negative turns takeover off (a standby then
-	// waits for wal_sender_timeout). At least three status intervals.
-	TakeoverAfter time.Duration
-}
-
-// DefaultTakeoverAfter is StandbyConfig.TakeoverAfter's default: five
-// status intervals of the default 1s, so that takeover comes within about
-// 7 s of the holder freezing.
-const DefaultTakeoverAfter = 5 * time.Second
-
-func (c *Config) validateStandby() error {
-	switch t := c.Standby.TakeoverAfter; {
-	case t == 0:
-		c.Standby.TakeoverAfter = max(DefaultTakeoverAfter, 3*c.Postgres.StatusInterval)
-	case t < 0:
-		c.Standby.TakeoverAfter = 0 // off
-	case t < 3*c.Postgres.StatusInterval:
-		return fmt.Errorf("standby.takeover_after %s: use at least three postgres.status_interval (%s), or a live holder could be taken for a frozen one", t, c.Postgres.StatusInterval)
-	}
-	return nil
-}
-
 // lease is what a standby last saw of the slot's holder: its walsender,
 // the holder's last status update time as Postgres recorded it, and when
 // this standby first saw that value, on its own clock. The holder's time

@@ -23,7 +23,7 @@ import (
 // whatever ended the sessions before it (Kafka or Postgres not up yet, a
 // fence, a topic); once this process has streamed, a missing slot is a gap.
 func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, error) {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.walTables(), p.log)
+	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -67,7 +67,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	if err := p.openStore(ctx); err != nil {
 		return 0, err
 	}
-	records, err := p.store.Load(ctx, p.cfg.exactlyOnce())
+	records, err := p.store.Load(ctx, p.cfg.IsExactlyOnce())
 	if err != nil {
 		return 0, err
 	}
@@ -235,7 +235,7 @@ func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	name := p.cfg.replaySlot()
+	name := p.cfg.ReplaySlot()
 	st, err := wal.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
@@ -268,7 +268,7 @@ func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) 
 // recreateReplaySlot copies the main slot to the replay slot; the window
 // starts now.
 func (p *Pipeline) recreateReplaySlot(ctx context.Context, conn *pgx.Conn, drop bool) error {
-	name := p.cfg.replaySlot()
+	name := p.cfg.ReplaySlot()
 	if drop {
 		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
 			return fmt.Errorf("drop lost replay slot %q: %w", name, err)

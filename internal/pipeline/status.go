@@ -114,7 +114,7 @@ func (p *Pipeline) Status(ctx context.Context) (Status, error) {
 	}
 	if p.cfg.Replay.Window > 0 {
 		w := &WindowStatus{Window: p.cfg.Replay.Window.String()}
-		if w.Slot, err = slotStatus(ctx, conn, p.cfg.replaySlot()); err != nil {
+		if w.Slot, err = slotStatus(ctx, conn, p.cfg.ReplaySlot()); err != nil {
 			return Status{}, err
 		}
 		if w.Slot.Exists && w.Slot.WALStatus != "lost" {

@@ -46,7 +46,7 @@ func (p *Pipeline) keepWindow(ctx context.Context) {
 			conn = c
 		}
 		if err := p.advanceWindow(ctx, conn); err != nil && ctx.Err() == nil {
-			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.replaySlot(), "error", errtext.OneLine(err))
+			p.log.Warn("replay window: not advanced; retrying", "slot", p.cfg.ReplaySlot(), "error", errtext.OneLine(err))
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
 		}
@@ -54,7 +54,7 @@ func (p *Pipeline) keepWindow(ctx context.Context) {
 }
 
 func (p *Pipeline) advanceWindow(ctx context.Context, conn *pgx.Conn) error {
-	name := p.cfg.replaySlot()
+	name := p.cfg.ReplaySlot()
 	st, err := wal.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err

@@ -1,0 +1,422 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/outboxcdc/cdc/internal/endpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// fileConfig is the YAML file format. docs/config.md documents every key;
+// keep the two in step.
+type fileConfig struct {
+	Postgres struct {
+		URL             string        `yaml:"url"`
+		PasswordFile    string        `yaml:"password_file"`
+		Slot            string        `yaml:"slot"`
+		Publication     string        `yaml:"publication"`
+		StatusInterval  time.Duration `yaml:"status_interval"`
+		ConfirmInterval time.Duration `yaml:"confirm_interval"`
+	} `yaml:"postgres"`
+	Kafka struct {
+		Brokers                []string `yaml:"brokers"`
+		ClientID               string   `yaml:"client_id"`
+		MaxMessageBytes        int32    `yaml:"max_message_bytes"`
+		AllowAutoTopicCreation *bool    `yaml:"allow_auto_topic_creation"`
+		CreateTopics           *bool    `yaml:"create_topics"`
+		TopicDefaults          struct {
+			Partitions        int32             `yaml:"partitions"`
+			ReplicationFactor int16             `yaml:"replication_factor"`
+			Configs           map[string]string `yaml:"configs"`
+		} `yaml:"topic_defaults"`
+		Linger        time.Duration  `yaml:"linger"`
+		MaxBatchDelay *time.Duration `yaml:"max_batch_delay"`
+		TLS           struct {
+			Enabled    bool   `yaml:"enabled"`
+			CAFile     string `yaml:"ca_file"`
+			CertFile   string `yaml:"cert_file"`
+			KeyFile    string `yaml:"key_file"`
+			ServerName string `yaml:"server_name"`
+		} `yaml:"tls"`
+		SASL struct {
+			Mechanism    string `yaml:"mechanism"`
+			Username     string `yaml:"username"`
+			Password     string `yaml:"password"`
+			PasswordFile string `yaml:"password_file"`
+			TokenFile    string `yaml:"token_file"`
+		} `yaml:"sasl"`
+		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
+		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
+	} `yaml:"kafka"`
+	Checkpoint struct {
+		Topic          string `yaml:"topic"`
+		SigningKeyFile string `yaml:"signing_key_file"`
+	} `yaml:"checkpoint"`
+	Replay struct {
+		Window time.Duration `yaml:"window"`
+	} `yaml:"replay"`
+	Standby struct {
+		TakeoverAfter *time.Duration `yaml:"takeover_after"`
+	} `yaml:"standby"`
+	Backfill struct {
+		StatementTimeout time.Duration `yaml:"statement_timeout"`
+	} `yaml:"backfill"`
+	Delivery    string `yaml:"delivery"`
+	ExactlyOnce struct {
+		CommitEvents       int           `yaml:"commit_events"`
+		CommitInterval     time.Duration `yaml:"commit_interval"`
+		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
+	} `yaml:"exactly_once"`
+	Tables           []fileTable   `yaml:"tables"`
+	MaxInFlight      int           `yaml:"max_in_flight"`
+	MaxInFlightBytes int64         `yaml:"max_in_flight_bytes"`
+	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`
+	Reconnect        struct {
+		Backoff    time.Duration `yaml:"backoff"`
+		BackoffMax time.Duration `yaml:"backoff_max"`
+	} `yaml:"reconnect"`
+	Log struct {
+		Level  string `yaml:"level"`
+		Format string `yaml:"format"`
+		Kafka  string `yaml:"kafka"`
+	} `yaml:"log"`
+	HTTP struct {
+		Listen    *string `yaml:"listen"`
+		Token     string  `yaml:"token"`
+		TokenFile string  `yaml:"token_file"`
+		// UnhealthyAfter: how long without streaming before /healthz fails.
+		UnhealthyAfter time.Duration `yaml:"unhealthy_after"`
+	} `yaml:"http"`
+}
+
+// fileTable is one entry of tables: an outbox table, or a logical decoding
+// message prefix.
+type fileTable struct {
+	Name          string `yaml:"name"`
+	MessagePrefix string `yaml:"message_prefix"`
+	// Columns maps fields to columns (or JSON members). An absent key
+	// keeps the default; null or "" leaves the field unmapped.
+	Columns    map[string]*string `yaml:"columns"`
+	Additional []struct {
+		Column    string `yaml:"column"`
+		Placement string `yaml:"placement"`
+		As        string `yaml:"as"`
+	} `yaml:"additional"`
+	Topic                   string            `yaml:"topic"`
+	TopicNormalize          []string          `yaml:"topic_normalize"`
+	TopicReplacement        string            `yaml:"topic_replacement"`
+	Key                     string            `yaml:"key"`
+	Format                  string            `yaml:"format"`
+	Headers                 map[string]string `yaml:"headers"`
+	CloudEventsSource       string            `yaml:"cloudevents_source"`
+	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
+	OnInvalid               string            `yaml:"on_invalid"`
+	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
+	Backfill                *struct {
+		Where     string `yaml:"where"`
+		OrderBy   string `yaml:"order_by"`
+		ChunkSize int    `yaml:"chunk_size"`
+	} `yaml:"backfill"`
+}
+
+// DefaultListen is where cdc run serves /metrics, /healthz and /readyz.
+const DefaultListen = "127.0.0.1:9187"
+
+// Log is how the process logs, and serves its HTTP endpoint.
+type Log struct {
+	Level string // trace, debug, info (default), warn, error
+	JSON  bool
+	HTTP  endpoint.Config
+}
+
+// Load reads the YAML file at path ("" for none) and applies the
+// environment: ${VAR} in the file's values, then CDC_<KEY> variables,
+// which override the file's keys (docs/config.md, "Environment"). It
+// reports what is wrong with the file itself; the packages' own
+// validation, with the defaults, runs once in pipeline.New.
+func Load(path string, env Environ) (Config, Log, error) {
+	var fc fileConfig
+	var doc yaml.Node
+	where := "config " + path
+	if path != "" {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, Log{}, fmt.Errorf("read config: %w", err)
+		}
+		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+			return Config{}, Log{}, fmt.Errorf("%s: %s", where, yamlError(err))
+		}
+		if err := expandEnv(&doc, env, ""); err != nil {
+			return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+		}
+	} else {
+		where = "config"
+	}
+	if err := applyEnv(&doc, reflect.TypeOf(fc), env); err != nil {
+		return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
+		return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+	}
+	if doc.Kind != 0 {
+		if err := doc.Decode(&fc); err != nil {
+			return Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, yamlError(err))
+		}
+	}
+
+	lc := Log{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: DefaultListen, Token: fc.HTTP.Token}}
+	if fc.HTTP.Listen != nil {
+		lc.HTTP.Listen = *fc.HTTP.Listen
+	}
+	if v, ok := env("CDC_HTTP_LISTEN"); ok && v == "" {
+		lc.HTTP.Listen = "" // set but empty turns it off
+	}
+	if lc.HTTP.Listen != "" {
+		// Port 0 picks a free port (the tests use it).
+		_, port, err := net.SplitHostPort(lc.HTTP.Listen)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return Config{}, Log{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
+		}
+	}
+	if fc.HTTP.TokenFile != "" {
+		// Read now to refuse a missing or empty file at start; the
+		// endpoint reads it again when it changes.
+		b, err := os.ReadFile(fc.HTTP.TokenFile)
+		if err != nil {
+			return Config{}, Log{}, fmt.Errorf("http.token_file: %v", err)
+		}
+		if strings.TrimSpace(string(b)) == "" {
+			return Config{}, Log{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
+		}
+		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
+	}
+	var signingKeys [][]byte
+	if f := fc.Checkpoint.SigningKeyFile; f != "" {
+		keys, err := readSigningKeys(f)
+		if err != nil {
+			return Config{}, Log{}, err
+		}
+		signingKeys = keys
+	}
+	if lc.Level == "" {
+		lc.Level = "info"
+	}
+	switch lc.Level {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		return Config{}, Log{}, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
+	}
+	switch fc.Log.Format {
+	case "", "text":
+	case "json":
+		lc.JSON = true
+	default:
+		return Config{}, Log{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
+	}
+
+	autoCreate, createTopics := true, true
+	if fc.Kafka.AllowAutoTopicCreation != nil {
+		autoCreate = *fc.Kafka.AllowAutoTopicCreation
+	}
+	if fc.Kafka.CreateTopics != nil {
+		createTopics = *fc.Kafka.CreateTopics
+	}
+	cfg := Config{
+		Postgres: wal.Config{
+			URL:             fc.Postgres.URL,
+			PasswordFile:    fc.Postgres.PasswordFile,
+			Slot:            fc.Postgres.Slot,
+			Publication:     fc.Postgres.Publication,
+			StatusInterval:  fc.Postgres.StatusInterval,
+			ConfirmInterval: fc.Postgres.ConfirmInterval,
+		},
+		Kafka: sink.Config{
+			Brokers:                fc.Kafka.Brokers,
+			ClientID:               fc.Kafka.ClientID,
+			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
+			AllowAutoTopicCreation: autoCreate,
+			CreateTopics:           createTopics,
+			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
+				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
+			ClientLog:     fc.Log.Kafka,
+			Linger:        fc.Kafka.Linger,
+			MaxBatchDelay: batchDelay(fc.Kafka.MaxBatchDelay),
+			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
+				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
+			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
+				PasswordFile: fc.Kafka.SASL.PasswordFile, TokenFile: fc.Kafka.SASL.TokenFile},
+		},
+		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
+		MaxInFlight:               fc.MaxInFlight,
+		MaxInFlightBytes:          fc.MaxInFlightBytes,
+		ShutdownTimeout:           fc.ShutdownTimeout,
+		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
+		RetryBackoff:              fc.Reconnect.Backoff,
+		RetryBackoffMax:           fc.Reconnect.BackoffMax,
+		Checkpoint:                CheckpointConfig{Topic: fc.Checkpoint.Topic, SigningKeys: signingKeys},
+		Replay:                    ReplayConfig{Window: fc.Replay.Window},
+		Delivery:                  fc.Delivery,
+		Standby:                   StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
+		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout},
+		ExactlyOnce: ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
+			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
+	}
+	if len(fc.Tables) == 0 {
+		// Debezium's default layout, so that a config-less start works.
+		cfg.Tables = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
+	}
+	for i, ft := range fc.Tables {
+		t, err := ft.table()
+		if err != nil {
+			return Config{}, Log{}, fmt.Errorf("tables[%d]: %w", i, err)
+		}
+		cfg.Tables = append(cfg.Tables, t)
+	}
+	return cfg, lc, nil
+}
+
+func (ft fileTable) table() (*outbox.Table, error) {
+	t := &outbox.Table{
+		MessagePrefix:     ft.MessagePrefix,
+		Topic:             ft.Topic,
+		Key:               ft.Key,
+		Format:            ft.Format,
+		Headers:           ft.Headers,
+		CloudEventsSource: ft.CloudEventsSource,
+		Tombstone:         ft.TombstoneOnEmptyPayload,
+		OnInvalid:         ft.OnInvalid,
+		DeadLetterTopic:   ft.DeadLetterTopic,
+	}
+	for _, n := range ft.TopicNormalize {
+		switch n {
+		case "lowercase":
+			t.TopicLowercase = true
+		case "replace-illegal":
+			t.TopicReplaceIllegal = ft.TopicReplacement
+			if t.TopicReplaceIllegal == "" {
+				t.TopicReplaceIllegal = "_"
+			}
+		default:
+			return nil, fmt.Errorf("topic_normalize: %q: use lowercase or replace-illegal", n)
+		}
+	}
+	if ft.TopicReplacement != "" && t.TopicReplaceIllegal == "" {
+		return nil, fmt.Errorf("topic_replacement is set but topic_normalize does not include replace-illegal")
+	}
+	isMessage := ft.MessagePrefix != ""
+	switch {
+	case isMessage && ft.Name != "":
+		return nil, fmt.Errorf("set name (a table) or message_prefix (logical decoding messages), not both")
+	case isMessage:
+		t.Columns = outbox.DefaultMessageFields
+	case ft.Name == "":
+		return nil, fmt.Errorf("name is required (or message_prefix for logical decoding messages)")
+	default:
+		name, err := outbox.ParseTableName(ft.Name)
+		if err != nil {
+			return nil, fmt.Errorf("name: %w", err)
+		}
+		t.Name, t.Columns = name, outbox.DefaultColumns
+	}
+	// ident reads a column as written in SQL; JSON members are taken as
+	// they are.
+	ident := func(s string) (string, error) {
+		if isMessage {
+			return s, nil
+		}
+		return pgident.Parse(s)
+	}
+	for key, val := range ft.Columns {
+		f, ok := outbox.FieldByName(key)
+		if !ok {
+			return nil, fmt.Errorf("columns.%s: unknown field; use %s", key, strings.Join(outbox.FieldNames[:], ", "))
+		}
+		if val == nil || *val == "" {
+			t.Columns[f] = ""
+			continue
+		}
+		c, err := ident(*val)
+		if err != nil {
+			return nil, fmt.Errorf("columns.%s: %w", key, err)
+		}
+		t.Columns[f] = c
+	}
+	for i, a := range ft.Additional {
+		c, err := ident(a.Column)
+		if err != nil {
+			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
+		}
+		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	}
+	if b := ft.Backfill; b != nil {
+		t.Backfill = &outbox.Backfill{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}
+		if strings.TrimSpace(b.OrderBy) != "" {
+			cols, err := pgident.ParseList(b.OrderBy)
+			if err != nil {
+				return nil, fmt.Errorf("backfill.order_by: %w", err)
+			}
+			t.Backfill.OrderBy = cols
+		}
+	}
+	return t, nil
+}
+
+// batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,
+// standby.takeover_after) to the packages' convention: unset (nil) is 0,
+// the default, and 0 is -1, off.
+func batchDelay(d *time.Duration) time.Duration {
+	switch {
+	case d == nil:
+		return 0
+	case *d == 0:
+		return -1
+	}
+	return *d
+}
+
+// yamlError flattens yaml.v3's multi-line errors ("yaml: unmarshal
+// errors:\n  line 3: ...") into one line.
+func yamlError(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	return errtext.Flatten(strings.TrimPrefix(msg, "unmarshal errors:\n  "))
+}
+
+// readSigningKeys reads checkpoint.signing_key_file: one key a line, the
+// first signing, every one verifying (a key being rotated in or out). The
+// errors never show a key.
+func readSigningKeys(file string) ([][]byte, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint.signing_key_file: %v", err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if len(line) < 32 {
+			return nil, fmt.Errorf("checkpoint.signing_key_file %s: the key on line %d is %d characters; use at least 32 (openssl rand -hex 32)", file, i+1, len(line))
+		}
+		keys = append(keys, []byte(line))
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("checkpoint.signing_key_file %s is empty; put a key in it: openssl rand -hex 32 > %s", file, file)
+	}
+	return keys, nil
+}
