@@ -23,6 +23,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -122,8 +123,8 @@ type rangeFlags struct {
 	fromLSN, toLSN, fromTime, toTime *string
 }
 
-func (r rangeFlags) parse() (pipeline.Range, error) {
-	var rg pipeline.Range
+func (r rangeFlags) parse() (replay.Range, error) {
+	var rg replay.Range
 	lsn := func(flag, s string, dst *pglogrepl.LSN) error {
 		if s == "" {
 			return nil
@@ -207,7 +208,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	if !ok {
 		return code
 	}
-	r := pipeline.Replay{Range: rg, TopicSuffix: *suffix, AggregateTypes: aggTypes, AggregateIDs: aggIDs, EventTypes: eventTypes}
+	r := replay.Request{Range: rg, TopicSuffix: *suffix, AggregateTypes: aggTypes, AggregateIDs: aggIDs, EventTypes: eventTypes}
 	for _, name := range tables {
 		t, err := findTable(p.Config().Tables, name)
 		if err != nil {
@@ -218,7 +219,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	log.Info("replaying", "range", rg.String(), "topic_suffix", *suffix, "tables", tables.String(),
 		"aggregate_types", aggTypes.String(), "aggregate_ids", aggIDs.String(), "event_types", eventTypes.String())
 	show := newProgressLine(c.stderr)
-	sum, err := p.Replay(ctx, r, func(pr pipeline.ReplayProgress) {
+	sum, err := p.Replay(ctx, r, func(pr replay.Progress) {
 		show.printf("replay: %d events sent, %d acknowledged; at %s of %s", pr.Events, pr.Acked, pr.At, pr.End)
 	})
 	show.done()

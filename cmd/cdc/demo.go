@@ -26,6 +26,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -240,7 +241,7 @@ func replayDemo(ctx context.Context, cfg config.Config, since time.Time, out io.
 	}
 	fmt.Fprintf(out, "\nreplay: re-sending every event committed since %s to outbox.event.<aggregatetype>.replay, from the replay window, while the connector streams on ...\n",
 		since.Format("15:04:05.000"))
-	sum, err := p.Replay(ctx, pipeline.Replay{Range: pipeline.Range{FromTime: since}, TopicSuffix: ".replay"}, nil)
+	sum, err := p.Replay(ctx, replay.Request{Range: replay.Range{FromTime: since}, TopicSuffix: ".replay"}, nil)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}

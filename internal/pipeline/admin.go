@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -26,7 +27,7 @@ type Rewound struct {
 // stopped, it re-creates the main slot at the start of r (a copy of the
 // replay slot, advanced), and records the rewind in the checkpoint. The next
 // cdc run re-delivers from there. Only r's From bound is used.
-func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
+func (p *Pipeline) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	if p.cfg.Replay.Window == 0 {
 		return Rewound{}, &wal.SetupError{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
 	}
@@ -42,11 +43,11 @@ func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
 	if main.Active {
 		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", p.cfg.Postgres.Slot, main.ActivePID)}
 	}
-	replay, err := wal.InspectSlot(ctx, sql, p.cfg.ReplaySlot())
+	replaySlot, err := wal.InspectSlot(ctx, sql, p.cfg.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
-	if !replay.Exists || replay.WALStatus == "lost" {
+	if !replaySlot.Exists || replaySlot.WALStatus == "lost" {
 		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", p.cfg.ReplaySlot())}
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
@@ -58,7 +59,7 @@ func (p *Pipeline) Rewind(ctx context.Context, r Range) (Rewound, error) {
 	if err != nil {
 		return Rewound{}, err
 	}
-	to, err := p.windowStart(r, rec, replay.ConfirmedFlush)
+	to, err := replay.WindowStart(r, rec, replaySlot.ConfirmedFlush, p.cfg.Replay.Window, p.cfg.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -50,7 +51,7 @@ func BenchmarkReplay(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sum, err := pl.Replay(context.Background(), pipeline.Replay{Range: pipeline.Range{FromLSN: from}, TopicSuffix: ".replay"}, nil)
+		sum, err := pl.Replay(context.Background(), replay.Request{Range: replay.Range{FromLSN: from}, TopicSuffix: ".replay"}, nil)
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)

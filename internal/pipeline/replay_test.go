@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -119,7 +120,7 @@ func TestReplayExactLSNRange(t *testing.T) {
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	events := writeEvents(t, e, c, 30, "E")
 	from, to := commitOf(c.Records, events[10]), commitOf(c.Records, events[20])
-	sum, err := e.newPipeline(t).Replay(context.Background(), pipeline.Replay{Range: pipeline.Range{FromLSN: from, ToLSN: to}, TopicSuffix: ".replay"}, nil)
+	sum, err := e.newPipeline(t).Replay(context.Background(), replay.Request{Range: replay.Range{FromLSN: from, ToLSN: to}, TopicSuffix: ".replay"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestReplayFromTime(t *testing.T) {
 	var from time.Time
 	testenv.QueryRow(t, e.db, `SELECT now()`, nil, &from)
 	after := writeEvents(t, e, c, 20, "After")
-	sum, err := e.newPipeline(t).Replay(context.Background(), pipeline.Replay{Range: pipeline.Range{FromTime: from}, TopicSuffix: ".again"}, nil)
+	sum, err := e.newPipeline(t).Replay(context.Background(), replay.Request{Range: replay.Range{FromTime: from}, TopicSuffix: ".again"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +209,8 @@ func TestReplayWindowAdvancesAndRefusesOlder(t *testing.T) {
 	testenv.QueryRow(t, e.db, `SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots WHERE slot_name = 'outbox_cdc_replay'`, nil, &retained)
 	t.Logf("replay slot at %s, %d bytes of WAL retained for a %s window", replaySlot, retained, window)
 
-	_, err := e.newPipeline(t).Replay(context.Background(), pipeline.Replay{Range: pipeline.Range{FromLSN: firstCommit}}, nil)
-	var outside *pipeline.OutsideWindowError
+	_, err := e.newPipeline(t).Replay(context.Background(), replay.Request{Range: replay.Range{FromLSN: firstCommit}}, nil)
+	var outside *replay.OutsideWindowError
 	if !errors.As(err, &outside) || !strings.Contains(err.Error(), "outside the replay window") || outside.First <= firstCommit {
 		t.Fatalf("replay of event %s (commit %s) from before the window: %v; want an OutsideWindowError naming the window's start", first, firstCommit, err)
 	}
@@ -225,13 +226,13 @@ func TestRewindRedelivers(t *testing.T) {
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	events := writeEvents(t, e, c, 20, "E")
 	commit := commitOf(c.Records, events[12])
-	if _, err := e.newPipeline(t).Rewind(context.Background(), pipeline.Range{FromLSN: commit}); err == nil || !strings.Contains(err.Error(), "stop the connector") {
+	if _, err := e.newPipeline(t).Rewind(context.Background(), replay.Range{FromLSN: commit}); err == nil || !strings.Contains(err.Error(), "stop the connector") {
 		t.Fatalf("rewind while running: %v; want a refusal", err)
 	}
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	done, err := e.newPipeline(t).Rewind(context.Background(), pipeline.Range{FromLSN: commit})
+	done, err := e.newPipeline(t).Rewind(context.Background(), replay.Range{FromLSN: commit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,12 +284,12 @@ func TestReplayFiltered(t *testing.T) {
 
 	for _, tc := range []struct {
 		suffix string
-		r      pipeline.Replay
+		r      replay.Request
 		match  func(ev) bool
 	}{
-		{".by-type", pipeline.Replay{AggregateTypes: []string{"order", "payment"}, EventTypes: []string{"Created"}},
+		{".by-type", replay.Request{AggregateTypes: []string{"order", "payment"}, EventTypes: []string{"Created"}},
 			func(x ev) bool { return (x.aggType == "order" || x.aggType == "payment") && x.typ == "Created" }},
-		{".by-id", pipeline.Replay{AggregateIDs: []string{"a-1"}}, func(x ev) bool { return x.aggID == "a-1" }},
+		{".by-id", replay.Request{AggregateIDs: []string{"a-1"}}, func(x ev) bool { return x.aggID == "a-1" }},
 	} {
 		var want []string
 		for _, x := range evs[5:35] {
@@ -296,7 +297,7 @@ func TestReplayFiltered(t *testing.T) {
 				want = append(want, x.id)
 			}
 		}
-		tc.r.Range, tc.r.TopicSuffix = pipeline.Range{FromLSN: from, ToLSN: to}, tc.suffix
+		tc.r.Range, tc.r.TopicSuffix = replay.Range{FromLSN: from, ToLSN: to}, tc.suffix
 		sum, err := e.newPipeline(t).Replay(context.Background(), tc.r, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -133,7 +134,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	if p.cfg.Replay.Window > 0 {
 		windowDone := make(chan struct{})
 		wctx, stopWindow := context.WithCancel(ctx)
-		go func() { defer close(windowDone); p.keepWindow(wctx) }()
+		go func() { defer close(windowDone); p.window().Keep(wctx) }()
 		defer func() { stopWindow(); <-windowDone }()
 	}
 
@@ -213,7 +214,7 @@ type session struct {
 	dec     *decode.Decoder
 	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
 	// replay, when set, selects what a replay re-sends; nil streams all.
-	replay *replayFilter
+	replay *replay.Filter
 	// ctx is the session's, for the admin calls EnsureTopic makes.
 	ctx      context.Context
 	counters map[counterKey]prometheus.Counter
@@ -260,7 +261,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 			}
 		}
 		if s.replay != nil {
-			if err := s.replay.begin(&m); err != nil {
+			if err := s.replay.Begin(&m); err != nil {
 				return err
 			}
 		}
@@ -269,7 +270,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if s.skipping {
 			return nil
 		}
-		if s.replay != nil && !s.replay.take(&m.Event) {
+		if s.replay != nil && !s.replay.Take(&m.Event) {
 			return nil
 		}
 		s.p.bf.Seen(&m.Event)
@@ -288,7 +289,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		s.tracker.Commit(s.tx, m.Commit, m.EndLSN, m.CommitTime)
 		s.tx = nil
 		if s.replay != nil {
-			s.replay.commit()
+			s.replay.Commit()
 		}
 	}
 	return nil
@@ -305,7 +306,7 @@ func (s *session) event(m *decode.Message) error {
 		}
 	}
 	if s.replay != nil {
-		rec.Topic += s.replay.suffix
+		rec.Topic += s.replay.Suffix()
 	}
 	if rec.Topic == s.p.cfg.Checkpoint.Topic {
 		// A template that expands to the checkpoint topic: a row writer

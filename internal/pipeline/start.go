@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -133,7 +133,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		}
 	}
 	p.progress = checkpoint.NewProgress(*rec, p.cfg.Replay.Window)
-	if err := p.prepareReplaySlot(ctx, from); err != nil {
+	if err := p.window().Prepare(ctx, from); err != nil {
 		p.progress, p.snapshot = nil, ""
 		return 0, err
 	}
@@ -225,64 +225,8 @@ func (p *Pipeline) configFile() string {
 	return p.opts.ConfigFile
 }
 
-// prepareReplaySlot creates the replay slot, as a copy of the main slot,
-// when a replay window is configured and the slot is missing; without a
-// window it drops a replay slot left from an earlier configuration, which
-// would otherwise retain WAL for nothing.
-func (p *Pipeline) prepareReplaySlot(ctx context.Context, mainAt pglogrepl.LSN) error {
-	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	name := p.cfg.ReplaySlot()
-	st, err := wal.InspectSlot(ctx, conn, name)
-	if err != nil {
-		return err
-	}
-	if p.cfg.Replay.Window == 0 {
-		if st.Exists {
-			if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
-				return fmt.Errorf("drop replay slot %q: %w", name, err)
-			}
-			p.log.Warn("replay.window is not set: dropped the replay slot and its retained WAL", "slot", name)
-		}
-		return nil
-	}
-	if st.Exists && st.WALStatus != "lost" {
-		if p.progress.Saved().Window.LSN == 0 {
-			// The slot exists but no saved checkpoint claims its window
-			// (the session that made it ended before one was written):
-			// claim it from now, or keepWindow would never advance it
-			// and it would retain WAL for good. Transactions committed
-			// from now on are past its position.
-			p.progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
-		}
-		p.log.Info("replay window", "slot", name, "window", p.cfg.Replay.Window, "from_lsn", st.ConfirmedFlush.String(),
-			"retained_wal_bytes", int64(mainAt)-int64(st.RestartLSN))
-		return nil
-	}
-	return p.recreateReplaySlot(ctx, conn, st.Exists)
-}
-
-// recreateReplaySlot copies the main slot to the replay slot; the window
-// starts now.
-func (p *Pipeline) recreateReplaySlot(ctx context.Context, conn *pgx.Conn, drop bool) error {
-	name := p.cfg.ReplaySlot()
-	if drop {
-		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
-			return fmt.Errorf("drop lost replay slot %q: %w", name, err)
-		}
-	}
-	if _, err := conn.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, p.cfg.Postgres.Slot, name); err != nil {
-		return fmt.Errorf("create replay slot %q as a copy of %q: %w", name, p.cfg.Postgres.Slot, err)
-	}
-	st, err := wal.InspectSlot(ctx, conn, name)
-	if err != nil {
-		return err
-	}
-	// Transactions that commit from now on are in the window.
-	p.progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
-	p.log.Info("created the replay slot; the replay window starts now", "slot", name, "lsn", st.ConfirmedFlush.String(), "window", p.cfg.Replay.Window)
-	return nil
+// window is the replay window's keeper, for this session's progress.
+func (p *Pipeline) window() *replay.Window {
+	return &replay.Window{Postgres: p.cfg.Postgres, Slot: p.cfg.Postgres.Slot, ReplaySlot: p.cfg.ReplaySlot(), Length: p.cfg.Replay.Window,
+		Progress: p.progress, Log: p.log, Metrics: p.m}
 }

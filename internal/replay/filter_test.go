@@ -1,4 +1,4 @@
-package pipeline
+package replay
 
 import (
 	"strings"
@@ -14,11 +14,11 @@ func TestReplayFilterNeedsAMappedField(t *testing.T) {
 	cols := outbox.DefaultColumns
 	cols[outbox.FieldAggregateType] = ""
 	unmapped := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "commands"}, Columns: cols}
-	_, err := Replay{AggregateTypes: []string{"order"}}.fieldFilters([]*outbox.Table{unmapped})
+	_, err := Request{AggregateTypes: []string{"order"}}.fieldFilters([]*outbox.Table{unmapped})
 	if err == nil || !strings.Contains(err.Error(), "--aggregate-type: none of the replayed sources maps aggregate_type") {
 		t.Fatalf("err = %v", err)
 	}
-	ffs, err := Replay{EventTypes: []string{"Paid"}}.fieldFilters([]*outbox.Table{unmapped})
+	ffs, err := Request{EventTypes: []string{"Paid"}}.fieldFilters([]*outbox.Table{unmapped})
 	if err != nil || len(ffs) != 1 {
 		t.Fatalf("event type filter: %v, %d filters", err, len(ffs))
 	}

@@ -1,0 +1,169 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Window keeps the replay window: a second slot, ReplaySlot, about Length
+// behind the main slot, so that Postgres retains the WAL replays and
+// rewinds read (docs/design.md, rule 17). Its fields are the pipeline's.
+type Window struct {
+	Postgres   wal.Config
+	Slot       string        // the main slot
+	ReplaySlot string        // the window's slot
+	Length     time.Duration // replay.window; 0: no window
+	// Progress is the session's checkpoint state: the window a checkpoint
+	// claims is read from it and set in it.
+	Progress *checkpoint.Progress
+	Log      hclog.Logger
+	Metrics  *metrics.Metrics
+}
+
+// Prepare creates the replay slot, as a copy of the main slot, when a
+// replay window is configured and the slot is missing; without a window it
+// drops a replay slot left from an earlier configuration, which would
+// otherwise retain WAL for nothing. mainAt is the main slot's position.
+func (w *Window) Prepare(ctx context.Context, mainAt pglogrepl.LSN) error {
+	conn, err := wal.ConnectSQL(ctx, w.Postgres)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := w.ReplaySlot
+	st, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	if w.Length == 0 {
+		if st.Exists {
+			if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
+				return fmt.Errorf("drop replay slot %q: %w", name, err)
+			}
+			w.Log.Warn("replay.window is not set: dropped the replay slot and its retained WAL", "slot", name)
+		}
+		return nil
+	}
+	if st.Exists && st.WALStatus != "lost" {
+		if w.Progress.Saved().Window.LSN == 0 {
+			// The slot exists but no saved checkpoint claims its window
+			// (the session that made it ended before one was written):
+			// claim it from now, or Keep would never advance it and it
+			// would retain WAL for good. Transactions committed from now
+			// on are past its position.
+			w.Progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
+		}
+		w.Log.Info("replay window", "slot", name, "window", w.Length, "from_lsn", st.ConfirmedFlush.String(),
+			"retained_wal_bytes", int64(mainAt)-int64(st.RestartLSN))
+		return nil
+	}
+	return w.recreate(ctx, conn, st.Exists)
+}
+
+// recreate copies the main slot to the replay slot; the window starts now.
+func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error {
+	name := w.ReplaySlot
+	if drop {
+		if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
+			return fmt.Errorf("drop lost replay slot %q: %w", name, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, w.Slot, name); err != nil {
+		return fmt.Errorf("create replay slot %q as a copy of %q: %w", name, w.Slot, err)
+	}
+	st, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	// Transactions that commit from now on are in the window.
+	w.Progress.SetWindow(checkpoint.Mark{LSN: st.ConfirmedFlush, Time: time.Now()})
+	w.Log.Info("created the replay slot; the replay window starts now", "slot", name, "lsn", st.ConfirmedFlush.String(), "window", w.Length)
+	return nil
+}
+
+// Keep keeps the replay slot about Length behind: at every mark interval
+// it advances the slot to the newest replay mark older than the window, so
+// retained WAL stays near the window and no more. It runs beside a session
+// and stops with ctx.
+//
+// The order matters: the window is recorded in a checkpoint first and the
+// slot advanced only once that checkpoint is in Kafka, so the slot is never
+// ahead of the window a checkpoint claims, and a replay that trusts the
+// checkpoint never starts past what the slot still holds.
+func (w *Window) Keep(ctx context.Context) {
+	every := min(checkpoint.MarkEvery(w.Length), time.Minute)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if conn == nil {
+			c, err := wal.ConnectSQL(ctx, w.Postgres)
+			if err != nil {
+				w.Log.Warn("replay window: cannot connect to postgres; retrying", "error", errtext.OneLine(err))
+				continue
+			}
+			conn = c
+		}
+		if err := w.advance(ctx, conn); err != nil && ctx.Err() == nil {
+			w.Log.Warn("replay window: not advanced; retrying", "slot", w.ReplaySlot, "error", errtext.OneLine(err))
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+		}
+	}
+}
+
+func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
+	name := w.ReplaySlot
+	st, err := wal.InspectSlot(ctx, conn, name)
+	if err != nil {
+		return err
+	}
+	if !st.Exists || st.WALStatus == "lost" {
+		// Postgres invalidated the slot (max_slot_wal_keep_size), or
+		// someone dropped it: the window is gone. Say so loudly, start a
+		// new one, and let the main stream go on.
+		w.Metrics.WindowsLost.Inc()
+		w.Log.Error("replay window lost: the replay slot is gone or invalidated, so replays can only reach back to now; raise max_slot_wal_keep_size above the WAL the window needs, or shorten replay.window",
+			"slot", name, "wal_status", st.WALStatus, "window", w.Length)
+		return w.recreate(ctx, conn, st.Exists)
+	}
+	// Advance to the window the last checkpoint claims, then ask the next
+	// checkpoint to claim a newer one: the newest replay mark older than
+	// the window. Every transaction that committed Skew after a mark's
+	// time has its commit record after the mark.
+	saved := w.Progress.Saved()
+	if target, ok := saved.Marks.Before(time.Now().Add(-w.Length)); ok && target.LSN > saved.Window.LSN {
+		w.Progress.SetWindow(checkpoint.Mark{LSN: target.LSN, Time: target.Time.Add(checkpoint.Skew)})
+	}
+	if saved.Window.LSN <= st.ConfirmedFlush {
+		return nil
+	}
+	var to string
+	if err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::pg_lsn)`, name, saved.Window.LSN.String()).Scan(&to); err != nil {
+		return fmt.Errorf("advance replay slot %q to %s: %w", name, saved.Window.LSN, err)
+	}
+	if w.Log.IsDebug() {
+		w.Log.Debug("replay window advanced", "slot", name, "lsn", to, "from_time", saved.Window.Time.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
