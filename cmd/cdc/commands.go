@@ -21,6 +21,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
@@ -89,7 +90,7 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := p.Check(ctx); err != nil {
+	if err := p.Ops().Check(ctx); err != nil {
 		var ce *wal.CheckError
 		if !errors.As(err, &ce) {
 			fmt.Fprintf(c.stderr, "cdc: %v\n", err)
@@ -368,7 +369,7 @@ func rewindCmd(ctx context.Context, c *cli, args []string) int {
 	if !ok {
 		return code
 	}
-	done, err := p.Rewind(ctx, rg)
+	done, err := p.Ops().Rewind(ctx, rg)
 	if err != nil {
 		log.Error("rewind failed", "error", errtext.OneLine(err))
 		return 1
@@ -391,7 +392,7 @@ func resetCmd(ctx context.Context, c *cli, args []string) int {
 	if !ok {
 		return code
 	}
-	a, err := p.AcceptGap(ctx)
+	a, err := p.Ops().AcceptGap(ctx)
 	switch {
 	case err != nil:
 		log.Error("reset failed", "error", errtext.OneLine(err))
@@ -451,7 +452,7 @@ func statusCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := p.Status(ctx)
+	st, err := p.Ops().Status(ctx)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "cdc: status: %v\n", err)
 		return 1
@@ -467,9 +468,9 @@ func statusCmd(ctx context.Context, c *cli, args []string) int {
 }
 
 // printStatus writes st as aligned "key  value" lines under headings.
-func printStatus(w io.Writer, st pipeline.Status) {
+func printStatus(w io.Writer, st ops.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	slot := func(indent, title string, s pipeline.SlotStatus) {
+	slot := func(indent, title string, s ops.SlotStatus) {
 		fmt.Fprintf(tw, "%s%s\t%s\n", indent, title, s.Name)
 		indent += "  "
 		if !s.Exists {

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -200,7 +200,7 @@ replay: {window: 1h}
 	if code := run(context.Background(), []string{"status", "--config", config, "--json"}, noEnv, &out, &errOut); code != 0 {
 		t.Fatalf("cdc status --json: exit %d: %s", code, errOut.String())
 	}
-	var st pipeline.Status
+	var st ops.Status
 	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
 		t.Fatalf("cdc status --json is not JSON: %v\n%s", err, out.String())
 	}

@@ -176,8 +176,9 @@ func (p *Pipeline) RequestBackfill(ctx context.Context, t *outbox.Table, where s
 		}
 		sys := conn.System()
 		conn.Close(context.WithoutCancel(ctx))
-		rec, err := p.loadRecord(ctx, sys)
-		return rec, p.store, err
+		rec, store, err := p.Ops().LoadRecord(ctx, sys)
+		p.store = store
+		return rec, store, err
 	}
 	return p.backfills().Request(ctx, p.cfg.Checkpoint.SigningKeys, load, t, where)
 }

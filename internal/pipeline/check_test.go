@@ -42,7 +42,7 @@ func TestCheckKafkaTopics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p.Check(ctx)
+		return p.Ops().Check(ctx)
 	}
 	err = check()
 	var ce *wal.CheckError

@@ -124,7 +124,7 @@ func TestSlotDroppedWhileStoppedIsRefused(t *testing.T) {
 
 	// cdc reset --accept-gap records the gap, and the connector streams
 	// on from a new slot.
-	a, err := e.newPipeline(t).AcceptGap(context.Background())
+	a, err := e.newPipeline(t).Ops().AcceptGap(context.Background())
 	if err != nil || a.Gap == nil || a.From != rec.Confirmed || a.To == 0 {
 		t.Fatalf("AcceptGap = %+v, %v", a, err)
 	}
@@ -132,7 +132,7 @@ func TestSlotDroppedWhileStoppedIsRefused(t *testing.T) {
 	if h := after.History; len(h) != 1 || h[0].Kind != checkpoint.EventAcceptedGap || h[0].From != rec.Confirmed || h[0].To != a.To || after.Confirmed != a.To {
 		t.Fatalf("checkpoint after accepting the gap: %+v", after)
 	}
-	if again, err := e.newPipeline(t).AcceptGap(context.Background()); err != nil || again.Gap != nil {
+	if again, err := e.newPipeline(t).Ops().AcceptGap(context.Background()); err != nil || again.Gap != nil {
 		t.Fatalf("a second reset: %+v, %v; want nothing to accept", again, err)
 	}
 	e.start(t)

@@ -99,7 +99,7 @@ func TestRestoreFromBackup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := p.AcceptGap(context.Background()); err != nil {
+			if _, err := p.Ops().AcceptGap(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			r = e.start(t)

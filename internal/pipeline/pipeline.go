@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -132,6 +133,12 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	return p, nil
 }
 
+// Ops is the operator commands (cdc check, status, rewind, reset) for
+// the pipeline's config.
+func (p *Pipeline) Ops() *ops.Ops {
+	return &ops.Ops{Config: p.cfg, Log: p.log, Version: p.opts.Version, KafkaOpts: p.kafkaOpts()}
+}
+
 // Metrics returns the pipeline's metrics.
 func (p *Pipeline) Metrics() *metrics.Metrics { return p.m }
 
@@ -202,71 +209,6 @@ func (p *Pipeline) Weaknesses() []string {
 
 // Config returns the validated configuration, defaults filled in.
 func (p *Pipeline) Config() config.Config { return p.cfg }
-
-// Check checks Postgres' and Kafka's preconditions without creating or
-// streaming anything.
-func (p *Pipeline) Check(ctx context.Context) error {
-	var probs []string
-	var slots []string
-	if p.cfg.Replay.Window > 0 {
-		slots = append(slots, p.cfg.ReplaySlot())
-	}
-	if err := wal.Check(ctx, p.cfg.Postgres, p.cfg.WALTables(), slots...); err != nil {
-		var ce *wal.CheckError
-		if !errors.As(err, &ce) {
-			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
-		}
-		for _, pr := range ce.Problems {
-			probs = append(probs, "postgres: "+pr)
-		}
-	}
-	if p.cfg.Standby.TakeoverAfter > 0 {
-		if pr := checkTakeover(ctx, p.cfg.Postgres); pr != "" {
-			probs = append(probs, "postgres: "+pr)
-		}
-	}
-	if len(probs) == 0 {
-		// The backfills' conditions and orders, which need the tables.
-		for _, j := range backfill.InitialJobs(p.cfg.Tables, false) {
-			if err := p.backfills().Check(ctx, []checkpoint.Backfill{j}); err != nil {
-				probs = append(probs, "postgres: "+errtext.OneLine(err))
-			}
-		}
-	}
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
-	if err != nil {
-		return fmt.Errorf("kafka: %w", err)
-	}
-	defer k.Close()
-	if err := k.Ping(ctx); err != nil {
-		probs = append(probs, fmt.Sprintf("kafka: %v; check kafka.brokers", err))
-	} else {
-		// The checkpoint topic, which the connector creates itself, and
-		// every topic that is not a template.
-		check := func(topic string, mayCreate, compact bool) {
-			if err := k.CheckTopic(ctx, topic, mayCreate, compact); err != nil {
-				probs = append(probs, "kafka: "+err.Error())
-			}
-		}
-		check(p.cfg.Checkpoint.Topic, true, true)
-		seen := map[string]bool{}
-		for _, t := range p.cfg.Tables {
-			for _, tpl := range []struct {
-				topic string
-				use   bool
-			}{{t.LiteralTopic(), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
-				if tpl.use && tpl.topic != "" && !strings.Contains(tpl.topic, "{") && !seen[tpl.topic] {
-					seen[tpl.topic] = true
-					check(tpl.topic, p.cfg.Kafka.CreateTopics, false)
-				}
-			}
-		}
-	}
-	if len(probs) > 0 {
-		return &wal.CheckError{Problems: probs}
-	}
-	return nil
-}
 
 // Run streams until ctx is done, then shuts down cleanly and returns nil;
 // or until a fatal error, which it returns. Transient errors reconnect with

@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -35,7 +34,8 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 		return replay.Summary{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rec, err := p.loadRecord(ctx, conn.System())
+	rec, store, err := p.Ops().LoadRecord(ctx, conn.System())
+	p.store = store
 	if err != nil {
 		return replay.Summary{}, err
 	}
@@ -123,22 +123,4 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 		runErr = ctx.Err()
 	}
 	return sum, runErr
-}
-
-// loadRecord reads the pipeline's checkpoint for the operator commands.
-func (p *Pipeline) loadRecord(ctx context.Context, sys wal.System) (checkpoint.Record, error) {
-	store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
-	if err != nil {
-		return checkpoint.Record{}, err
-	}
-	p.store = store
-	recs, err := store.Load(ctx, false)
-	if err != nil {
-		return checkpoint.Record{}, err
-	}
-	rec, ok := recs[checkpoint.Key(p.cfg.Postgres.Slot, sys.ID)]
-	if !ok {
-		return checkpoint.Record{}, &wal.SetupError{Msg: fmt.Sprintf("no checkpoint for slot %q of database system %s in topic %q: start the connector (cdc run) with this config first", p.cfg.Postgres.Slot, sys.ID, p.cfg.Checkpoint.Topic)}
-	}
-	return rec, nil
 }

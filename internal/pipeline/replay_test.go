@@ -226,13 +226,13 @@ func TestRewindRedelivers(t *testing.T) {
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	events := writeEvents(t, e, c, 20, "E")
 	commit := commitOf(c.Records, events[12])
-	if _, err := e.newPipeline(t).Rewind(context.Background(), replay.Range{FromLSN: commit}); err == nil || !strings.Contains(err.Error(), "stop the connector") {
+	if _, err := e.newPipeline(t).Ops().Rewind(context.Background(), replay.Range{FromLSN: commit}); err == nil || !strings.Contains(err.Error(), "stop the connector") {
 		t.Fatalf("rewind while running: %v; want a refusal", err)
 	}
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	done, err := e.newPipeline(t).Rewind(context.Background(), replay.Range{FromLSN: commit})
+	done, err := e.newPipeline(t).Ops().Rewind(context.Background(), replay.Range{FromLSN: commit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,20 +106,3 @@ func (p *Pipeline) takeOver(ctx context.Context) bool {
 	p.lease = lease{}
 	return true
 }
-
-// checkTakeover says what the role lacks to take over from a frozen holder
-// ("" when nothing): seeing reply_time takes pg_read_all_stats.
-func checkTakeover(ctx context.Context, cfg wal.Config) string {
-	conn, err := wal.ConnectSQL(ctx, cfg)
-	if err != nil {
-		return ""
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var role string
-	var ok bool
-	err = conn.QueryRow(ctx, `SELECT current_user, pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&role, &ok)
-	if err != nil || ok {
-		return ""
-	}
-	return fmt.Sprintf("role %s cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby cannot take over a frozen holder before wal_sender_timeout; run: GRANT pg_read_all_stats TO %s (or set standby.takeover_after: -1)", pgident.Quote(role), pgident.Quote(role))
-}

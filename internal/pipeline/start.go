@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -71,7 +72,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	if err != nil {
 		return 0, err
 	}
-	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, slotInfo(conn, slot), records)
+	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, ops.SlotInfo(conn, slot), records)
 	if err != nil {
 		var gap *checkpoint.GapError
 		if errors.As(err, &gap) {
@@ -183,12 +184,6 @@ func (p *Pipeline) carryOver(ctx context.Context, rec *checkpoint.Record) error 
 		"commit_lsn", next.CommitLSN.String(), "confirmed_lsn", next.Confirmed.String())
 	*rec = next
 	return nil
-}
-
-// slotInfo is what Decide compares with the checkpoint.
-func slotInfo(conn *wal.Conn, slot wal.SlotState) checkpoint.SlotInfo {
-	sys := conn.System()
-	return checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush, Timeline: sys.Timeline, WALEnd: sys.WALEnd, Address: conn.Address()}
 }
 
 // sameHistory brings a resumed checkpoint onto the server's timeline. Its

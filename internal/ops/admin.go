@@ -1,4 +1,4 @@
-package pipeline
+package ops
 
 import (
 	"context"
@@ -27,39 +27,39 @@ type Rewound struct {
 // stopped, it re-creates the main slot at the start of r (a copy of the
 // replay slot, advanced), and records the rewind in the checkpoint. The next
 // cdc run re-delivers from there. Only r's From bound is used.
-func (p *Pipeline) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
-	if p.cfg.Replay.Window == 0 {
+func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
+	if o.Config.Replay.Window == 0 {
 		return Rewound{}, &wal.SetupError{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
 	}
-	sql, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return Rewound{}, err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	main, err := wal.InspectSlot(ctx, sql, p.cfg.Postgres.Slot)
+	main, err := wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	if err != nil {
 		return Rewound{}, err
 	}
 	if main.Active {
-		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", p.cfg.Postgres.Slot, main.ActivePID)}
+		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
 	}
-	replaySlot, err := wal.InspectSlot(ctx, sql, p.cfg.ReplaySlot())
+	replaySlot, err := wal.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
 	if !replaySlot.Exists || replaySlot.WALStatus == "lost" {
-		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", p.cfg.ReplaySlot())}
+		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", o.Config.ReplaySlot())}
 	}
-	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
+	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 	if err != nil {
 		return Rewound{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rec, err := p.loadRecord(ctx, conn.System())
+	rec, store, err := o.LoadRecord(ctx, conn.System())
 	if err != nil {
 		return Rewound{}, err
 	}
-	to, err := replay.WindowStart(r, rec, replaySlot.ConfirmedFlush, p.cfg.Replay.Window, p.cfg.ReplaySlot())
+	to, err := replay.WindowStart(r, rec, replaySlot.ConfirmedFlush, o.Config.Replay.Window, o.Config.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
@@ -75,16 +75,16 @@ func (p *Pipeline) Rewind(ctx context.Context, r replay.Range) (Rewound, error) 
 	// while the checkpoint exists: cdc run refuses that, and running the
 	// rewind again finishes it.
 	if main.Exists {
-		if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Postgres.Slot); err != nil {
-			return Rewound{}, fmt.Errorf("drop replication slot %q: %w", p.cfg.Postgres.Slot, err)
+		if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot); err != nil {
+			return Rewound{}, fmt.Errorf("drop replication slot %q: %w", o.Config.Postgres.Slot, err)
 		}
 	}
-	at, err := conn.CopySlot(ctx, p.cfg.ReplaySlot(), p.cfg.Postgres.Slot, false)
+	at, err := conn.CopySlot(ctx, o.Config.ReplaySlot(), o.Config.Postgres.Slot, false)
 	if err != nil {
 		return Rewound{}, err
 	}
 	if to > at {
-		if at, err = conn.AdvanceSlot(ctx, p.cfg.Postgres.Slot, to); err != nil {
+		if at, err = conn.AdvanceSlot(ctx, o.Config.Postgres.Slot, to); err != nil {
 			return Rewound{}, err
 		}
 	}
@@ -94,10 +94,10 @@ func (p *Pipeline) Rewind(ctx context.Context, r replay.Range) (Rewound, error) 
 	}
 	rec.UpdatedAt = time.Now()
 	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
-	if err := p.store.Save(ctx, rec); err != nil {
+	if err := store.Save(ctx, rec); err != nil {
 		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 	}
-	p.log.Warn("rewound the pipeline; the next cdc run re-delivers from here", "slot", p.cfg.Postgres.Slot, "from", from.String(), "to", at.String())
+	o.Log.Warn("rewound the pipeline; the next cdc run re-delivers from here", "slot", o.Config.Postgres.Slot, "from", from.String(), "to", at.String())
 	return Rewound{From: from, To: at}, nil
 }
 
@@ -112,22 +112,22 @@ type Accepted struct {
 // the log) that events between the checkpoint and the slot may be missing,
 // creating the slot when it is missing or lost, so that the next cdc run
 // streams from the slot. Without a gap it changes nothing.
-func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
+func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
+	slot, err := wal.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
 	lost := errors.Is(err, wal.ErrSlotLost)
 	if err != nil && !lost {
 		return Accepted{}, err
 	}
 	if slot.Active {
-		return Accepted{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector first", p.cfg.Postgres.Slot, slot.ActivePID)}
+		return Accepted{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector first", o.Config.Postgres.Slot, slot.ActivePID)}
 	}
-	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
+	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 	if err != nil {
 		return Accepted{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	sys := conn.System()
-	store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	store, err := checkpoint.OpenStore(ctx, o.Config.Checkpoint.Topic, sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), o.Log.Named("checkpoint"))
 	if err != nil {
 		return Accepted{}, err
 	}
@@ -137,22 +137,22 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 	}
 	if lost {
 		// The lost slot's WAL is gone: start over, as after a drop.
-		sql, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+		sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
 		if err != nil {
 			return Accepted{}, err
 		}
-		_, err = sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, p.cfg.Postgres.Slot)
+		_, err = sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot)
 		sql.Close(context.WithoutCancel(ctx))
 		if err != nil {
-			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", p.cfg.Postgres.Slot, err)
+			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", o.Config.Postgres.Slot, err)
 		}
 		slot = wal.SlotState{}
 	}
-	_, _, err = checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, slotInfo(conn, slot), records)
+	_, _, err = checkpoint.Decide(o.Config.Postgres.Slot, sys.ID, SlotInfo(conn, slot), records)
 	var gap *checkpoint.GapError
 	if !errors.As(err, &gap) {
 		if err == nil && lost {
-			p.log.Warn("dropped the lost replication slot; cdc run creates a new one", "slot", p.cfg.Postgres.Slot)
+			o.Log.Warn("dropped the lost replication slot; cdc run creates a new one", "slot", o.Config.Postgres.Slot)
 			return Accepted{LostSlot: true}, nil
 		}
 		return Accepted{}, err // nil: no gap, nothing to accept
@@ -160,12 +160,12 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 	rec := gap.Checkpoint
 	if gap.Kind == checkpoint.GapOtherSystem {
 		// This system gets its own record; the other one's stays.
-		rec = checkpoint.Record{Slot: p.cfg.Postgres.Slot, SystemID: sys.ID}
+		rec = checkpoint.Record{Slot: o.Config.Postgres.Slot, SystemID: sys.ID}
 	}
-	rec.Timeline, rec.Version, rec.Address = sys.Timeline, p.opts.Version, conn.Address()
+	rec.Timeline, rec.Version, rec.Address = sys.Timeline, o.Version, conn.Address()
 	at := slot.ConfirmedFlush
 	if !slot.Exists {
-		if at, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
+		if at, err = conn.CreateSlot(ctx, o.Config.Postgres.Slot); err != nil {
 			return Accepted{}, err
 		}
 	}
@@ -190,7 +190,7 @@ func (p *Pipeline) AcceptGap(ctx context.Context) (Accepted, error) {
 	if err := store.Save(ctx, rec); err != nil {
 		return Accepted{}, err
 	}
-	p.log.Warn("accepted a gap: events committed in this range may never be delivered", "slot", p.cfg.Postgres.Slot,
+	o.Log.Warn("accepted a gap: events committed in this range may never be delivered", "slot", o.Config.Postgres.Slot,
 		"from", from.String(), "to", at.String(), "reason", reason)
 	return Accepted{Gap: gap, LostSlot: lost, From: from, To: at}, nil
 }

@@ -1,4 +1,4 @@
-package pipeline
+package ops
 
 import (
 	"context"
@@ -71,25 +71,25 @@ type WindowStatus struct {
 
 // Status reads the pipeline's state. A Postgres it cannot reach is an
 // error; a Kafka it cannot reach leaves CheckpointError set.
-func (p *Pipeline) Status(ctx context.Context) (Status, error) {
-	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+func (o *Ops) Status(ctx context.Context) (Status, error) {
+	conn, err := wal.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return Status{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var st Status
-	if st.Slot, err = slotStatus(ctx, conn, p.cfg.Postgres.Slot); err != nil {
+	if st.Slot, err = slotStatus(ctx, conn, o.Config.Postgres.Slot); err != nil {
 		return Status{}, err
 	}
-	st.Publication = PublicationStatus{Name: p.cfg.Postgres.Publication, Tables: []string{}}
-	err = conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, p.cfg.Postgres.Publication).Scan(&st.Publication.Inserts)
+	st.Publication = PublicationStatus{Name: o.Config.Postgres.Publication, Tables: []string{}}
+	err = conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, o.Config.Postgres.Publication).Scan(&st.Publication.Inserts)
 	switch {
 	case err == pgx.ErrNoRows:
 	case err != nil:
 		return Status{}, err
 	default:
 		st.Publication.Exists = true
-		rows, _ := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, p.cfg.Postgres.Publication)
+		rows, _ := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Config.Postgres.Publication)
 		if st.Publication.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 			return Status{}, err
 		}
@@ -98,23 +98,23 @@ func (p *Pipeline) Status(ctx context.Context) (Status, error) {
 	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
 		return Status{}, err
 	}
-	rec, found, err := p.readCheckpoint(ctx, sysid)
+	rec, found, err := o.readCheckpoint(ctx, sysid)
 	switch {
 	case err != nil:
 		st.CheckpointError = err.Error()
 	case !found:
 		st.CheckpointError = "no checkpoint yet for this slot and database (the connector has not run, or runs a version without one)"
 	default:
-		c := &CheckpointStatus{Topic: p.cfg.Checkpoint.Topic, ConfirmedLSN: rec.Confirmed.String(), CommitLSN: rec.CommitLSN.String(),
+		c := &CheckpointStatus{Topic: o.Config.Checkpoint.Topic, ConfirmedLSN: rec.Confirmed.String(), CommitLSN: rec.CommitLSN.String(),
 			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History, Backfills: rec.Backfills}
 		if !rec.CommitTime.IsZero() {
 			c.CommitTime = &rec.CommitTime
 		}
 		st.Checkpoint = c
 	}
-	if p.cfg.Replay.Window > 0 {
-		w := &WindowStatus{Window: p.cfg.Replay.Window.String()}
-		if w.Slot, err = slotStatus(ctx, conn, p.cfg.ReplaySlot()); err != nil {
+	if o.Config.Replay.Window > 0 {
+		w := &WindowStatus{Window: o.Config.Replay.Window.String()}
+		if w.Slot, err = slotStatus(ctx, conn, o.Config.ReplaySlot()); err != nil {
 			return Status{}, err
 		}
 		if w.Slot.Exists && w.Slot.WALStatus != "lost" {
@@ -147,14 +147,14 @@ func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, e
 }
 
 // readCheckpoint reads the checkpoint of this slot and system, if any.
-func (p *Pipeline) readCheckpoint(ctx context.Context, sysid string) (checkpoint.Record, bool, error) {
+func (o *Ops) readCheckpoint(ctx context.Context, sysid string) (checkpoint.Record, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	store := checkpoint.Reader(p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	store := checkpoint.Reader(o.Config.Checkpoint.Topic, sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), o.Log.Named("checkpoint"))
 	recs, err := store.Load(ctx, false)
 	if err != nil {
 		return checkpoint.Record{}, false, err
 	}
-	rec, ok := recs[checkpoint.Key(p.cfg.Postgres.Slot, sysid)]
+	rec, ok := recs[checkpoint.Key(o.Config.Postgres.Slot, sysid)]
 	return rec, ok, nil
 }

@@ -1,0 +1,141 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/backfill"
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// Ops runs the operator commands for one pipeline's config.
+type Ops struct {
+	Config config.Config // validated (pipeline.New)
+	Log    hclog.Logger
+	// Version is the connector's, recorded in the checkpoints it writes.
+	Version string
+	// KafkaOpts are extra franz-go options, for the tests' hooks.
+	KafkaOpts []kgo.Opt
+}
+
+// backfills is the backfill runner for the config, for Check.
+func (o *Ops) backfills() *backfill.Runner {
+	return &backfill.Runner{Postgres: o.Config.Postgres, StatementTimeout: o.Config.Backfill.StatementTimeout, Tables: o.Config.Tables, Log: o.Log}
+}
+
+// Check checks Postgres' and Kafka's preconditions without creating or
+// streaming anything.
+func (o *Ops) Check(ctx context.Context) error {
+	var probs []string
+	var slots []string
+	if o.Config.Replay.Window > 0 {
+		slots = append(slots, o.Config.ReplaySlot())
+	}
+	if err := wal.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...); err != nil {
+		var ce *wal.CheckError
+		if !errors.As(err, &ce) {
+			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
+		}
+		for _, pr := range ce.Problems {
+			probs = append(probs, "postgres: "+pr)
+		}
+	}
+	if o.Config.Standby.TakeoverAfter > 0 {
+		if pr := checkTakeover(ctx, o.Config.Postgres); pr != "" {
+			probs = append(probs, "postgres: "+pr)
+		}
+	}
+	if len(probs) == 0 {
+		// The backfills' conditions and orders, which need the tables.
+		for _, j := range backfill.InitialJobs(o.Config.Tables, false) {
+			if err := o.backfills().Check(ctx, []checkpoint.Backfill{j}); err != nil {
+				probs = append(probs, "postgres: "+errtext.OneLine(err))
+			}
+		}
+	}
+	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	defer k.Close()
+	if err := k.Ping(ctx); err != nil {
+		probs = append(probs, fmt.Sprintf("kafka: %v; check kafka.brokers", err))
+	} else {
+		// The checkpoint topic, which the connector creates itself, and
+		// every topic that is not a template.
+		check := func(topic string, mayCreate, compact bool) {
+			if err := k.CheckTopic(ctx, topic, mayCreate, compact); err != nil {
+				probs = append(probs, "kafka: "+err.Error())
+			}
+		}
+		check(o.Config.Checkpoint.Topic, true, true)
+		seen := map[string]bool{}
+		for _, t := range o.Config.Tables {
+			for _, tpl := range []struct {
+				topic string
+				use   bool
+			}{{t.LiteralTopic(), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
+				if tpl.use && tpl.topic != "" && !strings.Contains(tpl.topic, "{") && !seen[tpl.topic] {
+					seen[tpl.topic] = true
+					check(tpl.topic, o.Config.Kafka.CreateTopics, false)
+				}
+			}
+		}
+	}
+	if len(probs) > 0 {
+		return &wal.CheckError{Problems: probs}
+	}
+	return nil
+}
+
+// LoadRecord reads the pipeline's checkpoint for the operator commands,
+// and returns the store it read it from.
+func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record, *checkpoint.Store, error) {
+	store, err := checkpoint.OpenStore(ctx, o.Config.Checkpoint.Topic, sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), o.Log.Named("checkpoint"))
+	if err != nil {
+		return checkpoint.Record{}, nil, err
+	}
+	recs, err := store.Load(ctx, false)
+	if err != nil {
+		return checkpoint.Record{}, nil, err
+	}
+	rec, ok := recs[checkpoint.Key(o.Config.Postgres.Slot, sys.ID)]
+	if !ok {
+		return checkpoint.Record{}, nil, &wal.SetupError{Msg: fmt.Sprintf("no checkpoint for slot %q of database system %s in topic %q: start the connector (cdc run) with this config first", o.Config.Postgres.Slot, sys.ID, o.Config.Checkpoint.Topic)}
+	}
+	return rec, store, nil
+}
+
+// SlotInfo is what Decide compares with the checkpoint.
+func SlotInfo(conn *wal.Conn, slot wal.SlotState) checkpoint.SlotInfo {
+	sys := conn.System()
+	return checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush, Timeline: sys.Timeline, WALEnd: sys.WALEnd, Address: conn.Address()}
+}
+
+// checkTakeover says what the role lacks to take over from a frozen holder
+// ("" when nothing): seeing reply_time takes pg_read_all_stats.
+func checkTakeover(ctx context.Context, cfg wal.Config) string {
+	conn, err := wal.ConnectSQL(ctx, cfg)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var role string
+	var ok bool
+	err = conn.QueryRow(ctx, `SELECT current_user, pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&role, &ok)
+	if err != nil || ok {
+		return ""
+	}
+	return fmt.Sprintf("role %s cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby cannot take over a frozen holder before wal_sender_timeout; run: GRANT pg_read_all_stats TO %s (or set standby.takeover_after: -1)", pgident.Quote(role), pgident.Quote(role))
+}
