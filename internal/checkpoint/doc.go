@@ -22,9 +22,14 @@
 // here touches the replication connection.
 //
 // The durable side: a Store keeps one Record per pipeline in a compacted
-// Kafka topic, and a Confirmer lets the replication loop confirm only what
-// an acknowledged Record covers, so the slot is never ahead of its
-// checkpoint. Decide compares the two on start: a missing slot, a slot past
+// Kafka topic. A session confirms in one of two ways, side by side here,
+// both wal.Acks: at least once, a Confirmer lets the replication loop
+// confirm only what an acknowledged Record covers, so the slot is never
+// ahead of its checkpoint (docs/design.md, rules 15 and 16); exactly once,
+// a Committer commits Kafka transactions that hold whole Postgres
+// transactions and, last, the Record of their end, under a transactional
+// id per slot and database system whose new holder fences the last one
+// (rule 19). Decide compares the two on start: a missing slot, a slot past
 // the checkpoint, or another database system is a *GapError, never a first
 // start. Records also carry the replay window and its marks (position, time
 // samples), and the history of accepted gaps and rewinds.

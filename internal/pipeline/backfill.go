@@ -104,7 +104,7 @@ func (s *session) request(id string) error {
 
 func (s *session) Begin(now time.Time) error {
 	if s.eos != nil {
-		if err := s.eos.begin(); err != nil {
+		if err := s.eos.Begin(); err != nil {
 			return err
 		}
 	}
@@ -142,7 +142,7 @@ func (s *session) Save(ctx context.Context, job checkpoint.Backfill) error {
 	if s.eos != nil {
 		// Exactly once: the progress goes in the transaction with the
 		// rows it counts.
-		return s.eos.commitNow(ctx, func(r *checkpoint.Record) { r.SetBackfill(job) })
+		return s.eos.CommitNow(ctx, func(r *checkpoint.Record) { r.SetBackfill(job) })
 	}
 	p := s.p
 	rec := p.progress.Saved()

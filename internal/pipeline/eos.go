@@ -1,265 +1,20 @@
 package pipeline
 
+// Exactly-once delivery is checkpoint.Committer's (docs/design.md,
+// "Exactly-once"; rule 19); the pipeline creates the session's
+// transactional producer, which fences any other instance, and tells a
+// fenced instance from a failed one.
+
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"sync"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/outboxcdc/cdc/internal/checkpoint"
-	"github.com/outboxcdc/cdc/internal/config"
-	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
-
-// Exactly-once delivery (docs/design.md, "Exactly-once"; rule 15). The
-// producer is transactional, with an id fixed by the slot and the database
-// system. A Kafka transaction holds whole Postgres transactions and, last,
-// the checkpoint record of the end of the last of them; it is committed at
-// a Postgres transaction boundary once it holds commit_events events or
-// has been open commit_interval, and only then is the slot confirmed. On
-// start the checkpoint is read read_committed, and every Postgres
-// transaction whose commit LSN it covers is skipped: what a committed Kafka
-// transaction holds is never sent again, and what an aborted or unfinished
-// one held is invisible to read_committed consumers and sent again. A second
-// instance with the same id fences the first, whose next produce or commit
-// fails: it stops without committing.
-
-// transactionalID is the producer's transactional id: one per slot and
-// database system, the same across restarts and replicas, so that a second
-// instance fences the first.
-func (p *Pipeline) transactionalID(systemID string) string {
-	return "outbox-cdc." + p.cfg.Postgres.Slot + "." + systemID
-}
-
-// committer is wal.Acks in exactly-once mode: the position it reports is
-// the one a committed Kafka transaction's checkpoint covers.
-type committer struct {
-	s        *session
-	k        *sink.Kafka
-	tr       *checkpoint.Tracker
-	progress *checkpoint.Progress
-	store    *checkpoint.Store
-	events   int           // commit_events
-	interval time.Duration // commit_interval
-	idle     time.Duration // a checkpoint-only transaction at most this often
-	onSaved  func()
-
-	mu         sync.Mutex
-	open       bool // a Kafka transaction is open
-	began      time.Time
-	inTxn      int // events in it
-	committing bool
-	confirmed  pglogrepl.LSN
-	last       time.Time // the last commit
-	err        error
-	halted     bool // the loop ended: Confirmed starts no more commits
-}
-
-// halt stops Confirmed from starting commits once the replication loop
-// has ended: shutdown commits through Final, and a failed session leaves
-// what is open to the next one's fence.
-func (c *committer) halt() {
-	c.mu.Lock()
-	c.halted = true
-	c.mu.Unlock()
-}
-
-func newCommitter(s *session, progress *checkpoint.Progress, store *checkpoint.Store, cfg config.ExactlyOnceConfig, idle time.Duration) *committer {
-	return &committer{s: s, k: s.kafka, tr: s.tracker, progress: progress, store: store,
-		events: cfg.CommitEvents, interval: cfg.CommitInterval, idle: idle,
-		confirmed: progress.Saved().Confirmed, last: time.Now()}
-}
-
-// begin opens a Kafka transaction if none is: the session calls it before
-// producing. Only the stream's goroutine calls it, and never while a commit
-// runs (the loop does not read then).
-func (c *committer) begin() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.open {
-		return nil
-	}
-	if err := c.k.BeginTxn(); err != nil {
-		return err
-	}
-	c.open, c.began, c.inTxn = true, time.Now(), 0
-	return nil
-}
-
-// produced counts one event in the open transaction.
-func (c *committer) produced() {
-	c.mu.Lock()
-	c.inTxn++
-	c.mu.Unlock()
-}
-
-// Confirmed starts a commit when one is due and the stream is between
-// Postgres transactions, and returns the position the last committed
-// checkpoint covers.
-func (c *committer) Confirmed() pglogrepl.LSN {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.committing && !c.halted && c.err == nil && c.s.tx == nil {
-		now := time.Now()
-		due := c.open && (c.inTxn >= c.events || now.Sub(c.began) >= c.interval)
-		// A position moved by keepalives alone (a quiet outbox in a busy
-		// database) is checkpointed now and then, in a transaction of
-		// its own.
-		idle := !c.open && c.tr.Idle() && c.tr.Position().LSN > c.confirmed && now.Sub(c.last) >= c.idle
-		if due || idle {
-			c.committing = true
-			go c.commit()
-		}
-	}
-	return c.confirmed
-}
-
-// commit writes the checkpoint into the transaction and commits it. The
-// loop does not read while it runs (Saturated).
-func (c *committer) commit() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*c.k.TransactionTimeout())
-	defer cancel()
-	err := c.commitNow(ctx, nil)
-	c.mu.Lock()
-	c.committing = false
-	if limit := c.k.TransactionTimeout(); err != nil && !c.began.IsZero() && time.Since(c.began) >= limit {
-		// Sent again, the same Postgres transactions would take as long
-		// again: say what to change rather than retry forever.
-		err = &TxnTimeoutError{Limit: limit, Open: time.Since(c.began), Err: err}
-	}
-	if err != nil && c.err == nil {
-		c.err = err
-	}
-	c.mu.Unlock()
-	c.tr.Notify()
-}
-
-// commitNow commits the open transaction (opening one when only the
-// position moved) with the checkpoint of the tracker's position once every
-// event in it is acknowledged; edit, if set, changes that checkpoint first.
-func (c *committer) commitNow(ctx context.Context, edit func(*checkpoint.Record)) error {
-	c.mu.Lock()
-	open := c.open
-	if !open {
-		// A checkpoint-only transaction opens now: a failure of it is
-		// not one that outlived transaction_timeout (commit reads began).
-		c.began = time.Now()
-	}
-	c.mu.Unlock()
-	if !open {
-		if err := c.k.BeginTxn(); err != nil {
-			return err
-		}
-	} else if err := c.k.FlushTxn(ctx); err != nil {
-		return err
-	}
-	if err := c.tr.Err(); err != nil {
-		return err
-	}
-	rec := c.progress.Next(c.tr.Position(), time.Now())
-	if edit != nil {
-		edit(&rec)
-	}
-	kr, err := c.store.NewRecord(rec)
-	if err != nil {
-		return err
-	}
-	var produceErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	c.k.Produce(kr, func(err error) { produceErr = err; wg.Done() })
-	if err := c.k.CommitTxn(ctx); err != nil {
-		return err
-	}
-	wg.Wait()
-	if produceErr != nil {
-		return produceErr
-	}
-	c.progress.Store(rec)
-	c.mu.Lock()
-	c.open, c.inTxn, c.confirmed, c.last = false, 0, rec.Confirmed, time.Now()
-	c.mu.Unlock()
-	if c.onSaved != nil {
-		c.onSaved()
-	}
-	return nil
-}
-
-// Final commits what is open if the stream stopped between Postgres
-// transactions, or aborts it if one was open (its events are sent again,
-// whole, by the next start). Shutdown calls it.
-func (c *committer) Final(ctx context.Context) error {
-	for {
-		c.mu.Lock()
-		committing, open, err := c.committing, c.open, c.err
-		c.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		if !committing {
-			if !open {
-				return nil
-			}
-			if c.s.tx != nil {
-				return c.k.AbortTxn(ctx)
-			}
-			c.mu.Lock()
-			c.committing = true
-			c.mu.Unlock()
-			err := c.commitNow(ctx, nil)
-			c.mu.Lock()
-			c.committing = false
-			c.mu.Unlock()
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-c.tr.Changed():
-		}
-	}
-}
-
-// Keepalive passes a keepalive on to the tracker.
-func (c *committer) Keepalive(walEnd pglogrepl.LSN, at time.Time) { c.tr.Keepalive(walEnd, at) }
-
-// Saturated stops the loop while a commit runs, and while too much is in
-// flight.
-func (c *committer) Saturated() bool {
-	c.mu.Lock()
-	committing := c.committing
-	c.mu.Unlock()
-	return committing || c.tr.Saturated()
-}
-
-// Changed fires when the tracker's state or a commit changed.
-func (c *committer) Changed() <-chan struct{} { return c.tr.Changed() }
-
-// Err is a failed commit or delivery.
-func (c *committer) Err() error {
-	c.mu.Lock()
-	err := c.err
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return c.tr.Err()
-}
-
-// Owed: a transaction is open or committing, or the position moved past
-// the last commit.
-func (c *committer) Owed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.open || c.committing || c.tr.Position().LSN > c.confirmed
-}
 
 // fence creates the session's transactional producer and fences any other
 // instance of the pipeline, before the checkpoint is read.
@@ -268,16 +23,15 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System) (*sink.Kafka, erro
 		return nil, err
 	}
 	kcfg := p.cfg.Kafka
-	kcfg.TransactionalID = p.transactionalID(sys.ID)
+	kcfg.TransactionalID = checkpoint.TransactionalID(p.cfg.Postgres.Slot, sys.ID)
 	k, err := sink.New(kcfg, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return nil, err
 	}
-	host, _ := os.Hostname()
-	v, _ := json.Marshal(map[string]any{"host": host, "pid": os.Getpid(), "at": time.Now().UTC()})
+	key, v := checkpoint.FenceRecord(p.cfg.Postgres.Slot, sys.ID)
 	fctx, cancel := context.WithTimeout(ctx, 2*kcfg.TransactionTimeout)
 	defer cancel()
-	if err := k.Fence(fctx, p.cfg.Checkpoint.Topic, checkpoint.Key(p.cfg.Postgres.Slot, sys.ID)+"/fence", v); err != nil {
+	if err := k.Fence(fctx, p.cfg.Checkpoint.Topic, key, v); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("exactly-once: take over transactional id %q: %w", kcfg.TransactionalID, err)
 	}
@@ -300,24 +54,9 @@ func (p *Pipeline) slotHeld(ctx context.Context) bool {
 	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
 }
 
-// TxnTimeoutError says a Kafka transaction was open longer than the
-// transaction timeout, so the broker aborted it: the Postgres transactions
-// in it (one too large, or Kafka too slow) take too long to send. Nothing
-// of it was committed or confirmed, so nothing is lost; it stops the
-// connector, since the same transactions would fail the same way.
-type TxnTimeoutError struct {
-	Limit, Open time.Duration
-	Err         error
-}
-
-func (e *TxnTimeoutError) Error() string {
-	return fmt.Sprintf("the Kafka transaction was open %s, longer than exactly_once.transaction_timeout (%s), and the broker aborted it (%s); a Postgres transaction too large to send in that time, or a slow broker: raise exactly_once.transaction_timeout (up to the brokers' transaction.max.timeout.ms) and restart; nothing was committed or confirmed, so nothing is lost",
-		e.Open.Round(time.Second), e.Limit, errtext.OneLine(e.Err))
-}
-
 // isFenced reports whether err says another instance took over.
 func isFenced(err error) bool {
 	var f *sink.FencedError
-	var t *TxnTimeoutError
+	var t *checkpoint.TxnTimeoutError
 	return errors.As(err, &f) && !errors.As(err, &t)
 }

@@ -247,7 +247,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
 			err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
 		}
-		var timedOut *TxnTimeoutError
+		var timedOut *checkpoint.TxnTimeoutError
 		if errors.As(err, &timedOut) {
 			// Once may be an outage that outlasted the timeout; the same
 			// again, with Kafka up, is a transaction too large for it.
@@ -410,7 +410,7 @@ func Permanent(err error) bool {
 		conn   *sink.ConnectError
 		bf     *backfill.Error
 		fence  *sink.FencedError
-		txnTO  *TxnTimeoutError
+		txnTO  *checkpoint.TxnTimeoutError
 	)
 	switch {
 	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf), errors.As(err, &fence), errors.As(err, &txnTO):

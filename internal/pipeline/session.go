@@ -74,7 +74,9 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 			"slot_lsn", from.String(), "through_commit_lsn", s.skipTo.String())
 	}
 	if p.cfg.IsExactlyOnce() {
-		s.eos = newCommitter(s, p.progress, p.store, p.cfg.ExactlyOnce, p.cfg.Postgres.StatusInterval)
+		eos := p.cfg.ExactlyOnce
+		s.eos = checkpoint.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
+			eos.CommitEvents, eos.CommitInterval, p.cfg.Postgres.StatusInterval)
 	}
 	if snap := p.snapshot; snap != "" {
 		// Before anything else on the replication connection, which
@@ -115,7 +117,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	var acks sessionAcks
 	if p.cfg.IsExactlyOnce() {
 		c := s.eos
-		c.onSaved = func() { p.m.Checkpoints.Inc(); stream.Wake() }
+		c.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
 		acks = c
 	} else {
 		confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
@@ -147,7 +149,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 
 	runErr := stream.Run(ctx, s.handle, acks)
 	if s.eos != nil {
-		s.eos.halt()
+		s.eos.Halt()
 	}
 	if ctx.Err() == nil && s.eos == nil && acks.Err() == nil {
 		// Postgres ended the session (a restart, a crash, a network cut)
@@ -184,8 +186,10 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	return runErr
 }
 
-// sessionAcks is what the replication loop reads, and what shutdown
-// finishes: streamAcks at least once, the committer exactly once.
+// sessionAcks is how a session confirms: what the replication loop reads
+// (wal.Acks), and what shutdown finishes. Its two implementations live side
+// by side in internal/checkpoint: the Confirmer at least once (here with the
+// producer's batching, streamAcks), the Committer exactly once.
 type sessionAcks interface {
 	wal.Acks
 	Final(ctx context.Context) error
@@ -219,7 +223,7 @@ type session struct {
 	ctx      context.Context
 	counters map[counterKey]prometheus.Counter
 	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
-	eos *committer
+	eos *checkpoint.Committer
 	// stream is the replication stream once it started, for blocking.
 	stream *wal.Stream
 	// requests follows the backfill requests in the checkpoint topic.
@@ -256,7 +260,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 			return nil
 		}
 		if s.eos != nil {
-			if err := s.eos.begin(); err != nil {
+			if err := s.eos.Begin(); err != nil {
 				return err
 			}
 		}
@@ -380,7 +384,7 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	size := recordSize(rec)
 	s.tracker.Track(tx, size)
 	if s.eos != nil {
-		s.eos.produced()
+		s.eos.Produced()
 	}
 	s.kafka.Send(rec, func(err error) {
 		s.tracker.Ack(tx, size, err)
