@@ -262,7 +262,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 	if !isSet(fs, "where") && t.Backfill != nil {
 		cond = t.Backfill.Where
 	}
-	req, err := p.RequestBackfill(ctx, t, cond)
+	req, err := p.Ops().RequestBackfill(ctx, t, cond)
 	if err != nil {
 		log.Error("backfill not started", "error", errtext.OneLine(err))
 		return 1
@@ -274,7 +274,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	show := newProgressLine(c.stderr)
 	started := time.Now()
-	job, err := p.WatchBackfill(ctx, req, func(j checkpoint.Backfill) {
+	job, err := p.Ops().WatchBackfill(ctx, req, func(j checkpoint.Backfill) {
 		if j.ID == "" {
 			if time.Since(started) > 5*time.Second {
 				show.printf("backfill: waiting for the connector to start it; is cdc run running with this config?")

@@ -93,6 +93,32 @@ func (p *Progress) next(pos Position, now time.Time) Record {
 	return r
 }
 
+// SaveNow writes the saved checkpoint, changed by edit, through produce
+// (the session's producer), and waits for Kafka's ack: progress made
+// outside the watermark, as a first start's backfill, before the stream
+// runs, makes it.
+func (p *Progress) SaveNow(ctx context.Context, store *Store, produce func(*kgo.Record, func(error)), edit func(*Record)) error {
+	rec := p.Saved()
+	edit(&rec)
+	rec.UpdatedAt = time.Now()
+	kr, err := store.NewRecord(rec)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	produce(kr, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.Store(rec)
+	return nil
+}
+
 // Store records r, written and acknowledged outside a session (the first
 // start's backfill), as the saved checkpoint.
 func (p *Progress) Store(r Record) { p.acked(r) }

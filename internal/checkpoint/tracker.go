@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -290,3 +291,21 @@ func (t *Tracker) Err() error {
 // Changed is signalled (without blocking, coalesced) whenever an ack or a
 // commit may have changed Confirmed, Saturated or Err.
 func (t *Tracker) Changed() <-chan struct{} { return t.changed }
+
+// WaitInFlight waits until at most n events are unacknowledged; it
+// returns early on a failed delivery or when ctx ends.
+func (t *Tracker) WaitInFlight(ctx context.Context, n int) error {
+	for {
+		if err := t.Err(); err != nil {
+			return err
+		}
+		if t.InFlight() <= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.Changed():
+		}
+	}
+}

@@ -27,6 +27,8 @@ type Ops struct {
 	Version string
 	// KafkaOpts are extra franz-go options, for the tests' hooks.
 	KafkaOpts []kgo.Opt
+
+	store *checkpoint.Store // the checkpoint topic's, once read
 }
 
 // backfills is the backfill runner for the config, for Check.
@@ -106,6 +108,7 @@ func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record
 	if err != nil {
 		return checkpoint.Record{}, nil, err
 	}
+	o.store = store
 	recs, err := store.Load(ctx, false)
 	if err != nil {
 		return checkpoint.Record{}, nil, err
@@ -138,4 +141,25 @@ func checkTakeover(ctx context.Context, cfg wal.Config) string {
 		return ""
 	}
 	return fmt.Sprintf("role %s cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby cannot take over a frozen holder before wal_sender_timeout; run: GRANT pg_read_all_stats TO %s (or set standby.takeover_after: -1)", pgident.Quote(role), pgident.Quote(role))
+}
+
+// RequestBackfill is cdc backfill (backfill.Runner.Request) for the
+// config's pipeline and its checkpoint.
+func (o *Ops) RequestBackfill(ctx context.Context, t *outbox.Table, where string) (backfill.Requested, error) {
+	load := func(ctx context.Context) (checkpoint.Record, *checkpoint.Store, error) {
+		conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
+		if err != nil {
+			return checkpoint.Record{}, nil, err
+		}
+		sys := conn.System()
+		conn.Close(context.WithoutCancel(ctx))
+		return o.LoadRecord(ctx, sys)
+	}
+	return o.backfills().Request(ctx, o.Config.Checkpoint.SigningKeys, load, t, where)
+}
+
+// WatchBackfill follows job r, which RequestBackfill started
+// (backfill.Watch).
+func (o *Ops) WatchBackfill(ctx context.Context, r backfill.Requested, show func(checkpoint.Backfill)) (checkpoint.Backfill, error) {
+	return backfill.Watch(ctx, o.store, r, show)
 }

@@ -10,8 +10,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
-	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Backfills are internal/backfill's (docs/design.md, "Backfill"): the
@@ -121,69 +119,19 @@ func (s *session) Commit(at pglogrepl.LSN, now time.Time) {
 }
 
 func (s *session) WaitInFlight(ctx context.Context, n int) error {
-	for {
-		if err := s.tracker.Err(); err != nil {
-			return err
-		}
-		if s.tracker.InFlight() <= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.tracker.Changed():
-		}
-	}
+	return s.tracker.WaitInFlight(ctx, n)
 }
 
 // Save writes the checkpoint with job's progress, through the session's
-// producer, and waits for it.
+// producer (in exactly-once mode, in the transaction with the rows it
+// counts), and waits for it.
 func (s *session) Save(ctx context.Context, job checkpoint.Backfill) error {
+	edit := func(r *checkpoint.Record) { r.SetBackfill(job) }
 	if s.eos != nil {
-		// Exactly once: the progress goes in the transaction with the
-		// rows it counts.
-		return s.eos.CommitNow(ctx, func(r *checkpoint.Record) { r.SetBackfill(job) })
+		return s.eos.CommitNow(ctx, edit)
 	}
-	p := s.p
-	rec := p.progress.Saved()
-	rec.SetBackfill(job)
-	rec.UpdatedAt = time.Now()
-	kr, err := p.store.NewRecord(rec)
-	if err != nil {
-		return err
+	if err := s.p.progress.SaveNow(ctx, s.p.store, s.kafka.Produce, edit); err != nil {
+		return fmt.Errorf("write the backfill's progress to the checkpoint: %w", err)
 	}
-	done := make(chan error, 1)
-	s.kafka.Produce(kr, func(err error) { done <- err })
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("write the backfill's progress to the checkpoint: %w", err)
-		}
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	p.progress.Store(rec)
 	return nil
-}
-
-// RequestBackfill is cdc backfill (backfill.Runner.Request) for this
-// pipeline's config and checkpoint.
-func (p *Pipeline) RequestBackfill(ctx context.Context, t *outbox.Table, where string) (backfill.Requested, error) {
-	load := func(ctx context.Context) (checkpoint.Record, *checkpoint.Store, error) {
-		conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
-		if err != nil {
-			return checkpoint.Record{}, nil, err
-		}
-		sys := conn.System()
-		conn.Close(context.WithoutCancel(ctx))
-		rec, store, err := p.Ops().LoadRecord(ctx, sys)
-		p.store = store
-		return rec, store, err
-	}
-	return p.backfills().Request(ctx, p.cfg.Checkpoint.SigningKeys, load, t, where)
-}
-
-// WatchBackfill follows job r (backfill.Watch).
-func (p *Pipeline) WatchBackfill(ctx context.Context, r backfill.Requested, show func(checkpoint.Backfill)) (checkpoint.Backfill, error) {
-	return backfill.Watch(ctx, p.store, r, show)
 }

@@ -328,11 +328,11 @@ func TestBackfillBesideStream(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := admin.RequestBackfill(ctx, cfg.Tables[0], "")
+	req, err := admin.Ops().RequestBackfill(ctx, cfg.Tables[0], "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,11 +501,11 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "")
+	req, err := admin.Ops().RequestBackfill(ctx, e.cfg.Tables[0], "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +549,7 @@ func TestBackfillConditionIsContained(t *testing.T) {
 		{"nextval('side_effect') > 0", "read-only transaction"},
 		{"pg_sleep(5) IS NOT NULL", "statement timeout"},
 	} {
-		_, err := admin.RequestBackfill(ctx, cfg.Tables[0], tt.where)
+		_, err := admin.Ops().RequestBackfill(ctx, cfg.Tables[0], tt.where)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("backfill where %q: %v; want an error saying %q", tt.where, err, tt.want)
 		}

@@ -91,6 +91,7 @@ type Pipeline struct {
 	// bf is the backfill jobs as the stream has reached them; snapshot
 	// is the first start's exported snapshot, for its backfill.
 	bf       *backfill.Jobs
+	ops      *ops.Ops // the operator commands for cfg
 	snapshot string
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session checkpoints it first.
@@ -116,6 +117,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
 		s := metrics.Source{Name: t.String(), Table: !t.IsMessage()}
@@ -135,9 +137,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 
 // Ops is the operator commands (cdc check, status, rewind, reset) for
 // the pipeline's config.
-func (p *Pipeline) Ops() *ops.Ops {
-	return &ops.Ops{Config: p.cfg, Log: p.log, Version: p.opts.Version, KafkaOpts: p.kafkaOpts()}
-}
+func (p *Pipeline) Ops() *ops.Ops { return p.ops }
 
 // Metrics returns the pipeline's metrics.
 func (p *Pipeline) Metrics() *metrics.Metrics { return p.m }
@@ -228,7 +228,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}()
 	pollDone := make(chan struct{})
 	pctx, stopPoll := context.WithCancel(ctx)
-	go func() { defer close(pollDone); p.pollSlot(pctx) }()
+	go func() { defer close(pollDone); p.Ops().WatchSlots(pctx, p.m) }()
 	defer func() { stopPoll(); <-pollDone }()
 	backoff := p.cfg.RetryBackoff
 	refused := 0  // AuthErrors in a row
@@ -329,17 +329,6 @@ func (p *Pipeline) newTracker(from pglogrepl.LSN) *checkpoint.Tracker {
 	tr := checkpoint.NewTracker(from, p.cfg.MaxInFlight)
 	tr.LimitBytes(p.cfg.MaxInFlightBytes)
 	return tr
-}
-
-// recordSize estimates a record's size in a batch: franz-go fails a record
-// over ProducerBatchMaxBytes on its own, so checking first lets an
-// oversized event take the invalid-event policy instead.
-func recordSize(r *kgo.Record) int {
-	n := len(r.Key) + len(r.Value) + 128 // record and batch framing
-	for _, h := range r.Headers {
-		n += len(h.Key) + len(h.Value) + 8
-	}
-	return n
 }
 
 // jitter spreads a reconnect over [d/2, d): instances that lost Postgres

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/decode"
@@ -39,38 +38,11 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	if err != nil {
 		return replay.Summary{}, err
 	}
-	// The end: what has committed when the replay starts (or ToLSN).
-	end, err := conn.CurrentWAL(ctx)
+	tmp, start, end, err := replay.Open(ctx, conn, r.Range, rec, p.cfg.Postgres.Slot, p.cfg.ReplaySlot(), p.cfg.Replay.Window)
 	if err != nil {
 		return replay.Summary{}, err
-	}
-	if r.ToLSN != 0 && r.ToLSN < end {
-		end = r.ToLSN
 	}
 	f.EndAt(end)
-
-	// A name unique to this process, that says whose it is.
-	tmp := p.cfg.Postgres.Slot
-	if len(tmp) > 40 {
-		tmp = tmp[:40]
-	}
-	tmp = fmt.Sprintf("%s_rp_%d", tmp, os.Getpid())
-	held, err := conn.CopySlot(ctx, p.cfg.ReplaySlot(), tmp, true)
-	if err != nil {
-		return replay.Summary{}, fmt.Errorf("%w; is the connector running with replay.window set? it creates the replay slot", err)
-	}
-	start, err := replay.WindowStart(r.Range, rec, held, p.cfg.Replay.Window, p.cfg.ReplaySlot())
-	if err != nil {
-		return replay.Summary{}, err
-	}
-	if start > held {
-		// The server decodes its way forward, cheaper than sending it.
-		if start, err = conn.AdvanceSlot(ctx, tmp, start); err != nil {
-			return replay.Summary{}, err
-		}
-	} else {
-		start = held
-	}
 
 	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
@@ -84,24 +56,8 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	s := &session{p: p, kafka: k, tracker: p.newTracker(start), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
 	acks := replay.NewAcks(s.tracker, f, k)
 
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
 	report := func() replay.Progress { return f.Progress(start, s.tracker.Acked()) }
-	stopReports := make(chan struct{})
-	reportsDone := make(chan struct{})
-	go func() {
-		defer close(reportsDone)
-		for {
-			select {
-			case <-stopReports:
-				return
-			case <-tick.C:
-				if progress != nil {
-					progress(report())
-				}
-			}
-		}
-	}()
+	stopReports := replay.Report(progress, report)
 	runErr := stream.Run(ctx, s.handle, acks)
 	if errors.Is(runErr, replay.ErrDone) {
 		runErr = nil
@@ -112,8 +68,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 			runErr = err
 		}
 	}
-	close(stopReports)
-	<-reportsDone
+	stopReports()
 	stream.Close(context.WithoutCancel(ctx), acks)
 	sum := f.Summary(report(), time.Since(started))
 	if progress != nil {

@@ -345,7 +345,7 @@ func (s *session) record(m *decode.Message) (*kgo.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n, limit := recordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
+	if n, limit := sink.RecordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
 		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, limit)
 	}
 	return rec, nil
@@ -361,7 +361,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 		return nil, cause
 	}
 	rec := s.p.router.DeadLetter(ev, cause.Error())
-	if n, limit := recordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
+	if n, limit := sink.RecordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
 		return nil, outbox.Invalid(ev, "it cannot be dead-lettered either: the dead-letter record is %d bytes, more than kafka.dead_letter_max_message_bytes (%d); raise it together with the dead-letter topic's max.message.bytes (it was invalid because: %v)", n, limit, cause)
 	}
 	s.p.DeadLettered.Add(1)
@@ -381,7 +381,7 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
 		stamped, _ = route.ParseTimestamp(string(v.B))
 	}
-	size := recordSize(rec)
+	size := sink.RecordSize(rec)
 	s.tracker.Track(tx, size)
 	if s.eos != nil {
 		s.eos.Produced()

@@ -93,7 +93,7 @@ func TestForgedBackfillFailIsIgnored(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "")
+	req, err := admin.Ops().RequestBackfill(ctx, e.cfg.Tables[0], "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestForgedBackfillFailIsIgnored(t *testing.T) {
 		b, _ := json.Marshal(map[string]string{"type": "backfill-fail", "run": run, "job": req.ID, "error": "forged"})
 		testenv.Exec(t, db, "SELECT pg_logical_emit_message(true, '"+decode.ControlPrefix+"', '"+string(b)+"')")
 	}
-	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
 	if err != nil {
 		t.Fatalf("the backfill ended on %v; want it to run to its end", err)
 	}
@@ -244,13 +244,13 @@ func TestBackfillDataErrorEndsTheJob(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := admin.RequestBackfill(ctx, e.cfg.Tables[0], "(payload->>'n')::int > 0")
+	req, err := admin.Ops().RequestBackfill(ctx, e.cfg.Tables[0], "(payload->>'n')::int > 0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The last row, which the job reaches last, no longer has a number.
 	testenv.Exec(t, db, `UPDATE event_outbox SET payload = '{"n": "secret-value"}' WHERE id = 4000`)
-	job, err := admin.WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
 	if err == nil || !job.Done() {
 		t.Fatalf("the job: %+v, %v; want it ended on the bad value", job, err)
 	}

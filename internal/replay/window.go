@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -166,4 +167,64 @@ func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 		w.Log.Debug("replay window advanced", "slot", name, "lsn", to, "from_time", saved.Window.Time.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// Open copies the replay slot to a temporary slot on conn, a replication
+// connection, so that the copy vanishes with the connection however the
+// replay ends (docs/design.md, rule 17), and moves it to where r starts in
+// the window (WindowStart). It returns the copy's name, where it starts,
+// and where the replay ends: the WAL end now, or r.ToLSN. slot is the main
+// slot, rec its checkpoint.
+func Open(ctx context.Context, conn *wal.Conn, r Range, rec checkpoint.Record, slot, replaySlot string, window time.Duration) (tmp string, start, end pglogrepl.LSN, err error) {
+	// The end: what has committed when the replay starts (or ToLSN).
+	if end, err = conn.CurrentWAL(ctx); err != nil {
+		return "", 0, 0, err
+	}
+	if r.ToLSN != 0 && r.ToLSN < end {
+		end = r.ToLSN
+	}
+	// A name unique to this process, that says whose it is.
+	tmp = slot
+	if len(tmp) > 40 {
+		tmp = tmp[:40]
+	}
+	tmp = fmt.Sprintf("%s_rp_%d", tmp, os.Getpid())
+	held, err := conn.CopySlot(ctx, replaySlot, tmp, true)
+	if err != nil {
+		return "", 0, 0, fmt.Errorf("%w; is the connector running with replay.window set? it creates the replay slot", err)
+	}
+	if start, err = WindowStart(r, rec, held, window, replaySlot); err != nil {
+		return "", 0, 0, err
+	}
+	if start <= held {
+		return tmp, held, end, nil
+	}
+	// The server decodes its way forward, cheaper than sending it.
+	if start, err = conn.AdvanceSlot(ctx, tmp, start); err != nil {
+		return "", 0, 0, err
+	}
+	return tmp, start, end, nil
+}
+
+// Report calls progress, if set, with report() four times a second from
+// another goroutine, until stop is called; stop returns once the last call
+// has.
+func Report(progress func(Progress), report func() Progress) (stop func()) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	stopped, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopped:
+				return
+			case <-tick.C:
+				if progress != nil {
+					progress(report())
+				}
+			}
+		}
+	}()
+	return func() { close(stopped); <-done }
 }

@@ -68,3 +68,14 @@ func (k *Kafka) Release(now time.Time) time.Time {
 	b.held = b.held[:0]
 	return time.Time{}
 }
+
+// RecordSize estimates a record's size in a batch: franz-go fails a record
+// over ProducerBatchMaxBytes on its own, so checking first lets an
+// oversized event take the invalid-event policy instead.
+func RecordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 128 // record and batch framing
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}

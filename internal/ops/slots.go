@@ -1,0 +1,68 @@
+package ops
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/wal"
+)
+
+// pollEvery is how often the slot's lag and retained WAL are read for the
+// metrics.
+const pollEvery = 5 * time.Second
+
+// WatchSlots reads the slots' positions from Postgres into m, the
+// metrics, until ctx ends. The pipeline runs it while it runs, whether it
+// streams or waits: lag and retained WAL matter most when nothing streams.
+func (o *Ops) WatchSlots(ctx context.Context, m *metrics.Metrics) {
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for {
+		if conn == nil {
+			conn, _ = wal.ConnectSQL(ctx, o.Config.Postgres)
+		}
+		if conn != nil {
+			if err := o.readSlots(ctx, conn, m); err != nil {
+				o.Log.Debug("metrics: cannot read the slot; retrying", "error", errtext.OneLine(err))
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics) error {
+	st, err := wal.InspectSlot(ctx, conn, o.Config.Postgres.Slot)
+	if err != nil {
+		return err
+	}
+	if st.Exists {
+		m.LagBytes.Set(float64(st.Lag()))
+		m.RetainedWAL.Set(float64(st.Retained()))
+		m.ConfirmedLSN.Set(float64(st.ConfirmedFlush))
+		m.SetWALStatus(st.WALStatus)
+	}
+	if o.Config.Replay.Window > 0 {
+		rs, err := wal.InspectSlot(ctx, conn, o.Config.ReplaySlot())
+		if err != nil {
+			return err
+		}
+		m.ReplayRetained.Set(float64(rs.Retained()))
+	}
+	return nil
+}
