@@ -108,54 +108,11 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 
 	// Every committed event, from the table; rolled-back rows are not in
 	// it, and their type says what they were.
-	want := outboxIDs(t, db)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	if exactlyOnce {
 		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
 	}
-	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
-		seen := map[string]bool{}
-		for _, r := range recs {
-			seen[testenv.Header(r, route.HeaderID)] = true
-		}
-		for id := range want {
-			if !seen[id] {
-				return false
-			}
-		}
-		return true
-	})
-	c.Settle(2 * time.Second)
-
-	var lost, dups, reordered, invented, rolledBack int
-	count := map[string]int{}
-	last := map[string]int{} // per aggregate: the highest sequence first-delivered
-	for _, r := range c.Records {
-		id := testenv.Header(r, route.HeaderID)
-		if testenv.Header(r, route.HeaderEventType) == "RolledBack" {
-			rolledBack++
-			continue
-		}
-		if !want[id] {
-			invented++
-			continue
-		}
-		if count[id]++; count[id] > 1 {
-			dups++
-			continue
-		}
-		var seq int
-		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
-		if seq != last[string(r.Key)]+1 {
-			reordered++
-		}
-		last[string(r.Key)] = seq
-	}
-	for id := range want {
-		if count[id] == 0 {
-			lost++
-		}
-	}
+	d := countDelivered(t, db, c)
 	// The first offset of each event, and its commit LSN.
 	type placed struct {
 		commit pglogrepl.LSN
@@ -183,13 +140,13 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 			}
 		}
 	}
-	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %d events, %d records: %d lost, %d duplicates (%.0f per kill), %d reordered, %d rolled-back rows seen, %d unknown, %d confirmed before Kafka had them",
-		delivery(exactlyOnce), kills, rate, len(want), len(c.Records), lost, dups, float64(dups)/float64(max(kills, 1)), reordered, rolledBack, invented, overConfirmed)
-	if lost+reordered+rolledBack+invented > 0 {
-		t.Fatalf("%d lost, %d reordered, %d rolled-back rows seen, %d unknown; want 0 each", lost, reordered, rolledBack, invented)
+	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %s (%.0f duplicates per kill), %d confirmed before Kafka had them",
+		delivery(exactlyOnce), kills, rate, d, float64(d.dups)/float64(max(kills, 1)), overConfirmed)
+	if d.lost+d.reordered+d.rolledBack+d.unknown > 0 {
+		t.Fatalf("%d lost, %d reordered, %d rolled-back rows seen, %d unknown; want 0 each", d.lost, d.reordered, d.rolledBack, d.unknown)
 	}
-	if exactlyOnce && dups > 0 {
-		t.Fatalf("%d duplicates in exactly-once mode; want 0", dups)
+	if exactlyOnce && d.dups > 0 {
+		t.Fatalf("%d duplicates in exactly-once mode; want 0", d.dups)
 	}
 }
 
@@ -322,46 +279,14 @@ func brokerFault(t *testing.T, stall, exactlyOnce bool) {
 	if proc.cmd.ProcessState != nil {
 		t.Fatalf("the connector exited during the outage:\n%s", proc.out)
 	}
-	want := outboxIDs(t, db)
-	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
-		seen := map[string]bool{}
-		for _, r := range recs {
-			seen[testenv.Header(r, route.HeaderID)] = true
-		}
-		for id := range want {
-			if !seen[id] {
-				return false
-			}
-		}
-		return true
-	})
-	c.Settle(2 * time.Second)
-	count := map[string]int{}
-	last := map[string]int{}
-	dups, invented, reordered := 0, 0, 0
-	for _, r := range c.Records {
-		id := testenv.Header(r, route.HeaderID)
-		if !want[id] {
-			invented++
-		}
-		if count[id]++; count[id] > 1 {
-			dups++
-			continue
-		}
-		var seq int
-		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
-		if seq != last[string(r.Key)]+1 {
-			reordered++
-		}
-		last[string(r.Key)] = seq
-	}
+	d := countDelivered(t, db, c)
 	what := "outage"
 	if stall {
 		what = "stall"
 	}
-	t.Logf("broker %s of %s (%s): %d events, %d records, %d duplicates, %d reordered, %d unknown", what, outage, delivery(exactlyOnce), len(want), len(c.Records), dups, reordered, invented)
-	if invented+reordered > 0 || len(count) < len(want) || (exactlyOnce && dups > 0) {
-		t.Fatalf("%d duplicates, %d reordered, %d unknown, %d of %d events delivered", dups, reordered, invented, len(count), len(want))
+	t.Logf("broker %s of %s (%s): %s", what, outage, delivery(exactlyOnce), d)
+	if d.lost+d.reordered+d.rolledBack+d.unknown > 0 || (exactlyOnce && d.dups > 0) {
+		t.Fatalf("%s; want none lost, reordered or unknown (nor duplicated exactly once)", d)
 	}
 }
 
@@ -459,41 +384,86 @@ func TestChaosNewTopicsUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	want := outboxIDs(t, db)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
-	c.WaitFor(t, 3*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool { return len(recs) >= len(want) })
-	c.Settle(2 * time.Second)
-	count := map[string]int{}
-	topics := map[string]bool{}
-	last := map[string]int{}
-	reordered := 0
+	d := countDelivered(t, db, c)
 	for _, r := range c.Records {
-		count[testenv.Header(r, route.HeaderID)]++
-		topics[r.Topic] = true
 		if want := kafka.Prefix + "outbox.event." + testenv.Header(r, route.HeaderAggregateType); r.Topic != want {
 			t.Fatalf("event in %s, want %s", r.Topic, want)
 		}
+	}
+	t.Logf("new topics under load: %d topics, %s", len(d.topics), d)
+	if d.lost+d.dups+d.reordered+d.unknown > 0 || len(d.topics) != types {
+		t.Fatalf("%s, %d topics; want none lost, duplicated, reordered or unknown, and %d topics", d, len(d.topics), types)
+	}
+}
+
+// delivered is what a consumer received, counted against the outbox rows
+// committed.
+type delivered struct {
+	events, records int // rows committed; records received
+	lost, dups      int // rows never received; records of a row received before
+	// reordered counts first deliveries whose {"seq": n} is not above the
+	// last one of their aggregate (topic and key).
+	reordered  int
+	rolledBack int // records of rows written in a transaction that rolled back (type RolledBack)
+	unknown    int // records of no row
+	topics     map[string]bool
+}
+
+func (d delivered) String() string {
+	return fmt.Sprintf("%d events, %d records: %d lost, %d duplicates, %d reordered, %d rolled-back rows seen, %d unknown",
+		d.events, d.records, d.lost, d.dups, d.reordered, d.rolledBack, d.unknown)
+}
+
+// countDelivered is the chaos tests' one count: it waits until every outbox
+// row committed in db arrived in c, lets c settle, and counts each record
+// by its id header.
+func countDelivered(t *testing.T, db string, c *testenv.Consumer) delivered {
+	t.Helper()
+	want := outboxIDs(t, db)
+	c.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d events", len(want)), func(recs []*kgo.Record) bool {
+		seen := make(map[string]bool, len(recs))
+		for _, r := range recs {
+			seen[testenv.Header(r, route.HeaderID)] = true
+		}
+		for id := range want {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	c.Settle(2 * time.Second)
+	d := delivered{events: len(want), records: len(c.Records), topics: map[string]bool{}}
+	count := map[string]int{}
+	last := map[string]int{}
+	for _, r := range c.Records {
+		d.topics[r.Topic] = true
+		id := testenv.Header(r, route.HeaderID)
+		switch {
+		case testenv.Header(r, route.HeaderEventType) == "RolledBack":
+			d.rolledBack++
+			continue
+		case !want[id]:
+			d.unknown++
+			continue
+		}
+		if count[id]++; count[id] > 1 {
+			d.dups++
+			continue
+		}
 		var seq int
 		fmt.Sscanf(string(r.Value), `{"seq": %d}`, &seq)
-		// An aggregate is a type and an id: in order within its topic.
 		agg := r.Topic + "/" + string(r.Key)
 		if prev, ok := last[agg]; ok && seq <= prev {
-			reordered++
+			d.reordered++
 		}
 		last[agg] = seq
 	}
-	lost, dups := 0, 0
 	for id := range want {
-		switch count[id] {
-		case 0:
-			lost++
-		case 1:
-		default:
-			dups++
+		if count[id] == 0 {
+			d.lost++
 		}
 	}
-	t.Logf("new topics under load: %d topics, %d events, %d records: %d lost, %d duplicated, %d reordered", len(topics), len(want), len(c.Records), lost, dups, reordered)
-	if lost+dups+reordered > 0 || len(topics) != types {
-		t.Fatalf("%d lost, %d duplicated, %d reordered, %d topics; want 0, 0, 0 and %d", lost, dups, reordered, len(topics), types)
-	}
+	return d
 }
