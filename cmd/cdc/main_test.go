@@ -32,14 +32,7 @@ var (
 )
 
 // writeConfig writes body as a config file in a temporary directory.
-func writeConfig(t *testing.T, body string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+var writeConfig = testenv.WriteConfig
 
 // TestMain doubles as the cdc binary: with CDC_TEST_EXEC_MAIN=1 the test
 // binary runs main's logic, so the tests below can start, SIGKILL and

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -32,8 +31,10 @@ type Runner struct {
 	MaxInFlight    int
 	StatusInterval time.Duration
 	// A job that was interrupted is retried after Backoff, doubling up
-	// to BackoffMax.
+	// to BackoffMax, each wait spread by Jitter (the pipeline's, for its
+	// reconnects).
 	Backoff, BackoffMax time.Duration
+	Jitter              func(time.Duration) time.Duration
 	Log                 hclog.Logger
 	Metrics             *metrics.Metrics
 }
@@ -251,7 +252,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			}
-			t := time.NewTimer(jitter(backoff))
+			t := time.NewTimer(r.Jitter(backoff))
 			select {
 			case <-ctx.Done():
 			case <-t.C:
@@ -262,11 +263,6 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 		}
 		backoff = r.Backoff
 	}
-}
-
-// jitter spreads a wait over its second half.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
 
 // waitDone waits until the stream finished job id.

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/outboxcdc/cdc/internal/testenv"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,14 +32,8 @@ func validConfig(path string, getenv Environ) (Config, Log, error) {
 	return cfg, lc, nil
 }
 
-func writeConfig(t *testing.T, body string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "cdc.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+// writeConfig writes body as a config file in a temporary directory.
+var writeConfig = testenv.WriteConfig
 
 // env is an environment of these key, value pairs.
 var env = Map

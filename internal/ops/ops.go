@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -84,13 +83,10 @@ func (o *Ops) Check(ctx context.Context) error {
 		check(o.Config.Checkpoint.Topic, true, true)
 		seen := map[string]bool{}
 		for _, t := range o.Config.Tables {
-			for _, tpl := range []struct {
-				topic string
-				use   bool
-			}{{t.LiteralTopic(), true}, {t.DeadLetterTopic, t.OnInvalid == outbox.OnInvalidDeadLetter}} {
-				if tpl.use && tpl.topic != "" && !strings.Contains(tpl.topic, "{") && !seen[tpl.topic] {
-					seen[tpl.topic] = true
-					check(tpl.topic, o.Config.Kafka.CreateTopics, false)
+			for _, topic := range t.FixedTopics() {
+				if !seen[topic] {
+					seen[topic] = true
+					check(topic, o.Config.Kafka.CreateTopics, false)
 				}
 			}
 		}

@@ -19,31 +19,10 @@ const pollEvery = 5 * time.Second
 // metrics, until ctx ends. The pipeline runs it while it runs, whether it
 // streams or waits: lag and retained WAL matter most when nothing streams.
 func (o *Ops) WatchSlots(ctx context.Context, m *metrics.Metrics) {
-	t := time.NewTicker(pollEvery)
-	defer t.Stop()
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	for {
-		if conn == nil {
-			conn, _ = wal.ConnectSQL(ctx, o.Config.Postgres)
-		}
-		if conn != nil {
-			if err := o.readSlots(ctx, conn, m); err != nil {
-				o.Log.Debug("metrics: cannot read the slot; retrying", "error", errtext.OneLine(err))
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	read := func(ctx context.Context, conn *pgx.Conn) error { return o.readSlots(ctx, conn, m) }
+	wal.Every(ctx, o.Config.Postgres, pollEvery, true, read, func(err error) {
+		o.Log.Debug("metrics: cannot read the slot; retrying", "error", errtext.OneLine(err))
+	})
 }
 
 func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics) error {

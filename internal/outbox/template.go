@@ -102,3 +102,17 @@ func (t *Table) LiteralTopic() string {
 	}
 	return b.String()
 }
+
+// FixedTopics are the topics the table's events go to whatever the row:
+// its literal topic, and its dead-letter topic when on_invalid sends there
+// and the name has no placeholder.
+func (t *Table) FixedTopics() []string {
+	var topics []string
+	if topic := t.LiteralTopic(); topic != "" {
+		topics = append(topics, topic)
+	}
+	if t.OnInvalid == OnInvalidDeadLetter && t.DeadLetterTopic != "" && !strings.Contains(t.DeadLetterTopic, "{") {
+		topics = append(topics, t.DeadLetterTopic)
+	}
+	return topics
+}

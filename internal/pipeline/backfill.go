@@ -23,7 +23,7 @@ func (p *Pipeline) backfills() *backfill.Runner {
 	return &backfill.Runner{
 		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, Tables: p.cfg.Tables,
 		MaxInFlight: p.cfg.MaxInFlight, StatusInterval: p.cfg.Postgres.StatusInterval,
-		Backoff: p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax,
+		Backoff: p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax, Jitter: jitter,
 		Log: p.log, Metrics: p.m,
 	}
 }

@@ -120,14 +120,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
-		s := metrics.Source{Name: t.String(), Table: !t.IsMessage()}
-		if topic := t.LiteralTopic(); topic != "" {
-			s.Topics = append(s.Topics, topic)
-		}
-		if t.OnInvalid == outbox.OnInvalidDeadLetter && !strings.Contains(t.DeadLetterTopic, "{") {
-			s.Topics = append(s.Topics, t.DeadLetterTopic)
-		}
-		sources = append(sources, s)
+		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics()})
 	}
 	p.m.Init(sources)
 	p.setState(false, "starting")

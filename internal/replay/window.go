@@ -103,34 +103,9 @@ func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error 
 // checkpoint never starts past what the slot still holds.
 func (w *Window) Keep(ctx context.Context) {
 	every := min(checkpoint.MarkEvery(w.Length), time.Minute)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if conn == nil {
-			c, err := wal.ConnectSQL(ctx, w.Postgres)
-			if err != nil {
-				w.Log.Warn("replay window: cannot connect to postgres; retrying", "error", errtext.OneLine(err))
-				continue
-			}
-			conn = c
-		}
-		if err := w.advance(ctx, conn); err != nil && ctx.Err() == nil {
-			w.Log.Warn("replay window: not advanced; retrying", "slot", w.ReplaySlot, "error", errtext.OneLine(err))
-			conn.Close(context.WithoutCancel(ctx))
-			conn = nil
-		}
-	}
+	wal.Every(ctx, w.Postgres, every, false, w.advance, func(err error) {
+		w.Log.Warn("replay window: not advanced; retrying", "slot", w.ReplaySlot, "error", errtext.OneLine(err))
+	})
 }
 
 func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {

@@ -214,3 +214,42 @@ func (c Config) Weaknesses() []string {
 	}
 	return nil
 }
+
+// Every runs fn on an ordinary connection of its own every interval until
+// ctx ends, first at once when now is set. A failure to connect, or an
+// error from fn, goes to failed (not once ctx ended), and the connection
+// is opened again at the next turn: the pipeline's side loops (the slot
+// metrics, the replay window) outlive a Postgres restart that way.
+func Every(ctx context.Context, cfg Config, interval time.Duration, now bool, fn func(context.Context, *pgx.Conn) error, failed func(error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for {
+		if !now {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		now = false
+		var err error
+		if conn == nil {
+			conn, err = ConnectSQL(ctx, cfg)
+		}
+		if err == nil {
+			if err = fn(ctx, conn); err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			failed(err)
+		}
+	}
+}
