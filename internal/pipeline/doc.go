@@ -1,21 +1,28 @@
-// Package pipeline wires the stages together and supervises them:
+// Package pipeline does supervision and the session, and nothing else. It
+// wires the stages together:
 //
 //	wal.Stream ──bytes──▶ decode.Decoder ──Event──▶ route.Router ──Record──▶ sink.Kafka
 //	    ▲                                                                      │
 //	    └── Confirmed() ◀── checkpoint.Confirmer ◀── checkpoint.Tracker ◀─ ack ┘
+//	                        (or checkpoint.Committer, exactly once)
 //
 // One session is one replication connection, one Kafka client, one decoder,
-// one tracker and one confirmer. Every session decides, against the
-// checkpoint, whether it may create the slot or must refuse a gap
-// (start.go), under the slot's start lock so that replicas take turns; a
-// first start is a state that lasts until the slot and its checkpoint
-// exist, whatever failed before (docs/design.md, rule 20).
-// Replay (replay.go) and the operator commands (admin.go) reuse the same
-// pieces, and so do backfills (backfill.go): the first start's, read in the
-// slot's exported snapshot before the stream, and cdc backfill's, read in
-// chunks between watermarks beside it. A session ends on shutdown, on a fatal error, or on a
-// transient one; transient errors start a new session after a backoff, and
-// Postgres re-sends everything after the slot's confirmed position.
+// one tracker, and one of the two ways of confirming behind one interface
+// (session.go). Every session decides, against the checkpoint, whether it
+// may create the slot or must refuse a gap (start.go), under the slot's
+// start lock so that replicas take turns; a first start is a state that
+// lasts until the slot and its checkpoint exist, whatever failed before
+// (docs/design.md, rule 20). A session ends on shutdown, on a fatal error,
+// or on a transient one; transient errors start a new session after a
+// backoff, and Postgres re-sends everything after the slot's confirmed
+// position. An instance that finds the slot held waits as a standby and
+// takes over a silent holder (standby.go).
+//
+// The session also carries what other packages decide: the backfill
+// chunks internal/backfill hands it at their high watermarks, and the
+// first start's rows (backfill.go); a replay's copy of the replay slot,
+// filtered by internal/replay (replay.go). The operator commands are
+// internal/ops' (Pipeline.Ops).
 //
 // Invariants:
 //   - Fatal and transient errors are told apart in one place (Permanent).
