@@ -9,11 +9,15 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/mattn/go-isatty"
 
@@ -440,18 +444,26 @@ func (p *progressLine) done() {
 }
 
 func statusCmd(ctx context.Context, c *cli, args []string) int {
-	fs := c.flags("status", "--config F [--json]")
-	config := fs.String("config", "", "the YAML config file of the pipeline")
-	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
+	fs := c.flags("status", "--config F [--config F2]... [--json]")
+	var configs multi
+	fs.Var(&configs, "config", "the YAML config file of the pipeline; repeat it, or name a directory of *.yaml files, for one row per pipeline")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
-	p, _, code, ok := c.pipeline(*config)
-	if !ok {
-		return code
+	paths, fleet, err := configFiles(configs)
+	if err != nil {
+		return c.usageErr("%v", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if fleet {
+		return fleetStatus(ctx, c, paths, *asJSON)
+	}
+	p, _, code, ok := c.pipeline(paths[0])
+	if !ok {
+		return code
+	}
 	st, err := p.Ops().Status(ctx)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "cdc: status: %v\n", err)
@@ -465,6 +477,128 @@ func statusCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	printStatus(c.stdout, st)
 	return 0
+}
+
+// configFiles expands --config: files as given, a directory to its *.yaml
+// and *.yml files in name order. fleet is set for more than one file, or
+// a directory: cdc status then prints one row per pipeline.
+func configFiles(args []string) (paths []string, fleet bool, err error) {
+	if len(args) == 0 {
+		return []string{""}, false, nil // the environment alone
+	}
+	for _, a := range args {
+		info, err := os.Stat(a)
+		if err != nil {
+			return nil, false, fmt.Errorf("--config: %v", err)
+		}
+		if !info.IsDir() {
+			paths = append(paths, a)
+			continue
+		}
+		fleet = true
+		entries, err := os.ReadDir(a)
+		if err != nil {
+			return nil, false, fmt.Errorf("--config: %v", err)
+		}
+		n := len(paths)
+		for _, e := range entries {
+			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+				paths = append(paths, filepath.Join(a, e.Name()))
+			}
+		}
+		if len(paths) == n {
+			return nil, false, fmt.Errorf("--config %s: the directory holds no *.yaml or *.yml file", a)
+		}
+	}
+	return paths, fleet || len(paths) > 1, nil
+}
+
+// pipelineStatus is one pipeline's row of cdc status over several configs;
+// its JSON is an element of cdc status --json's array.
+type pipelineStatus struct {
+	Pipeline string      `json:"pipeline,omitempty"`
+	Config   string      `json:"config"`
+	Status   *ops.Status `json:"status,omitempty"`
+	Error    string      `json:"error,omitempty"`
+}
+
+// fleetStatus reads every pipeline's status at once and prints a row
+// each. It exits 1 when any could not be read.
+func fleetStatus(ctx context.Context, c *cli, paths []string, asJSON bool) int {
+	rows := make([]pipelineStatus, len(paths))
+	var wg sync.WaitGroup
+	for i, path := range paths {
+		rows[i].Config = path
+		cfg, _, err := config.Load(path, c.env)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err != nil {
+			rows[i].Error = errtext.OneLine(err)
+			continue
+		}
+		rows[i].Pipeline = cfg.Name
+		wg.Add(1)
+		go func(r *pipelineStatus) {
+			defer wg.Done()
+			o := &ops.Ops{Config: cfg, Log: hclog.NewNullLogger(), Version: version}
+			st, err := o.Status(ctx)
+			if err != nil {
+				r.Error = errtext.OneLine(err)
+				return
+			}
+			r.Status = &st
+		}(&rows[i])
+	}
+	wg.Wait()
+	failed := slices.ContainsFunc(rows, func(r pipelineStatus) bool { return r.Error != "" })
+	if asJSON {
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rows)
+	} else {
+		printFleet(c.stdout, rows)
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// printFleet writes one row per pipeline: whether an instance streams, the
+// slot's lag and retained WAL, and the checkpoint's age.
+func printFleet(w io.Writer, rows []pipelineStatus) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PIPELINE\tSLOT\tSTREAMING\tLAG\tRETAINED WAL\tWAL STATUS\tCHECKPOINT\tCONFIG\tPROBLEM")
+	for _, r := range rows {
+		name, slot, streaming, lag, retained, walStatus, cp, problem := orDash(r.Pipeline), "—", "—", "—", "—", "—", "—", r.Error
+		if st := r.Status; st != nil {
+			slot, streaming = st.Slot.Name, "no"
+			switch {
+			case !st.Slot.Exists:
+				streaming = "no slot"
+			case st.Slot.Active:
+				streaming = fmt.Sprintf("yes, pid %d", st.Slot.ActivePID)
+			}
+			if st.Slot.Exists {
+				lag, retained, walStatus = humanBytes(st.Slot.LagBytes), humanBytes(st.Slot.RetainedBytes), orDash(st.Slot.WALStatus)
+			}
+			if st.Checkpoint != nil {
+				cp = fmt.Sprintf("%s, %s ago", st.Checkpoint.ConfirmedLSN, time.Since(st.Checkpoint.UpdatedAt).Round(time.Second))
+			} else {
+				problem = st.CheckpointError
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, slot, streaming, lag, retained, walStatus, cp, orDash(r.Config), problem)
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
 }
 
 // printStatus writes st as aligned "key  value" lines under headings.

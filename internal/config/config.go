@@ -33,6 +33,9 @@ const DefaultUnhealthyAfter = 5 * time.Minute
 // Config configures a pipeline: what Load reads, and what pipeline.New
 // takes.
 type Config struct {
+	// Name is the pipeline's, for the pipeline label of its metrics and
+	// cdc status. Default: the slot's name (name).
+	Name     string
 	Postgres wal.Config
 	Kafka    sink.Config
 	Tables   []*outbox.Table
@@ -241,6 +244,12 @@ func (c *Config) Validate() error {
 	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
 		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
 	}
+	if c.Name == "" {
+		c.Name = c.Postgres.Slot
+	}
+	if !validName(c.Name) {
+		return fmt.Errorf("name %q: use at most 63 letters, digits, '.', '_' and '-'", c.Name)
+	}
 	if len(c.ReplaySlot()) > 63 {
 		return fmt.Errorf("postgres.slot %q is too long to name its replay slot %q; use at most 56 characters", c.Postgres.Slot, c.ReplaySlot())
 	}
@@ -337,4 +346,18 @@ func (c *Config) validateStandby() error {
 		return fmt.Errorf("standby.takeover_after %s: use at least three postgres.status_interval (%s), or a live holder could be taken for a frozen one", t, c.Postgres.StatusInterval)
 	}
 	return nil
+}
+
+// validName reports whether s is a pipeline name: a label value that reads
+// well in a dashboard, a table and a Helm release.
+func validName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }

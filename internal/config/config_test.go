@@ -49,6 +49,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.Postgres.Slot != "outbox_cdc" || cfg.Postgres.Publication != "outbox_cdc" || cfg.Postgres.StatusInterval != time.Second {
 		t.Errorf("postgres defaults = %+v", cfg.Postgres)
 	}
+	if cfg.Name != "outbox_cdc" {
+		t.Errorf("name = %q, want the slot's", cfg.Name)
+	}
 	if strings.Join(cfg.Kafka.Brokers, ",") != "k1:9092,k2:9092" || !cfg.Kafka.AllowAutoTopicCreation {
 		t.Errorf("kafka = %+v", cfg.Kafka)
 	}
@@ -126,6 +129,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"swapped letters", "postgres: {url: 'postgres://u@h/d'}\nkafka:\n  borkers: [k:1]\n", "unknown key kafka.borkers (line 3); did you mean brokers?"},
 		{"unknown key in a table", base + "tables: [{name: outbox, topik: x}]\n", "unknown key tables[0].topik (line 3); did you mean topic?"},
 		{"nothing close", base + "zzz: 1\n", "unknown key zzz (line 3); the keys here are backfill, checkpoint, delivery, exactly_once, http, kafka,"},
+		{"bad name", base + "name: orders db\n", `name "orders db": use at most 63 letters, digits, '.', '_' and '-'`},
 		{"bad duration", base + "shutdown_timeout: soon\n", `shutdown_timeout (line 3): "soon" is not a duration; write a number with a unit`},
 		{"duration without unit", base + "replay: {window: 5}\n", `replay.window (line 3): "5" is not a duration`},
 		{"bad number", base + "max_in_flight: lots\n", `max_in_flight (line 3): "lots" is not a whole number`},

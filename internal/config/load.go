@@ -76,6 +76,7 @@ type fileConfig struct {
 	Backfill struct {
 		StatementTimeout time.Duration `yaml:"statement_timeout"`
 	} `yaml:"backfill"`
+	Name        string `yaml:"name"`
 	Delivery    string `yaml:"delivery"`
 	ExactlyOnce struct {
 		CommitEvents       int           `yaml:"commit_events"`
@@ -270,6 +271,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 		RetryBackoffMax:           fc.Reconnect.BackoffMax,
 		Checkpoint:                CheckpointConfig{Topic: fc.Checkpoint.Topic, SigningKeys: signingKeys},
 		Replay:                    ReplayConfig{Window: fc.Replay.Window},
+		Name:                      fc.Name,
 		Delivery:                  fc.Delivery,
 		Standby:                   StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
 		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout},

@@ -5,6 +5,8 @@
 // Invariants:
 //   - Metric names and labels are an interface that dashboards and alerts
 //     depend on: change them only with docs/metrics.md and the examples.
+//   - Every series carries pipeline="<name>" (PipelineLabel), one value a
+//     process.
 //   - Label values are bounded by the configuration: a source is a
 //     configured table or message prefix, a topic one its template yields.
 //   - Updating a metric on the per-event path allocates nothing: callers
@@ -51,6 +53,10 @@ type Metrics struct {
 	ProduceRequests prometheus.Counter
 }
 
+// PipelineLabel is the label every series carries: the pipeline's name
+// (config.Config.Name, the slot's name by default).
+const PipelineLabel = "pipeline"
+
 // WALStatuses are the values of pg_replication_slots.wal_status.
 var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
@@ -59,10 +65,13 @@ var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
 // New registers the collectors, and Go's and the process's, on a new
-// registry.
-func New() *Metrics {
+// registry. Every series carries the label pipeline="<pipeline>", so that
+// one dashboard and one set of alerts serve a fleet of connectors, one per
+// database (docs/metrics.md).
+func New(pipeline string) *Metrics {
 	reg := prometheus.NewRegistry()
-	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{PipelineLabel: pipeline}, reg)
+	f := func(c prometheus.Collector) { labelled.MustRegister(c) }
 	m := &Metrics{Registry: reg}
 	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_events_total",
 		Help: "Events Kafka acknowledged, by source (table or message prefix) and topic."}, []string{"source", "topic"})

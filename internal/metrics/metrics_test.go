@@ -14,7 +14,7 @@ import (
 // series suffixes.
 func names(t *testing.T) map[string]bool {
 	t.Helper()
-	m := New()
+	m := New("orders")
 	m.EventCounter("s", "t").Inc()
 	m.DeadLetter("s")
 	m.BackfillRows("t").Inc()
@@ -34,6 +34,35 @@ func names(t *testing.T) map[string]bool {
 }
 
 var metricRE = regexp.MustCompile(`\bcdc_[a-z_]+`)
+
+// TestEverySeriesCarriesThePipeline: every series, Go's and the process's
+// too, has pipeline="<name>", so that a fleet of connectors shares one
+// dashboard.
+func TestEverySeriesCarriesThePipeline(t *testing.T) {
+	m := New("orders-db")
+	m.EventCounter("s", "t").Inc()
+	m.SetWALStatus("reserved")
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range fams {
+		for _, s := range f.GetMetric() {
+			n++
+			found := false
+			for _, l := range s.GetLabel() {
+				found = found || l.GetName() == PipelineLabel && l.GetValue() == "orders-db"
+			}
+			if !found {
+				t.Errorf("a series of %s has no pipeline=\"orders-db\" label: %v", f.GetName(), s.GetLabel())
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("gathered %d series", n)
+	}
+}
 
 // TestMonitoringExamplesUseRealMetrics: every cdc_ metric in the alert rules,
 // the dashboard and docs/metrics.md exists, and every metric is documented.
@@ -69,6 +98,12 @@ func TestMonitoringExamplesUseRealMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dash struct {
+		Templating struct {
+			List []struct {
+				Name  string          `json:"name"`
+				Query json.RawMessage `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
 			Title   string `json:"title"`
 			Targets []struct {
@@ -79,9 +114,26 @@ func TestMonitoringExamplesUseRealMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil || len(dash.Panels) < 5 {
 		t.Fatalf("grafana-dashboard.json: %v", err)
 	}
+	// The fleet: a pipeline selector, which every query honours and keeps
+	// apart, and alerts that fire per pipeline.
+	selector := false
+	for _, v := range dash.Templating.List {
+		selector = selector || v.Name == PipelineLabel && strings.Contains(string(v.Query), "label_values(cdc_streaming, pipeline)")
+	}
+	if !selector {
+		t.Error("the dashboard has no pipeline variable")
+	}
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			check("panel "+p.Title, tg.Expr)
+			if !strings.Contains(tg.Expr, `{pipeline=~"$pipeline"}`) || !strings.Contains(tg.Expr, "by (pipeline") {
+				t.Errorf("panel %s: %s neither selects nor keeps the pipeline", p.Title, tg.Expr)
+			}
+		}
+	}
+	for _, r := range rules.Groups[0].Rules {
+		if !strings.Contains(r.Expr, "by (pipeline") {
+			t.Errorf("alert %s: %s does not fire per pipeline", r.Alert, r.Expr)
 		}
 	}
 	doc, err := os.ReadFile("../../docs/metrics.md")

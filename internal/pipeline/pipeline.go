@@ -115,7 +115,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	p := &Pipeline{cfg: cfg, opts: opts, log: log, router: r, m: opts.Metrics}
 	p.bf = backfill.NewJobs()
 	if p.m == nil {
-		p.m = metrics.New()
+		p.m = metrics.New(p.cfg.Name)
 	}
 	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
