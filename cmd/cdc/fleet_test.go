@@ -25,7 +25,7 @@ func TestFleetOfPipelines(t *testing.T) {
 	dir := t.TempDir()
 	type member struct {
 		name, slot, db, config, base string
-		events             int
+		events                       int
 	}
 	fleet := []*member{{name: "orders", slot: "cdc_a", events: 3}, {name: "billing", slot: "cdc_b", events: 2}}
 	for _, m := range fleet {
