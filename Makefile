@@ -20,9 +20,10 @@ build:            ## build bin/cdc
 demo: setup-base ## see it work: throwaway Postgres, embedded Kafka, an order service
 	$(GO) run ./cmd/cdc demo $(DEMO_ARGS)
 
-test: setup-base vet ## unit and integration tests (real Postgres, in-process Kafka)
+test: setup-base vet ## unit and integration tests (real Postgres, in-process Kafka), the Helm chart and the compose file
 	@$(GO) run ./scripts/testbackend
 	$(GO) test -race -count=1 -timeout 20m ./...
+	cd deploy/check && $(GO) test -count=1 ./...
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 15s ./internal/decode
 
 # The whole suite against a real Apache Kafka broker (scripts/kafka.sh), plus
@@ -116,6 +117,7 @@ bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_r
 vet:
 	$(GO) vet ./...
 	cd scripts/containers && $(GO) vet ./...
+	cd deploy/check && $(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 
 clean:
