@@ -62,6 +62,33 @@ func OpenStore(ctx context.Context, topic string, opts []kgo.Opt, log hclog.Logg
 	return s, nil
 }
 
+// Opening is a store being opened in the background (StartOpen).
+type Opening struct {
+	done  chan struct{}
+	store *Store
+	err   error
+}
+
+// StartOpen starts OpenStore in the background, so that its round trips
+// (a client's metadata, CreateTopics, DescribeConfigs) overlap with other
+// work: the pipeline's Postgres start, which needs the store only once it
+// reads the checkpoint (docs/benchmarks.md, "Start-up"). Opening only
+// prepares the topic, which is idempotent: nothing is read or written.
+func StartOpen(ctx context.Context, topic string, opts []kgo.Opt, log hclog.Logger) *Opening {
+	o := &Opening{done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		o.store, o.err = OpenStore(ctx, topic, opts, log)
+	}()
+	return o
+}
+
+// Wait waits for the store, and returns it or why it could not be opened.
+func (o *Opening) Wait() (*Store, error) {
+	<-o.done
+	return o.store, o.err
+}
+
 // Topic returns the checkpoint topic's name.
 func (s *Store) Topic() string { return s.topic }
 

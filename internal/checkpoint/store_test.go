@@ -126,3 +126,49 @@ func TestStoreTopicSegments(t *testing.T) {
 		t.Errorf("not set: %v", want)
 	}
 }
+
+// TestStartOpen: the store opened in the background is the one OpenStore
+// would give (its topic created compacted), and one whose context ends
+// first says so rather than hand over a store.
+func TestStartOpen(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := StartOpen(ctx, "bg", opts, hclog.NewNullLogger()).Wait()
+	if err != nil || s.Topic() != "bg" {
+		t.Fatalf("StartOpen: %v, %v", s, err)
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	described, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, "bg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := described.On("bg", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := ""
+	for _, cf := range rc.Configs {
+		if cf.Key == "cleanup.policy" && cf.Value != nil {
+			policy = *cf.Value
+		}
+	}
+	if policy != "compact" {
+		t.Fatalf("topic opened in the background has cleanup.policy=%q, want compact", policy)
+	}
+
+	ended, stop := context.WithCancel(context.Background())
+	stop()
+	if s, err := StartOpen(ended, "other", opts, hclog.NewNullLogger()).Wait(); err == nil || s != nil {
+		t.Fatalf("StartOpen with an ended context gave %v, %v; want an error", s, err)
+	}
+}

@@ -65,6 +65,7 @@ type Pipeline struct {
 	// read (another replica may have moved it).
 	store    *checkpoint.Store
 	progress *checkpoint.Progress
+	opening  *checkpoint.Opening // opened beside the first start's Postgres work
 	m        *metrics.Metrics
 	// state is what /readyz and /healthz report; beat, while a session
 	// streams, is when its replication loop last ran.
@@ -379,28 +380,14 @@ func (e *decodeError) Unwrap() error { return e.err }
 // Permanent reports whether err must stop the connector rather than start
 // a new session. This is the one place that decides.
 func Permanent(err error) bool {
-	if err == nil {
-		return false
+	for _, target := range []any{new(*wal.SetupError), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
+		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*checkpoint.TxnTimeoutError)} {
+		if errors.As(err, target) {
+			return true
+		}
 	}
-	var (
-		setup  *wal.SetupError
-		poison *outbox.EventError
-		dec    *decodeError
-		prod   *sink.ProduceError
-		gap    *checkpoint.GapError
-		topic  *checkpoint.TopicError
-		conn   *sink.ConnectError
-		bf     *backfill.Error
-		fence  *sink.FencedError
-		txnTO  *checkpoint.TxnTimeoutError
-	)
-	switch {
-	case errors.As(err, &setup), errors.As(err, &poison), errors.As(err, &dec), errors.As(err, &gap), errors.As(err, &topic), errors.As(err, &conn), errors.As(err, &bf), errors.As(err, &fence), errors.As(err, &txnTO):
-		return true
-	case errors.As(err, &prod):
-		return prod.Permanent()
-	}
-	return false
+	var prod *sink.ProduceError
+	return errors.As(err, &prod) && prod.Permanent()
 }
 
 // kafkaOpts are the producer's extra options: the caller's, and the hook

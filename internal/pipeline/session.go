@@ -30,12 +30,18 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = k.Ping(pingCtx)
 	cancel()
-	var ce *sink.ConnectError
-	if err != nil && !errors.As(err, &ce) {
+	if err != nil && !errors.As(err, new(*sink.ConnectError)) {
 		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
-	}
-	if err != nil {
+	} else if err != nil {
 		return err
+	}
+	p.log.Debug("kafka: brokers answered")
+	if p.store == nil {
+		// The checkpoint topic's round trips overlap with Postgres's;
+		// openStore takes the store.
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		p.opening = checkpoint.StartOpen(sctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
 	}
 
 	var connected func(wal.System) error

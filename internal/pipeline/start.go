@@ -32,6 +32,7 @@ func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) 
 	if err != nil {
 		return nil, 0, err
 	}
+	p.log.Debug("postgres: replication connection open", "slot_exists", slot.Exists)
 	if slot.Active {
 		// Another instance streams (or a walsender of this one that
 		// Postgres has not ended yet): wait as a standby, without
@@ -72,6 +73,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	if err != nil {
 		return 0, err
 	}
+	p.log.Debug("checkpoint read", "records", len(records))
 	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, ops.SlotInfo(conn, slot), records)
 	if err != nil {
 		var gap *checkpoint.GapError
@@ -141,15 +143,21 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	return from, nil
 }
 
-// openStore opens the checkpoint store, creating its topic when missing.
+// openStore opens the checkpoint store, creating its topic when missing,
+// or takes the one the session started opening (runSession).
 func (p *Pipeline) openStore(ctx context.Context) error {
 	if p.store != nil {
 		return nil
 	}
-	store, err := checkpoint.OpenStore(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	opening := p.opening
+	if p.opening = nil; opening == nil {
+		opening = checkpoint.StartOpen(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+	}
+	store, err := opening.Wait()
 	if err != nil {
 		return err
 	}
+	p.log.Debug("checkpoint topic ready", "topic", p.cfg.Checkpoint.Topic)
 	store.OnForeign = p.m.ForeignRecords.Inc
 	p.store = store
 	return nil
