@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +48,22 @@ const fillTxProcedure = `CREATE PROCEDURE fill_tx(n int, per int) LANGUAGE plpgs
 	  END LOOP;
 	END $$`
 
+// fillPayloadProcedure writes n outbox rows in 1-row transactions, each
+// with a payload of size bytes of hexadecimal digits from random(): about
+// as compressible as a real payload is to Postgres's TOAST and to Kafka's
+// producer (not at all to pglz, which codes no entropy), where a run of
+// one letter would shrink to nothing in the WAL and on the broker.
+const fillPayloadProcedure = `CREATE PROCEDURE fill_payload(n int, size int) LANGUAGE plpgsql AS $$
+	BEGIN
+	  FOR i IN 1..n LOOP
+	    INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+	    SELECT 'order', 'agg-' || (i % 1000), 'OrderCreated',
+	           jsonb_build_object('i', i, 'pad', left(string_agg(md5(random()::text), ''), size - 20))
+	    FROM generate_series(1, size / 32 + 1);
+	    COMMIT;
+	  END LOOP;
+	END $$`
+
 func benchEvents() int {
 	if v := os.Getenv("CDC_BENCH_EVENTS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -59,20 +76,28 @@ func benchEvents() int {
 
 // benchResult is one run's figures, as written to CDC_BENCH_OUT.
 type benchResult struct {
-	Bench      string    `json:"bench"`
-	Broker     string    `json:"broker"`
-	Events     int       `json:"events"`
-	TxSize     int       `json:"tx_size,omitempty"`
-	Rate       float64   `json:"rate,omitempty"`    // events/s offered (latency)
-	Seconds    float64   `json:"seconds,omitempty"` // connector, start to confirm
-	RefSecs    float64   `json:"ref_seconds,omitempty"`
-	Ratio      float64   `json:"ratio,omitempty"` // connector speed / pg_recvlogical speed
-	CPU        float64   `json:"cpu_seconds,omitempty"`
-	RSSMB      float64   `json:"peak_rss_mb,omitempty"`
-	Latency    []float64 `json:"latency_ms,omitempty"` // the CDF: 1001 quantiles
-	PerRequest float64   `json:"events_per_request,omitempty"`
-	AckP50     float64   `json:"ack_p50_ms,omitempty"` // commit → Kafka's ack, bucket bounds
-	AckP99     float64   `json:"ack_p99_ms,omitempty"`
+	Bench  string `json:"bench"`
+	Broker string `json:"broker"`
+	Events int    `json:"events"`
+	TxSize int    `json:"tx_size,omitempty"`
+	// PayloadBytes: the size of each payload, where it is not 200 bytes.
+	PayloadBytes int       `json:"payload_bytes,omitempty"`
+	Rate         float64   `json:"rate,omitempty"`    // events/s offered (latency)
+	Seconds      float64   `json:"seconds,omitempty"` // connector, start to confirm
+	RefSecs      float64   `json:"ref_seconds,omitempty"`
+	Ratio        float64   `json:"ratio,omitempty"` // connector speed / pg_recvlogical speed
+	CPU          float64   `json:"cpu_seconds,omitempty"`
+	RSSMB        float64   `json:"peak_rss_mb,omitempty"`
+	Latency      []float64 `json:"latency_ms,omitempty"` // the CDF: 1001 quantiles
+	PerRequest   float64   `json:"events_per_request,omitempty"`
+	AckP50       float64   `json:"ack_p50_ms,omitempty"` // commit → Kafka's ack, bucket bounds
+	AckP99       float64   `json:"ack_p99_ms,omitempty"`
+	Reached      float64   `json:"reached,omitempty"` // events/s the writer reached
+	// CPUPercent: each process's CPU while the writer wrote, in percent
+	// of one core (sweep).
+	CPUPercent map[string]float64 `json:"cpu_percent,omitempty"`
+	// Stages: start-up, ms from the process's start to each stage.
+	Stages map[string]float64 `json:"stages_ms,omitempty"`
 }
 
 func (r benchResult) save(b *testing.B) {
@@ -167,12 +192,15 @@ func (c *connector) histogramQuantile(b *testing.B, name string, q float64) floa
 	body, _ := io.ReadAll(resp.Body)
 	type bucket struct{ le, n float64 }
 	var bs []bucket
+	// name_bucket{le="0.005",pipeline="outbox_cdc"} 12: every series
+	// carries the pipeline label, in whichever order.
+	line := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `_bucket\{(?:.*,)?le="([^"]+)"[^}]*\} (\S+)$`)
 	for _, l := range strings.Split(string(body), "\n") {
-		rest, ok := strings.CutPrefix(l, name+`_bucket{le="`)
-		if !ok {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
 			continue
 		}
-		le, count, _ := strings.Cut(rest, `"} `)
+		le, count := m[1], m[2]
 		bound, err := strconv.ParseFloat(le, 64)
 		if err != nil { // +Inf
 			bound = math.Inf(1)
@@ -209,20 +237,31 @@ func startConnector(b *testing.B, db string, kafka *testenv.Kafka) *connector {
 // startConnectorWith starts it with more settings for the outbox table,
 // and top-level ones.
 func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table, top string) *connector {
+	return startConnectorOpts(b, db, kafka, settings{table: table, top: top})
+}
+
+// settings are what a benchmark adds to the default configuration: lines
+// of the outbox table's entry, of the kafka section, and top-level ones.
+type settings struct{ table, kafka, top string }
+
+func startConnectorOpts(b *testing.B, db string, kafka *testenv.Kafka, set settings) *connector {
 	b.Helper()
+	table, top := set.table, set.top
 	cfg := fmt.Sprintf(`postgres:
   url: %q
 kafka:
   brokers: [%s]
+%s
 tables:
   - name: public.outbox
     topic: %q
 %s
 checkpoint:
   topic: %s
-log:
-  level: warn
-`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
+`, db, strings.Join(kafka.Brokers, ", "), set.kafka, kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
+	if !strings.Contains(top, "log:") {
+		cfg += "log:\n  level: warn\n"
+	}
 	if d := os.Getenv("CDC_BENCH_BATCH_DELAY"); d != "" { // for comparisons
 		cfg = strings.Replace(cfg, "kafka:\n", "kafka:\n  max_batch_delay: "+d+"\n", 1)
 	}
@@ -336,6 +375,50 @@ func drainOnce(b *testing.B, per int) {
 		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
 }
 
+// BenchmarkPayload drains backlogs of large payloads, in 1-row
+// transactions: 20,000 of 10 KB, 10,000 of 100 KB and 1,000 of 1 MB (scaled
+// by CDC_BENCH_EVENTS/100,000), against pg_recvlogical on the same
+// backlog, with the default max_in_flight_bytes. The topic and the
+// connector allow 2 MB records.
+func BenchmarkPayload(b *testing.B) {
+	scale := float64(benchEvents()) / 100_000
+	for _, c := range []struct {
+		name         string
+		size, events int
+	}{
+		{"10KB", 10_000, 20_000},
+		{"100KB", 100_000, 10_000},
+		{"1MB", 1_000_000, 1_000},
+	} {
+		b.Run("size="+c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				payloadOnce(b, c.size, max(10, int(float64(c.events)*scale)))
+			}
+		})
+	}
+}
+
+// bigRecords lets the connector and the topics it creates take records of
+// up to 2 MB (the broker's own limit is 1 MB).
+const bigRecords = `  max_message_bytes: 2000000
+  topic_defaults:
+    configs: {max.message.bytes: "2000000"}`
+
+func payloadOnce(b *testing.B, size, events int) {
+	d := drainBacklog(b, backlog{events: events, size: size, set: settings{kafka: bigRecords}})
+	ratio := d.ref.Seconds() / d.elapsed.Seconds()
+	mbs := float64(events) * float64(size) / d.elapsed.Seconds() / 1e6
+	b.ReportMetric(mbs, "MB/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(d.rss, "peak_rss_MB")
+	fmt.Printf("\ndrain %d events of %d-byte payloads in 1-row transactions (%s):\n", events, size, brokerName())
+	fmt.Printf("  cdc, start to confirm: %7.3f s  %7.1f MB/s  %7.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", d.elapsed.Seconds(), mbs, float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss)
+	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", d.ref.Seconds(), d.refBefore.Seconds(), d.refAfter.Seconds())
+	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
+	benchResult{Bench: "payload", Broker: brokerName(), Events: events, TxSize: 1, PayloadBytes: size, Seconds: d.elapsed.Seconds(),
+		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
+}
+
 // drained is one drain's figures.
 type drained struct {
 	elapsed, cpu, ref, refBefore, refAfter time.Duration
@@ -346,21 +429,43 @@ type drained struct {
 // with top-level settings top, timed between pg_recvlogical runs on
 // identical slots.
 func drain(b *testing.B, per int, top string) drained {
-	events := benchEvents()
+	return drainBacklog(b, backlog{events: benchEvents(), per: per, set: settings{top: top}})
+}
+
+// backlog is what a drain reads: events rows in per-row transactions,
+// with 200-byte payloads or, with size set, 1-row transactions of size
+// bytes each; set is the connector's settings.
+type backlog struct {
+	events, per, size int
+	set               settings
+}
+
+func (bl backlog) fill(b *testing.B, db string, n int) {
+	if bl.size > 0 {
+		testenv.Exec(b, db, fmt.Sprintf("CALL fill_payload(%d, %d)", n, bl.size))
+		return
+	}
+	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", n, bl.per))
+}
+
+func drainBacklog(b *testing.B, bl backlog) drained {
+	if bl.size > 0 {
+		bl.per = 1
+	}
 	p := testenv.Require(b, pg)
 	recvlogical := filepath.Join(p.Bin, "pg_recvlogical")
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
 	conn := pgConnect(b, db)
-	warmUp(b, db, kafka, conn)
+	warmUpWith(b, db, kafka, conn, bl.set)
 	// The connector has run before and stopped; the reference slots start
 	// where it did.
 	testenv.Exec(b, db,
 		`SELECT pg_create_logical_replication_slot('ref_before', 'pgoutput')`,
 		`SELECT pg_create_logical_replication_slot('ref_after', 'pgoutput')`)
-	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", events-per, per))
+	bl.fill(b, db, bl.events-bl.per)
 	beforeLast := testenv.CurrentWAL(b, db)
-	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", per, per))
+	bl.fill(b, db, bl.per)
 	end := testenv.CurrentWAL(b, db)
 	// The test server commits asynchronously, and a walsender sends only
 	// flushed WAL: wait for the flush, or the first reader would be timed
@@ -374,7 +479,7 @@ func drain(b *testing.B, per int, top string) drained {
 	b.ResetTimer()
 	var d drained
 	d.refBefore = recvlogicalTime(b, recvlogical, db, "ref_before", end)
-	c := startConnectorWith(b, db, kafka, "", top)
+	c := startConnectorOpts(b, db, kafka, bl.set)
 	done := c.waitConfirmed(b, conn, beforeLast)
 	d.elapsed = done.Sub(c.start)
 	d.refAfter = recvlogicalTime(b, recvlogical, db, "ref_after", end)
@@ -481,13 +586,19 @@ func backfillOnce(b *testing.B) {
 // table and publication, and a connector that has run (its slot,
 // checkpoint and topic exist) and stopped.
 func warmUp(b *testing.B, db string, kafka *testenv.Kafka, conn *pgx.Conn) {
+	warmUpWith(b, db, kafka, conn, settings{})
+}
+
+// warmUpWith is warmUp with the connector's settings, which create the
+// topic (its max.message.bytes, for one).
+func warmUpWith(b *testing.B, db string, kafka *testenv.Kafka, conn *pgx.Conn, set settings) {
 	b.Helper()
 	testenv.Exec(b, db, schema,
 		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`,
 		`SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`,
-		fillTxProcedure, "CALL fill_tx(1, 1)")
+		fillTxProcedure, fillPayloadProcedure, "CALL fill_tx(1, 1)")
 	last := testenv.CurrentWAL(b, db)
-	c := startConnector(b, db, kafka)
+	c := startConnectorOpts(b, db, kafka, set)
 	c.waitConfirmed(b, conn, last-1)
 	c.stop(b)
 }
@@ -518,13 +629,111 @@ func BenchmarkLatency(b *testing.B) {
 	for _, rate := range []int{1000, 5000} {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				latencyOnce(b, rate, time.Duration(seconds)*time.Second)
+				latencyOnce(b, rate, 1, time.Duration(seconds)*time.Second)
 			}
 		})
 	}
 }
 
-func latencyOnce(b *testing.B, rate int, d time.Duration) {
+// BenchmarkSweep is BenchmarkLatency at rising rates, written as 10-row
+// transactions (one writer cannot commit 10k transactions a second next to
+// everything else on a small box): 5k, 10k, 20k, 40k and 80k events/s, or
+// those of CDC_BENCH_RATES. Each rate reports the latency percentiles, the
+// rate the writer reached, and the CPU of the connector, the walsender
+// feeding it, the writer's backend and the broker (docs/benchmarks.md,
+// "Rate sweep").
+func BenchmarkSweep(b *testing.B) {
+	seconds := 10
+	if v := os.Getenv("CDC_BENCH_SECONDS"); v != "" {
+		seconds, _ = strconv.Atoi(v)
+	}
+	rates := []int{5000, 10_000, 20_000, 40_000, 80_000}
+	if v := os.Getenv("CDC_BENCH_RATES"); v != "" {
+		rates = nil
+		for _, f := range strings.Split(v, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || r <= 0 {
+				b.Fatalf("CDC_BENCH_RATES=%q: want rates in events/s, comma-separated", v)
+			}
+			rates = append(rates, r)
+		}
+	}
+	for _, rate := range rates {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				latencyOnce(b, rate, 10, time.Duration(seconds)*time.Second)
+			}
+		})
+	}
+}
+
+// cpuTicks is a process's user and system CPU time from /proc, in clock
+// ticks (USER_HZ, 100 a second on Linux), or -1 when it cannot be read.
+func cpuTicks(pid int) int64 {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// The command name, in parentheses, may hold spaces: count fields
+	// after its closing parenthesis. utime and stime are fields 14, 15.
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return u + s
+}
+
+// cpuMeter samples processes' CPU over a span of time.
+type cpuMeter struct {
+	pids  map[string]int
+	ticks map[string]int64
+	at    time.Time
+}
+
+func newCPUMeter(pids map[string]int) *cpuMeter {
+	m := &cpuMeter{pids: pids, ticks: map[string]int64{}, at: time.Now()}
+	for name, pid := range pids {
+		m.ticks[name] = cpuTicks(pid)
+	}
+	return m
+}
+
+// percent is each process's CPU since newCPUMeter, in percent of one core.
+func (m *cpuMeter) percent() map[string]float64 {
+	wall := time.Since(m.at).Seconds()
+	out := map[string]float64{}
+	for name, pid := range m.pids {
+		now := cpuTicks(pid)
+		if now < 0 || m.ticks[name] < 0 {
+			continue
+		}
+		out[name] = float64(now-m.ticks[name]) / 100 / wall * 100
+	}
+	return out
+}
+
+// brokerPID is the real broker's process, when make bench started it
+// (CDC_TEST_KAFKA_DIR), or 0.
+func brokerPID() int {
+	dir := os.Getenv("CDC_TEST_KAFKA_DIR")
+	if dir == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+func latencyOnce(b *testing.B, rate, per int, d time.Duration) {
 	p := testenv.Require(b, pg)
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
@@ -554,21 +763,38 @@ func latencyOnce(b *testing.B, rate int, d time.Duration) {
 		b.Fatal(err)
 	}
 	total := rate * int(d/time.Second)
+	total -= total % per
+	var writer, walsender int
+	testenv.QueryRow(b, db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &walsender)
+	if err := conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&writer); err != nil {
+		b.Fatal(err)
+	}
+	pids := map[string]int{"connector": c.cmd.Process.Pid, "walsender": walsender, "writer": writer}
+	if pid := brokerPID(); pid > 0 {
+		pids["broker"] = pid
+	}
 	start := time.Now()
 	warmEnd := start.Add(time.Second)
+	var cpu *cpuMeter // from the end of the warm-up to the last write
+	var wrote time.Duration
 	writeDone := make(chan error, 1)
 	go func() {
 		written := 0
 		for t := time.NewTicker(10 * time.Millisecond); written < total; <-t.C {
-			due := min(total, int(time.Since(start).Seconds()*float64(rate))+1)
+			if cpu == nil && time.Now().After(warmEnd) {
+				cpu = newCPUMeter(pids)
+			}
+			due := min(total, int(time.Since(start).Seconds()*float64(rate))+per)
+			due -= due % per
 			if due > written {
-				if _, err := conn.Exec(context.Background(), fmt.Sprintf("CALL fill_tx(%d, 1)", due-written)); err != nil {
+				if _, err := conn.Exec(context.Background(), fmt.Sprintf("CALL fill_tx(%d, %d)", due-written, per)); err != nil {
 					writeDone <- err
 					return
 				}
 				written = due
 			}
 		}
+		wrote = time.Since(start)
 		writeDone <- nil
 	}()
 
@@ -590,10 +816,15 @@ func latencyOnce(b *testing.B, rate int, d time.Duration) {
 	if err := <-writeDone; err != nil {
 		b.Fatal(err)
 	}
+	var cpuPct map[string]float64
+	if cpu != nil {
+		cpuPct = cpu.percent() // the consumer has seen the last event
+	}
+	reached := float64(total) / wrote.Seconds()
 	perRequest := c.metric(b, "cdc_events_total") / c.metric(b, "cdc_kafka_produce_requests_total")
 	// The connector's own share: commit → Kafka's ack, by its histogram.
 	ackP50, ackP99 := c.histogramQuantile(b, "cdc_commit_to_ack_seconds", 0.5)*1000, c.histogramQuantile(b, "cdc_commit_to_ack_seconds", 0.99)*1000
-	cpu, rss := c.stop(b)
+	cpuTime, rss := c.stop(b)
 	if seen < total {
 		b.Fatalf("consumed %d of %d events", seen, total)
 	}
@@ -603,14 +834,123 @@ func latencyOnce(b *testing.B, rate int, d time.Duration) {
 	b.ReportMetric(q(0.99), "p99_ms")
 	b.ReportMetric(lat[len(lat)-1], "max_ms")
 	b.ReportMetric(perRequest, "events/request")
-	fmt.Printf("\ncommit → visible at %d events/s, 1-row transactions, %s (%d events counted):\n", rate, brokerName(), len(lat))
-	fmt.Printf("  p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms  (%.1f events/request, cpu %.2f s, peak RSS %.1f MB)\n", q(0.5), q(0.9), q(0.99), lat[len(lat)-1], perRequest, cpu.Seconds(), rss)
-	fmt.Printf("  commit → Kafka's ack, by cdc_commit_to_ack_seconds: p50 ≤ %g ms, p99 ≤ %g ms\n\n", ackP50, ackP99)
+	b.ReportMetric(reached, "events/s")
+	fmt.Printf("\ncommit → visible at %d events/s, %d-row transactions, %s (%d events counted; the writer reached %.0f/s):\n", rate, per, brokerName(), len(lat), reached)
+	fmt.Printf("  p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms  (%.1f events/request, cpu %.2f s, peak RSS %.1f MB)\n", q(0.5), q(0.9), q(0.99), lat[len(lat)-1], perRequest, cpuTime.Seconds(), rss)
+	fmt.Printf("  commit → Kafka's ack, by cdc_commit_to_ack_seconds: p50 ≤ %g ms, p99 ≤ %g ms\n", ackP50, ackP99)
+	fmt.Printf("  CPU, %% of a core, from the warm-up to the last event:")
+	for _, name := range []string{"connector", "walsender", "writer", "broker"} {
+		if v, ok := cpuPct[name]; ok {
+			fmt.Printf("  %s %.0f", name, v)
+		}
+	}
+	fmt.Printf("\n\n")
 	// Keep the file small: the CDF at 1000 points.
 	cdf := make([]float64, 0, 1001)
 	for i := 0; i <= 1000; i++ {
 		cdf = append(cdf, q(float64(i)/1000))
 	}
-	benchResult{Bench: "latency", Broker: brokerName(), Events: total, Rate: float64(rate), CPU: cpu.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf,
-		AckP50: ackP50, AckP99: ackP99}.save(b)
+	bench := "latency"
+	if per > 1 {
+		bench = "sweep"
+	}
+	benchResult{Bench: bench, Broker: brokerName(), Events: total, TxSize: per, Rate: float64(rate), Reached: reached, CPU: cpuTime.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf,
+		AckP50: ackP50, AckP99: ackP99, CPUPercent: cpuPct}.save(b)
+}
+
+// BenchmarkStartup starts the cdc binary on a backlog of one event, its
+// slot, checkpoint and topic made by an earlier run, and times what a user
+// waits for: from the process's start until a consumer sees the event, and
+// until Postgres has the confirm. The connector's debug log gives the
+// stages on the way (docs/benchmarks.md, "Start-up").
+func BenchmarkStartup(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		startupOnce(b)
+	}
+}
+
+// startupStages are the log lines of the stages, in order.
+var startupStages = []struct{ name, line string }{
+	{"config read", "cdc: starting:"},
+	{"kafka answered", "kafka: brokers answered"},
+	{"postgres connected", "postgres: replication connection open"},
+	{"checkpoint topic ready", "checkpoint topic ready"},
+	{"checkpoint read", "checkpoint read"},
+	{"streaming", "streaming from replication slot"},
+}
+
+func startupOnce(b *testing.B) {
+	p := testenv.Require(b, pg)
+	db := p.NewDatabase(b)
+	kafka := testenv.NewKafka(b)
+	conn := pgConnect(b, db)
+	warmUp(b, db, kafka, conn)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...), kgo.ConsumeTopics(kafka.Prefix+"outbox.event.order"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	// Join the topic's end before the event exists.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	cl.PollFetches(ctx)
+	cancel()
+	before := testenv.CurrentWAL(b, db)
+	testenv.Exec(b, db, "CALL fill_tx(1, 1)")
+	end := testenv.CurrentWAL(b, db)
+	testenv.Eventually(b, time.Minute, "the event to be flushed", func() bool {
+		var flushed bool
+		testenv.QueryRow(b, db, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, []any{end.String()}, &flushed)
+		return flushed
+	})
+
+	b.ResetTimer()
+	c := startConnectorWith(b, db, kafka, "", "log:\n  level: debug\n")
+	var visible time.Time
+	deadline := time.Now().Add(time.Minute)
+	for visible.IsZero() && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if fs.NumRecords() > 0 {
+			visible = time.Now()
+		}
+	}
+	if visible.IsZero() {
+		b.Fatalf("no consumer saw the event\n%s", c.out.String())
+	}
+	confirmed := c.waitConfirmed(b, conn, before)
+	b.StopTimer()
+	c.stop(b)
+	log := c.out.String()
+
+	at := map[string]float64{}
+	for _, l := range strings.Split(log, "\n") {
+		ts, rest, _ := strings.Cut(l, " ")
+		t, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
+		if err != nil {
+			continue
+		}
+		for _, st := range startupStages {
+			if _, ok := at[st.name]; !ok && strings.Contains(rest, st.line) {
+				at[st.name] = float64(t.Sub(c.start).Microseconds()) / 1000
+			}
+		}
+	}
+	visibleMS := float64(visible.Sub(c.start).Microseconds()) / 1000
+	confirmMS := float64(confirmed.Sub(c.start).Microseconds()) / 1000
+	b.ReportMetric(visibleMS, "visible_ms")
+	b.ReportMetric(confirmMS, "confirmed_ms")
+	fmt.Printf("\nstart-up on a backlog of one event (%s), ms from the process's start:\n", brokerName())
+	stages := map[string]float64{}
+	for _, st := range startupStages {
+		v, ok := at[st.name]
+		if !ok {
+			b.Fatalf("no %q line in the connector's log\n%s", st.line, log)
+		}
+		stages[st.name] = v
+		fmt.Printf("  %-22s %7.1f\n", st.name, v)
+	}
+	fmt.Printf("  %-22s %7.1f\n  %-22s %7.1f\n\n", "event visible", visibleMS, "confirmed", confirmMS)
+	benchResult{Bench: "startup", Broker: brokerName(), Events: 1, Seconds: visibleMS / 1000, RefSecs: confirmMS / 1000, Stages: stages}.save(b)
 }
