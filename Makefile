@@ -97,9 +97,9 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 # draws the plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
-BENCH_ONLY  ?= BenchmarkDrain|BenchmarkLatency|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce
+BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency|BenchmarkSweep|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce
 
-bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
+bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
 	mkdir -p $(BENCH_DIR) && rm -f $(BENCH_DIR)/results.jsonl
 	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/pipeline
@@ -110,7 +110,7 @@ bench: setup     ## drain, latency, replay and backfill on a real broker vs pg_r
 	echo "bench: warming the broker's JVM (not recorded)"; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_EVENTS=20000 \
 	  $(GO) test -run '^$$' -bench 'BenchmarkDrain/tx=1000' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
-	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
 	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
 	cd scripts/benchplot && $(GO) run . $(abspath $(BENCH_DIR))/results.jsonl $(abspath $(BENCH_DIR))
 

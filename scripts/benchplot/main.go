@@ -3,9 +3,11 @@
 //
 //	go run ./scripts/benchplot docs/bench/results.jsonl docs/bench
 //
-// It draws latency-cdf.png (commit → visible, one line per run) and
+// It draws latency-cdf.png (commit → visible, one line per run),
 // drain-ratio.png (cdc's drain speed over pg_recvlogical's, per run and the
-// median, per transaction size).
+// median, per transaction size), payload-ratio.png (the same per payload
+// size), sweep-latency.png (p50 and p99 against the offered rate) and
+// sweep-cpu.png (each process's CPU against the rate).
 package main
 
 import (
@@ -38,6 +40,11 @@ type result struct {
 	RSSMB      float64   `json:"peak_rss_mb"`
 	Latency    []float64 `json:"latency_ms"`
 	PerRequest float64   `json:"events_per_request"`
+
+	PayloadBytes int                `json:"payload_bytes"`
+	Reached      float64            `json:"reached"`
+	CPUPercent   map[string]float64 `json:"cpu_percent"`
+	Stages       map[string]float64 `json:"stages_ms"`
 }
 
 func main() {
@@ -50,31 +57,149 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
 		os.Exit(1)
 	}
-	var drains, lats, backfills []result
+	by := map[string][]result{}
 	for _, r := range rs {
-		switch r.Bench {
-		case "drain":
-			drains = append(drains, r)
-		case "latency":
-			lats = append(lats, r)
-		case "backfill":
-			backfills = append(backfills, r)
-		}
+		by[r.Bench] = append(by[r.Bench], r)
 	}
+	drains, lats, payloads, sweeps := by["drain"], by["latency"], by["payload"], by["sweep"]
 	table(drains, lats)
-	backfillTable(backfills)
-	if len(lats) > 0 {
-		if err := latencyCDF(lats, filepath.Join(os.Args[2], "latency-cdf.png")); err != nil {
-			fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
+	payloadTable(payloads)
+	sweepTable(sweeps)
+	startupTable(by["startup"])
+	eosTable(by["exactly-once"])
+	backfillTable(by["backfill"])
+	out := os.Args[2]
+	for _, plot := range []struct {
+		runs []result
+		draw func([]result, string) error
+		file string
+	}{
+		{lats, latencyCDF, "latency-cdf.png"},
+		{drains, drainRatio, "drain-ratio.png"},
+		{payloads, payloadRatio, "payload-ratio.png"},
+		{sweeps, sweepLatency, "sweep-latency.png"},
+		{sweeps, sweepCPU, "sweep-cpu.png"},
+	} {
+		if len(plot.runs) == 0 {
+			continue
+		}
+		if err := plot.draw(plot.runs, filepath.Join(out, plot.file)); err != nil {
+			fmt.Fprintf(os.Stderr, "benchplot: %s: %v\n", plot.file, err)
 			os.Exit(1)
 		}
 	}
-	if len(drains) > 0 {
-		if err := drainRatio(drains, filepath.Join(os.Args[2], "drain-ratio.png")); err != nil {
-			fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
-			os.Exit(1)
-		}
+}
+
+// medianOf is the median of f over runs.
+func medianOf(runs []result, f func(result) float64) float64 {
+	var v []float64
+	for _, r := range runs {
+		v = append(v, f(r))
 	}
+	return median(v)
+}
+
+// payloadTable prints the large-payload drains' medians, per size.
+func payloadTable(runs []result) {
+	bySize := map[int][]result{}
+	for _, r := range runs {
+		bySize[r.PayloadBytes] = append(bySize[r.PayloadBytes], r)
+	}
+	if len(bySize) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| payload drain | runs | cdc (s) | MB/s | pg_recvlogical (s) | ratio | CPU (s) | peak RSS (MB) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, size := range keys(bySize) {
+		rs := bySize[size]
+		fmt.Printf("| %d events of %s | %d | %.2f | %.1f | %.2f | %.2f | %.2f | %.1f |\n", rs[0].Events, sizeName(size), len(rs),
+			medianOf(rs, func(r result) float64 { return r.Seconds }),
+			medianOf(rs, func(r result) float64 { return float64(r.Events) * float64(size) / r.Seconds / 1e6 }),
+			medianOf(rs, func(r result) float64 { return r.RefSecs }), medianOf(rs, func(r result) float64 { return r.Ratio }),
+			medianOf(rs, func(r result) float64 { return r.CPU }), medianOf(rs, func(r result) float64 { return r.RSSMB }))
+	}
+}
+
+func sizeName(bytes int) string {
+	switch {
+	case bytes >= 1_000_000:
+		return fmt.Sprintf("%g MB", float64(bytes)/1e6)
+	case bytes >= 1000:
+		return fmt.Sprintf("%g KB", float64(bytes)/1e3)
+	}
+	return fmt.Sprintf("%d B", bytes)
+}
+
+// processes are the CPU columns of the sweep, in order.
+var processes = []string{"connector", "walsender", "writer", "broker"}
+
+// sweepTable prints the rate sweep's medians, per offered rate.
+func sweepTable(runs []result) {
+	byRate := map[int][]result{}
+	for _, r := range runs {
+		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
+	}
+	if len(byRate) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| offered (events/s) | runs | reached | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | events per request | CPU % connector | walsender | writer | broker |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, rate := range keys(byRate) {
+		rs := byRate[rate]
+		fmt.Printf("| %d (%d-row tx) | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f |", rate, rs[0].TxSize, len(rs),
+			medianOf(rs, func(r result) float64 { return r.Reached }),
+			medianOf(rs, func(r result) float64 { return quantile(r, 0.5) }), medianOf(rs, func(r result) float64 { return quantile(r, 0.9) }),
+			medianOf(rs, func(r result) float64 { return quantile(r, 0.99) }), medianOf(rs, func(r result) float64 { return quantile(r, 1) }),
+			medianOf(rs, func(r result) float64 { return r.PerRequest }))
+		for _, name := range processes {
+			if _, ok := rs[0].CPUPercent[name]; !ok {
+				fmt.Print(" – |")
+				continue
+			}
+			fmt.Printf(" %.0f |", medianOf(rs, func(r result) float64 { return r.CPUPercent[name] }))
+		}
+		fmt.Println()
+	}
+}
+
+// startupTable prints the start-up timeline's medians, stage by stage, in
+// the order they were reached.
+func startupTable(runs []result) {
+	if len(runs) == 0 {
+		return
+	}
+	type stage struct {
+		name string
+		ms   float64
+	}
+	var stages []stage
+	for name := range runs[0].Stages {
+		stages = append(stages, stage{name, medianOf(runs, func(r result) float64 { return r.Stages[name] })})
+	}
+	stages = append(stages,
+		stage{"event visible to a consumer", medianOf(runs, func(r result) float64 { return r.Seconds * 1000 })},
+		stage{"confirmed to Postgres", medianOf(runs, func(r result) float64 { return r.RefSecs * 1000 })})
+	sort.SliceStable(stages, func(i, j int) bool { return stages[i].ms < stages[j].ms })
+	fmt.Println()
+	fmt.Printf("| start-up, ms from the process's start (median of %d) | ms |\n|---|---|\n", len(runs))
+	for _, st := range stages {
+		fmt.Printf("| %s | %.1f |\n", st.name, st.ms)
+	}
+}
+
+// eosTable prints exactly-once's drain speed as a share of at-least-once's.
+func eosTable(runs []result) {
+	if len(runs) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| exactly-once drain | runs | at-least-once (s) | exactly-once (s) | share | peak RSS (MB) |")
+	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
+		medianOf(runs, func(r result) float64 { return r.RefSecs }), medianOf(runs, func(r result) float64 { return r.Seconds }),
+		medianOf(runs, func(r result) float64 { return r.Ratio }), medianOf(runs, func(r result) float64 { return r.RSSMB }))
 }
 
 func read(path string) ([]result, error) {
@@ -249,13 +374,25 @@ func latencyCDF(lats []result, out string) error {
 // drainRatio draws, per transaction size, each run's ratio and a bar at
 // the median, with the goal (0.95) and parity (1) as lines.
 func drainRatio(drains []result, out string) error {
+	return ratioChart(drains, func(r result) int { return r.TxSize },
+		func(n int) string { return fmt.Sprintf("%d-row transactions", n) },
+		"drain speed: cdc (to Postgres's confirm) / pg_recvlogical", 0.95, out)
+}
+
+// payloadRatio is drainRatio per payload size, with the goal 0.9.
+func payloadRatio(runs []result, out string) error {
+	return ratioChart(runs, func(r result) int { return r.PayloadBytes }, sizeName,
+		"large payloads: cdc (to Postgres's confirm) / pg_recvlogical", 0.9, out)
+}
+
+func ratioChart(runs []result, key func(result) int, name func(int) string, title string, goal float64, out string) error {
 	bySize := map[int][]float64{}
-	for _, r := range drains {
-		bySize[r.TxSize] = append(bySize[r.TxSize], r.Ratio)
+	for _, r := range runs {
+		bySize[key(r)] = append(bySize[key(r)], r.Ratio)
 	}
 	sizes := keys(bySize)
 	p := plot.New()
-	p.Title.Text = "drain speed: cdc (to Postgres's confirm) / pg_recvlogical"
+	p.Title.Text = title
 	p.Y.Label.Text = "ratio (higher is faster)"
 	p.Y.Min = 0
 	var medians plotter.Values
@@ -263,7 +400,7 @@ func drainRatio(drains []result, out string) error {
 	var dots plotter.XYs
 	for i, n := range sizes {
 		medians = append(medians, median(bySize[n]))
-		names = append(names, fmt.Sprintf("%d-row transactions", n))
+		names = append(names, name(n))
 		for _, v := range bySize[n] {
 			dots = append(dots, plotter.XY{X: float64(i), Y: v})
 		}
@@ -282,7 +419,7 @@ func drainRatio(drains []result, out string) error {
 	sc.GlyphStyle.Shape = draw.CircleGlyph{}
 	sc.GlyphStyle.Color = color.Black
 	p.Add(sc)
-	for _, y := range []float64{0.95, 1} {
+	for _, y := range []float64{goal, 1} {
 		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: y}, {X: float64(len(sizes)) - 0.5, Y: y}})
 		if err != nil {
 			return err
@@ -296,4 +433,103 @@ func drainRatio(drains []result, out string) error {
 	p.Legend.Add("one run", sc)
 	p.Legend.Top = true
 	return p.Save(5*vg.Inch, 4*vg.Inch, out)
+}
+
+// sweepLatency draws p50 and p99 against the offered rate, each run a
+// dot and the median a line, with the goals (25 ms at 10k/s, 50 ms at
+// 20k/s) and the 100 ms bound of the sustained rate.
+func sweepLatency(runs []result, out string) error {
+	p := plot.New()
+	p.Title.Text = "commit → visible against the rate (10-row transactions, real broker)"
+	p.X.Label.Text = "offered rate (events/s, log scale)"
+	p.Y.Label.Text = "latency (ms, log scale)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	byRate := map[int][]result{}
+	for _, r := range runs {
+		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
+	}
+	for i, q := range []float64{0.5, 0.99} {
+		var line, dots plotter.XYs
+		for _, rate := range keys(byRate) {
+			rs := byRate[rate]
+			line = append(line, plotter.XY{X: float64(rate), Y: max(0.1, medianOf(rs, func(r result) float64 { return quantile(r, q) }))})
+			for _, r := range rs {
+				dots = append(dots, plotter.XY{X: float64(rate), Y: max(0.1, quantile(r, q))})
+			}
+		}
+		l, sc, err := plotter.NewLinePoints(line)
+		if err != nil {
+			return err
+		}
+		l.Color, sc.Color = palette[i], palette[i]
+		p.Add(l, sc)
+		d, err := plotter.NewScatter(dots)
+		if err != nil {
+			return err
+		}
+		d.GlyphStyle.Color, d.GlyphStyle.Radius = palette[i], vg.Points(1.5)
+		p.Add(d)
+		p.Legend.Add(fmt.Sprintf("p%g (median of runs; dots: runs)", q*100), l, sc)
+	}
+	goals, err := plotter.NewScatter(plotter.XYs{{X: 10_000, Y: 25}, {X: 20_000, Y: 50}})
+	if err != nil {
+		return err
+	}
+	goals.GlyphStyle.Shape, goals.GlyphStyle.Radius, goals.GlyphStyle.Color = draw.CrossGlyph{}, vg.Points(5), color.Black
+	p.Add(goals)
+	p.Legend.Add("p99 goals", goals)
+	lo, hi := float64(keys(byRate)[0]), float64(keys(byRate)[len(byRate)-1])
+	bound, err := plotter.NewLine(plotter.XYs{{X: lo, Y: 100}, {X: hi, Y: 100}})
+	if err != nil {
+		return err
+	}
+	bound.Dashes, bound.Color = []vg.Length{vg.Points(3), vg.Points(3)}, color.Gray{Y: 0x80}
+	p.Add(bound)
+	p.Add(plotter.NewGrid())
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, out)
+}
+
+// sweepCPU draws each process's CPU (% of a core) against the offered
+// rate: the connector's below the walsender's says the connector is not
+// what limits the rate.
+func sweepCPU(runs []result, out string) error {
+	p := plot.New()
+	p.Title.Text = "CPU against the rate (% of one core, median of runs)"
+	p.X.Label.Text = "offered rate (events/s, log scale)"
+	p.Y.Label.Text = "CPU (% of one core)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min = 0
+	p.Legend.Top, p.Legend.Left = true, true
+	byRate := map[int][]result{}
+	for _, r := range runs {
+		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
+	}
+	for i, name := range processes {
+		var line plotter.XYs
+		for _, rate := range keys(byRate) {
+			rs := byRate[rate]
+			if _, ok := rs[0].CPUPercent[name]; !ok {
+				continue
+			}
+			line = append(line, plotter.XY{X: float64(rate), Y: medianOf(rs, func(r result) float64 { return r.CPUPercent[name] })})
+		}
+		if len(line) == 0 {
+			continue
+		}
+		l, sc, err := plotter.NewLinePoints(line)
+		if err != nil {
+			return err
+		}
+		l.Color, sc.Color = palette[i%len(palette)], palette[i%len(palette)]
+		if name == "walsender" {
+			l.Width = vg.Points(2.5)
+		}
+		p.Add(l, sc)
+		p.Legend.Add(name, l, sc)
+	}
+	p.Add(plotter.NewGrid())
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, out)
 }
