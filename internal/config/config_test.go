@@ -238,6 +238,43 @@ func TestZeroDuration(t *testing.T) {
 	}
 }
 
+// TestReadBatch: postgres.read_batch is 1ms unless set, 0 turns it off,
+// the environment sets it, and more than 10ms is refused by name.
+func TestReadBatch(t *testing.T) {
+	for _, tt := range []struct {
+		yaml, env string
+		want      time.Duration
+		err       string
+	}{
+		{"", "", time.Millisecond, ""},
+		{"read_batch: 0", "", -1, ""},
+		{"read_batch: 3ms", "", 3 * time.Millisecond, ""},
+		{"", "5ms", 5 * time.Millisecond, ""},
+		{"read_batch: 20ms", "", 0, "postgres.read_batch 20ms: use a value from 0 (read at once) to 10ms"},
+		{"read_batch: -2ms", "", 0, `postgres.read_batch (line 1): "-2ms" is negative`},
+	} {
+		body := "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"
+		if tt.yaml != "" {
+			body = "postgres: {url: 'postgres://u@h/d', " + tt.yaml + "}\nkafka: {brokers: [k:1]}\n"
+		}
+		e := env()
+		if tt.env != "" {
+			e = env("CDC_POSTGRES_READ_BATCH", tt.env)
+		}
+		cfg, _, err := validConfig(writeConfig(t, body), e)
+		switch {
+		case tt.err != "":
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%q: err = %v; want %q", tt.yaml, err, tt.err)
+			}
+		case err != nil:
+			t.Errorf("%q %q: %v", tt.yaml, tt.env, err)
+		case cfg.Postgres.ReadBatch != tt.want:
+			t.Errorf("%q %q: read_batch = %v; want %v", tt.yaml, tt.env, cfg.Postgres.ReadBatch, tt.want)
+		}
+	}
+}
+
 // TestEnvExpansion: ${VAR} and ${VAR:-default} in values come from the
 // environment, typed again when unquoted; $${ is a literal; an unset
 // variable without a default is an error naming the key.

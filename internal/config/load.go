@@ -26,12 +26,13 @@ import (
 // keep the two in step.
 type fileConfig struct {
 	Postgres struct {
-		URL             string        `yaml:"url"`
-		PasswordFile    string        `yaml:"password_file"`
-		Slot            string        `yaml:"slot"`
-		Publication     string        `yaml:"publication"`
-		StatusInterval  time.Duration `yaml:"status_interval"`
-		ConfirmInterval time.Duration `yaml:"confirm_interval"`
+		URL             string         `yaml:"url"`
+		PasswordFile    string         `yaml:"password_file"`
+		Slot            string         `yaml:"slot"`
+		Publication     string         `yaml:"publication"`
+		StatusInterval  time.Duration  `yaml:"status_interval"`
+		ConfirmInterval time.Duration  `yaml:"confirm_interval"`
+		ReadBatch       *time.Duration `yaml:"read_batch"`
 	} `yaml:"postgres"`
 	Kafka struct {
 		Brokers                []string `yaml:"brokers"`
@@ -245,6 +246,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 			Publication:     fc.Postgres.Publication,
 			StatusInterval:  fc.Postgres.StatusInterval,
 			ConfirmInterval: fc.Postgres.ConfirmInterval,
+			ReadBatch:       batchDelay(fc.Postgres.ReadBatch),
 		},
 		Kafka: sink.Config{
 			Brokers:                fc.Kafka.Brokers,
@@ -379,7 +381,7 @@ func (ft fileTable) table() (*outbox.Table, error) {
 }
 
 // batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,
-// standby.takeover_after) to the packages' convention: unset (nil) is 0,
+// postgres.read_batch, standby.takeover_after) to the packages' convention: unset (nil) is 0,
 // the default, and 0 is -1, off.
 func batchDelay(d *time.Duration) time.Duration {
 	switch {

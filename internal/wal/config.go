@@ -37,6 +37,10 @@ type Config struct {
 	// confirm new events: once Kafka has acked, the confirm follows within
 	// about this. Default 20ms; at most StatusInterval.
 	ConfirmInterval time.Duration
+	// ReadBatch is how long a busy stream waits after a read that
+	// drained the socket before it reads again (coalescingConn). Default
+	// DefaultReadBatch; -1 (postgres.read_batch: 0) reads at once.
+	ReadBatch time.Duration
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
 	Messages bool
@@ -49,6 +53,10 @@ type Config struct {
 // drain ends at Kafka's pace, long enough that a busy stream confirms (and
 // writes checkpoints) at most 50 times a second.
 const DefaultConfirmInterval = 20 * time.Millisecond
+
+// DefaultReadBatch is ReadBatch's default: a small part of a busy
+// stream's latency, and reads of tens of messages instead of one each.
+const DefaultReadBatch = time.Millisecond
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
@@ -83,6 +91,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ConfirmInterval < time.Millisecond || c.ConfirmInterval > c.StatusInterval {
 		return fmt.Errorf("postgres.confirm_interval %s: use a value from 1ms to postgres.status_interval (%s)", c.ConfirmInterval, c.StatusInterval)
+	}
+	if c.ReadBatch == 0 {
+		c.ReadBatch = DefaultReadBatch
+	}
+	if c.ReadBatch > 10*time.Millisecond || (c.ReadBatch < 0 && c.ReadBatch != -1) {
+		return fmt.Errorf("postgres.read_batch %s: use a value from 0 (read at once) to 10ms", c.ReadBatch)
 	}
 	return nil
 }

@@ -50,6 +50,9 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
+	if cfg.ReadBatch > 0 {
+		coalesce(pcfg)
+	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, connectError(err, pcfg, "replication connection")

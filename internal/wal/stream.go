@@ -126,7 +126,11 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	recv := newReceiver(s.conn.Conn())
 	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
+	batch, live := coalescer(s.conn.Conn()), false
 	defer func() {
+		if batch != nil {
+			batch.window.Store(0)
+		}
 		s.recv.Store(nil)
 		stop()
 		recv.reset()
@@ -210,6 +214,10 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
 				if err != nil {
 					return fmt.Errorf("parse XLogData: %w", err)
+				}
+				if commit, ok := beginCommitTime(xld.WALData); ok && batch != nil && live != (time.Since(commit) < liveAge) {
+					live = !live
+					batch.window.Store(int64(s.cfg.ReadBatch) * int64(boolInt(live)))
 				}
 				if err := handle(xld.WALStart, xld.WALData); err != nil {
 					return err
@@ -353,6 +361,13 @@ func (r *receiver) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_ = r.conn.SetReadDeadline(time.Time{})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -2,6 +2,7 @@ package wal_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,5 +79,84 @@ func TestWakeConfirmsAtOnce(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, "the woken loop to confirm", func() bool {
 			return testenv.SlotPosition(t, db, "outbox_cdc") >= end
 		})
+	}
+}
+
+// TestReadBatchOnlyWhenLive (postgres.read_batch): a stream batches its
+// reads while its transactions are fresh, and reads at once while it
+// works through a backlog (transactions committed more than a second
+// before), or when the batch time is off.
+func TestReadBatchOnlyWhenLive(t *testing.T) {
+	for _, batch := range []time.Duration{time.Millisecond, -1} {
+		db := testenv.Require(t, pg).NewDatabase(t)
+		testenv.Exec(t, db, outboxDDL)
+		st, err := setup(t, db, defaultTable, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A backlog, old by the time the stream reads it.
+		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
+		written := time.Now()
+		testenv.Eventually(t, time.Minute, "the backlog to age past a second", func() bool { return time.Since(written) > 1200*time.Millisecond })
+
+		c := cfg(db)
+		c.ReadBatch = batch
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		type seen struct {
+			agg      string
+			batching bool
+		}
+		commits := make(chan seen, 100)
+		done := make(chan error, 1)
+		go func() {
+			var agg string
+			done <- s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
+				switch {
+				case len(data) > 0 && data[0] == 'I': // pgoutput's Insert: note whose
+					agg = "new"
+					if strings.Contains(string(data), "old") {
+						agg = "old"
+					}
+				case len(data) > 0 && data[0] == 'C':
+					commits <- seen{agg, wal.Batching(s)}
+				}
+				return nil
+			}, &movingAcks{})
+		}()
+		next := func() seen {
+			select {
+			case c := <-commits:
+				return c
+			case err := <-done:
+				t.Fatalf("Run returned %v", err)
+			case <-time.After(time.Minute):
+				t.Fatal("no transaction streamed")
+			}
+			return seen{}
+		}
+		if got := next(); got.agg != "old" || got.batching {
+			t.Fatalf("read_batch %s: the backlog's transaction: %+v, want it read unbatched", batch, got)
+		}
+		// Committed as an application does: the test server's
+		// synchronous_commit=off holds WAL from the walsender for up to
+		// three wal_writer_delays.
+		testenv.Exec(t, db, "SET synchronous_commit = on", `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('new', 'b', 'c')`)
+		if got := next(); got.agg != "new" || got.batching != (batch > 0) {
+			t.Fatalf("read_batch %s: a live transaction: %+v, want batching %v", batch, got, batch > 0)
+		}
+		cancel()
+		<-done
+		s.Close(context.Background(), &movingAcks{})
+		// Slot names are the cluster's: free it for the next round.
+		testenv.Eventually(t, time.Minute, "the slot to be released", func() bool {
+			var active bool
+			testenv.QueryRow(t, db, `SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &active)
+			return !active
+		})
+		testenv.Exec(t, db, `SELECT pg_drop_replication_slot('outbox_cdc')`)
 	}
 }
