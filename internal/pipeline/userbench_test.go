@@ -49,17 +49,21 @@ const fillTxProcedure = `CREATE PROCEDURE fill_tx(n int, per int) LANGUAGE plpgs
 	END $$`
 
 // fillPayloadProcedure writes n outbox rows in 1-row transactions, each
-// with a payload of size bytes of hexadecimal digits from random(): about
-// as compressible as a real payload is to Postgres's TOAST and to Kafka's
-// producer (not at all to pglz, which codes no entropy), where a run of
-// one letter would shrink to nothing in the WAL and on the broker.
+// with a payload of size bytes of hexadecimal digits from random(), a
+// window of one random string at a different offset in each row: as
+// incompressible as a real payload can be to TOAST's pglz (which finds no
+// repeats inside the value) and to the producer's snappy (whose window is
+// shorter than the distance to the row before), where a run of one letter
+// would shrink to nothing in the WAL and on the broker.
 const fillPayloadProcedure = `CREATE PROCEDURE fill_payload(n int, size int) LANGUAGE plpgsql AS $$
+	DECLARE
+	  pad text;
 	BEGIN
+	  SELECT string_agg(md5(random()::text), '') INTO pad FROM generate_series(1, 2 * size / 32 + 1);
 	  FOR i IN 1..n LOOP
 	    INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
-	    SELECT 'order', 'agg-' || (i % 1000), 'OrderCreated',
-	           jsonb_build_object('i', i, 'pad', left(string_agg(md5(random()::text), ''), size - 20))
-	    FROM generate_series(1, size / 32 + 1);
+	    VALUES ('order', 'agg-' || (i % 1000), 'OrderCreated',
+	            jsonb_build_object('i', i, 'pad', substr(pad, 1 + (i * 7919) % size, size - 20)));
 	    COMMIT;
 	  END LOOP;
 	END $$`
@@ -96,6 +100,8 @@ type benchResult struct {
 	// CPUPercent: each process's CPU while the writer wrote, in percent
 	// of one core (sweep).
 	CPUPercent map[string]float64 `json:"cpu_percent,omitempty"`
+	// CPUSeconds: the other processes' CPU in a drain (drained).
+	CPUSeconds map[string]float64 `json:"other_cpu_seconds,omitempty"`
 	// Stages: start-up, ms from the process's start to each stage.
 	Stages map[string]float64 `json:"stages_ms,omitempty"`
 }
@@ -273,6 +279,8 @@ checkpoint:
 	}
 	c := &connector{cmd: exec.Command(connectorBinary(b), "run", "--config", file), http: freeAddr(b)}
 	c.cmd.Env = append(os.Environ(), "CDC_HTTP_LISTEN="+c.http)
+	// The connector's own environment, to compare (GOMAXPROCS=2, say).
+	c.cmd.Env = append(c.cmd.Env, strings.Fields(os.Getenv("CDC_BENCH_CONNECTOR_ENV"))...)
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	c.start = time.Now()
 	if err := c.cmd.Start(); err != nil {
@@ -370,8 +378,9 @@ func drainOnce(b *testing.B, per int) {
 	fmt.Printf("\ndrain %d events in %d-row transactions (%s):\n", events, per, brokerName())
 	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", d.elapsed.Seconds(), float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss)
 	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", d.ref.Seconds(), d.refBefore.Seconds(), d.refAfter.Seconds())
-	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
-	benchResult{Bench: "drain", Broker: brokerName(), Events: events, TxSize: per, Seconds: d.elapsed.Seconds(),
+	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n", ratio)
+	fmt.Printf("  CPU (s): walsender %.2f for cdc, %.2f for pg_recvlogical; broker %.2f while cdc ran\n\n", d.walsender, d.refWalsender, d.broker)
+	benchResult{Bench: "drain", CPUSeconds: d.cpuSeconds(), Broker: brokerName(), Events: events, TxSize: per, Seconds: d.elapsed.Seconds(),
 		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
 }
 
@@ -414,8 +423,9 @@ func payloadOnce(b *testing.B, size, events int) {
 	fmt.Printf("\ndrain %d events of %d-byte payloads in 1-row transactions (%s):\n", events, size, brokerName())
 	fmt.Printf("  cdc, start to confirm: %7.3f s  %7.1f MB/s  %7.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", d.elapsed.Seconds(), mbs, float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss)
 	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", d.ref.Seconds(), d.refBefore.Seconds(), d.refAfter.Seconds())
-	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n\n", ratio)
-	benchResult{Bench: "payload", Broker: brokerName(), Events: events, TxSize: 1, PayloadBytes: size, Seconds: d.elapsed.Seconds(),
+	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n", ratio)
+	fmt.Printf("  CPU (s): walsender %.2f for cdc, %.2f for pg_recvlogical; broker %.2f while cdc ran\n\n", d.walsender, d.refWalsender, d.broker)
+	benchResult{Bench: "payload", CPUSeconds: d.cpuSeconds(), Broker: brokerName(), Events: events, TxSize: 1, PayloadBytes: size, Seconds: d.elapsed.Seconds(),
 		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
 }
 
@@ -423,6 +433,51 @@ func payloadOnce(b *testing.B, size, events int) {
 type drained struct {
 	elapsed, cpu, ref, refBefore, refAfter time.Duration
 	rss                                    float64
+	// The CPU of the walsenders feeding the connector and the first
+	// pg_recvlogical, and the broker's while the connector ran, in
+	// seconds (0 when unknown).
+	walsender, refWalsender, broker float64
+}
+
+func (d drained) cpuSeconds() map[string]float64 {
+	m := map[string]float64{"walsender": d.walsender, "ref_walsender": d.refWalsender}
+	if d.broker > 0 {
+		m["broker"] = d.broker
+	}
+	return m
+}
+
+// slotCPU follows the walsender that streams slot, once one does, and
+// returns a function that stops following it and gives its CPU time in
+// seconds: the walsender starts with its connection, so its total is its
+// work for that reader.
+func slotCPU(db, slot string) (stop func() float64) {
+	done, out := make(chan struct{}), make(chan float64, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), db)
+		if err != nil {
+			out <- 0
+			return
+		}
+		defer conn.Close(context.Background())
+		pid, last := 0, int64(0)
+		for t := time.NewTicker(10 * time.Millisecond); ; <-t.C {
+			select {
+			case <-done:
+				out <- float64(last) / 100
+				return
+			default:
+			}
+			if pid == 0 {
+				_ = conn.QueryRow(context.Background(), `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+				continue
+			}
+			if n := cpuTicks(pid); n > last {
+				last = n
+			}
+		}
+	}()
+	return func() float64 { close(done); return <-out }
 }
 
 // drain runs one drain of a backlog in per-row transactions, the connector
@@ -442,7 +497,10 @@ type backlog struct {
 
 func (bl backlog) fill(b *testing.B, db string, n int) {
 	if bl.size > 0 {
-		testenv.Exec(b, db, fmt.Sprintf("CALL fill_payload(%d, %d)", n, bl.size))
+		// In calls of at most 100 MB, each within a statement's time.
+		for chunk := max(1, 100_000_000/bl.size); n > 0; n -= chunk {
+			testenv.Exec(b, db, fmt.Sprintf("CALL fill_payload(%d, %d)", min(n, chunk), bl.size))
+		}
 		return
 	}
 	testenv.Exec(b, db, fmt.Sprintf("CALL fill_tx(%d, %d)", n, bl.per))
@@ -478,10 +536,17 @@ func drainBacklog(b *testing.B, bl backlog) drained {
 
 	b.ResetTimer()
 	var d drained
+	refWalsender := slotCPU(db, "ref_before")
 	d.refBefore = recvlogicalTime(b, recvlogical, db, "ref_before", end)
+	d.refWalsender = refWalsender()
+	walsender, broker := slotCPU(db, "outbox_cdc"), cpuTicks(brokerPID())
 	c := startConnectorOpts(b, db, kafka, bl.set)
 	done := c.waitConfirmed(b, conn, beforeLast)
 	d.elapsed = done.Sub(c.start)
+	if broker >= 0 && brokerPID() > 0 {
+		d.broker = float64(cpuTicks(brokerPID())-broker) / 100
+	}
+	d.walsender = walsender()
 	d.refAfter = recvlogicalTime(b, recvlogical, db, "ref_after", end)
 	b.StopTimer()
 	d.cpu, d.rss = c.stop(b)
