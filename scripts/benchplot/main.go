@@ -136,10 +136,7 @@ var processes = []string{"connector", "walsender", "writer", "broker"}
 
 // sweepTable prints the rate sweep's medians, per offered rate.
 func sweepTable(runs []result) {
-	byRate := map[int][]result{}
-	for _, r := range runs {
-		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
-	}
+	byRate := groupByRate(runs)
 	if len(byRate) == 0 {
 		return
 	}
@@ -435,21 +432,33 @@ func ratioChart(runs []result, key func(result) int, name func(int) string, titl
 	return p.Save(5*vg.Inch, 4*vg.Inch, out)
 }
 
-// sweepLatency draws p50 and p99 against the offered rate, each run a
-// dot and the median a line, with the goals (25 ms at 10k/s, 50 ms at
-// 20k/s) and the 100 ms bound of the sustained rate.
-func sweepLatency(runs []result, out string) error {
-	p := plot.New()
-	p.Title.Text = "commit → visible against the rate (10-row transactions, real broker)"
-	p.X.Label.Text = "offered rate (events/s, log scale)"
-	p.Y.Label.Text = "latency (ms, log scale)"
-	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
-	p.Legend.Top, p.Legend.Left = true, true
+// groupByRate groups runs by their offered rate.
+func groupByRate(runs []result) map[int][]result {
 	byRate := map[int][]result{}
 	for _, r := range runs {
 		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
 	}
+	return byRate
+}
+
+// ratePlot is a plot against the offered rate, on a log scale.
+func ratePlot(title, yLabel string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "offered rate (events/s, log scale)"
+	p.Y.Label.Text = yLabel
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	return p
+}
+
+// sweepLatency draws p50 and p99 against the offered rate, each run a
+// dot and the median a line, with the goals (25 ms at 10k/s, 50 ms at
+// 20k/s) and the 100 ms bound of the sustained rate.
+func sweepLatency(runs []result, out string) error {
+	p := ratePlot("commit → visible against the rate (10-row transactions, real broker)", "latency (ms, log scale)")
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	byRate := groupByRate(runs)
 	for i, q := range []float64{0.5, 0.99} {
 		var line, dots plotter.XYs
 		for _, rate := range keys(byRate) {
@@ -495,18 +504,9 @@ func sweepLatency(runs []result, out string) error {
 // rate: the connector's below the walsender's says the connector is not
 // what limits the rate.
 func sweepCPU(runs []result, out string) error {
-	p := plot.New()
-	p.Title.Text = "CPU against the rate (% of one core, median of runs)"
-	p.X.Label.Text = "offered rate (events/s, log scale)"
-	p.Y.Label.Text = "CPU (% of one core)"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p := ratePlot("CPU against the rate (% of one core, median of runs)", "CPU (% of one core)")
 	p.Y.Min = 0
-	p.Legend.Top, p.Legend.Left = true, true
-	byRate := map[int][]result{}
-	for _, r := range runs {
-		byRate[int(r.Rate)] = append(byRate[int(r.Rate)], r)
-	}
+	byRate := groupByRate(runs)
 	for i, name := range processes {
 		var line plotter.XYs
 		for _, rate := range keys(byRate) {
