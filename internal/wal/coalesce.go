@@ -54,6 +54,14 @@ func beginCommitTime(data []byte) (time.Time, bool) {
 	return pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(data[9:17]))) * time.Microsecond), true
 }
 
+// batchReads turns batching on, with batch time w, or off.
+func (c *coalescingConn) batchReads(on bool, w time.Duration) {
+	if !on {
+		w = 0
+	}
+	c.window.Store(int64(w))
+}
+
 // Read waits out the rest of the window after a short read, then reads.
 // Only the connection's reader calls it, one call at a time.
 func (c *coalescingConn) Read(p []byte) (int, error) {

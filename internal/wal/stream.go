@@ -129,7 +129,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	batch, live := coalescer(s.conn.Conn()), false
 	defer func() {
 		if batch != nil {
-			batch.window.Store(0)
+			batch.batchReads(false, 0)
 		}
 		s.recv.Store(nil)
 		stop()
@@ -215,9 +215,10 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				if err != nil {
 					return fmt.Errorf("parse XLogData: %w", err)
 				}
+				// Batch reads while the stream is live (coalescingConn).
 				if commit, ok := beginCommitTime(xld.WALData); ok && batch != nil && live != (time.Since(commit) < liveAge) {
 					live = !live
-					batch.window.Store(int64(s.cfg.ReadBatch) * int64(boolInt(live)))
+					batch.batchReads(live, s.cfg.ReadBatch)
 				}
 				if err := handle(xld.WALStart, xld.WALData); err != nil {
 					return err
@@ -361,13 +362,6 @@ func (r *receiver) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_ = r.conn.SetReadDeadline(time.Time{})
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func minTime(a, b time.Time) time.Time {
