@@ -38,9 +38,10 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	p.log.Debug("kafka: brokers answered")
 	if p.store == nil {
 		// The checkpoint topic's round trips overlap with Postgres's;
-		// openStore takes the store.
+		// openStore takes the store. One this session left untaken is
+		// dropped with it: the next session opens its own.
 		sctx, cancel := context.WithCancel(ctx)
-		defer cancel()
+		defer func() { cancel(); p.opening = nil }()
 		p.opening = checkpoint.StartOpen(sctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
 	}
 
