@@ -658,17 +658,35 @@ func TestConfirmsArePrompt(t *testing.T) {
 	e.cfg.Postgres.StatusInterval = 30 * time.Second
 	r := e.start(t)
 	conn := connect(t, e.db)
+	ctx := context.Background()
 	for round := 0; round < 3; round++ {
-		insertEvent(t, conn, "p-1", "E")
-		commit := testenv.CurrentWAL(t, e.db)
+		// The event's commit record comes after what its transaction
+		// wrote. Not the cluster's WAL end after the commit: other WAL
+		// (a checkpoint's running-xacts record, another database) may
+		// follow it, and the watermark passes that only on a keepalive,
+		// which is checkpointed at the status interval's pace (rule 5).
+		var before pglogrepl.LSN
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'p-1', 'E', '{"k": 1}')`); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()`).Scan(&before)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var commit pglogrepl.LSN
 		testenv.Eventually(t, time.Minute, "Kafka to ack the event", func() bool {
-			tr := r.tracker.Load()
-			return tr != nil && tr.Confirmed() >= commit
+			if tr := r.tracker.Load(); tr != nil {
+				commit = tr.Position().CommitLSN
+			}
+			return commit >= before
 		})
 		// A few confirm intervals (20ms) and a checkpoint's round trip;
-		// the status interval used to set the pace.
+		// the status interval used to set the pace. Confirmed positions
+		// are transaction ends or keepalive WAL ends, so one past the
+		// commit record's start is past the transaction.
 		testenv.Eventually(t, 5*time.Second, "the slot to confirm the acked event", func() bool {
-			return testenv.SlotPosition(t, e.db, "outbox_cdc") >= commit
+			return testenv.SlotPosition(t, e.db, "outbox_cdc") > commit
 		})
 	}
 	if err := r.stop(t); err != nil {
