@@ -8,6 +8,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -39,6 +40,9 @@ type Config struct {
 	Postgres wal.Config
 	Kafka    sink.Config
 	Tables   []*outbox.Table
+	// SchemaRegistry is where tables with a schema (json-schema, avro,
+	// protobuf) find it.
+	SchemaRegistry schema.Config
 	// DeadLetterMaxMessageBytes is the record size limit of the
 	// dead-letter topics; to dead-letter oversized events it must exceed
 	// Kafka.MaxMessageBytes. Default 1,000,012.
@@ -142,6 +146,9 @@ func (c *Config) Validate() error {
 		if t.IsMessage() {
 			c.Postgres.Messages = true
 		}
+	}
+	if err := c.SchemaRegistry.Validate(c.UsesRegistry()); err != nil {
+		return err
 	}
 	for _, t := range c.Tables {
 		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
@@ -254,6 +261,16 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("postgres.slot %q is too long to name its replay slot %q; use at most 56 characters", c.Postgres.Slot, c.ReplaySlot())
 	}
 	return nil
+}
+
+// UsesRegistry reports whether a table's schema is in the registry.
+func (c *Config) UsesRegistry() bool {
+	for _, t := range c.Tables {
+		if t.Schema.Registered() {
+			return true
+		}
+	}
+	return false
 }
 
 // WALTables lists the outbox tables (not message sources) with the columns

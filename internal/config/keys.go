@@ -36,6 +36,9 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 	}
 	switch t.Kind() {
 	case reflect.Struct:
+		if n.Kind == yaml.ScalarNode && t.Implements(shorthandType) {
+			return nil // the short form, checked where it is used
+		}
 		if n.Kind != yaml.MappingNode {
 			return fmt.Errorf("%s (%s): expected a mapping of keys (see docs/config.md)", orTop(path), at(n))
 		}
@@ -75,6 +78,10 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
+
+// shorthandType is what a mapping that may be written as a scalar
+// implements (tables[].schema).
+var shorthandType = reflect.TypeOf((*interface{ shorthand() })(nil)).Elem()
 
 func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 	if n.Kind != yaml.ScalarNode {

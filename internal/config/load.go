@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -84,6 +85,23 @@ type fileConfig struct {
 		CommitInterval     time.Duration `yaml:"commit_interval"`
 		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 	} `yaml:"exactly_once"`
+	SchemaRegistry struct {
+		URL       string `yaml:"url"`
+		BasicAuth struct {
+			Username     string `yaml:"username"`
+			Password     string `yaml:"password"`
+			PasswordFile string `yaml:"password_file"`
+		} `yaml:"basic_auth"`
+		TokenFile string `yaml:"token_file"`
+		TLS       struct {
+			CAFile     string `yaml:"ca_file"`
+			CertFile   string `yaml:"cert_file"`
+			KeyFile    string `yaml:"key_file"`
+			ServerName string `yaml:"server_name"`
+		} `yaml:"tls"`
+		AutoRegister bool          `yaml:"auto_register"`
+		Timeout      time.Duration `yaml:"timeout"`
+	} `yaml:"schema_registry"`
 	Tables           []fileTable   `yaml:"tables"`
 	MaxInFlight      int           `yaml:"max_in_flight"`
 	MaxInFlightBytes int64         `yaml:"max_in_flight_bytes"`
@@ -129,11 +147,49 @@ type fileTable struct {
 	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
 	OnInvalid               string            `yaml:"on_invalid"`
 	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
+	Schema                  fileSchema        `yaml:"schema"`
 	Backfill                *struct {
 		Where     string `yaml:"where"`
 		OrderBy   string `yaml:"order_by"`
 		ChunkSize int    `yaml:"chunk_size"`
 	} `yaml:"backfill"`
+}
+
+// fileSchema is tables[].schema: a mapping, or just the format
+// (schema: avro).
+type fileSchema struct {
+	Format  string `yaml:"format"`
+	Subject string `yaml:"subject"`
+	Version string `yaml:"version"` // latest (default) or a number
+	IDIn    string `yaml:"id_in"`
+	Key     bool   `yaml:"key"`
+	Message string `yaml:"message"`
+	File    string `yaml:"file"`
+}
+
+// UnmarshalYAML takes the short form, a scalar naming the format.
+func (s *fileSchema) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		s.Format = n.Value
+		return nil
+	}
+	type plain fileSchema
+	return n.Decode((*plain)(s))
+}
+
+// shorthand marks a mapping that may be written as one scalar.
+func (fileSchema) shorthand() {}
+
+func (s fileSchema) schema() (outbox.Schema, error) {
+	out := outbox.Schema{Format: s.Format, Subject: s.Subject, IDIn: s.IDIn, Key: s.Key, Message: s.Message, File: s.File}
+	if s.Version != "" && s.Version != "latest" {
+		v, err := strconv.Atoi(s.Version)
+		if err != nil || v < 1 {
+			return out, fmt.Errorf("schema.version %q: use latest or a version number", s.Version)
+		}
+		out.Version = v
+	}
+	return out, nil
 }
 
 // DefaultListen is where cdc run serves /metrics, /healthz and /readyz.
@@ -264,6 +320,11 @@ func Load(path string, env Environ) (Config, Log, error) {
 			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
 				PasswordFile: fc.Kafka.SASL.PasswordFile, TokenFile: fc.Kafka.SASL.TokenFile},
 		},
+		SchemaRegistry: schema.Config{URL: fc.SchemaRegistry.URL, Username: fc.SchemaRegistry.BasicAuth.Username,
+			Password: fc.SchemaRegistry.BasicAuth.Password, PasswordFile: fc.SchemaRegistry.BasicAuth.PasswordFile,
+			TokenFile: fc.SchemaRegistry.TokenFile, AutoRegister: fc.SchemaRegistry.AutoRegister, Timeout: fc.SchemaRegistry.Timeout,
+			TLS: sink.TLSConfig{CAFile: fc.SchemaRegistry.TLS.CAFile, CertFile: fc.SchemaRegistry.TLS.CertFile,
+				KeyFile: fc.SchemaRegistry.TLS.KeyFile, ServerName: fc.SchemaRegistry.TLS.ServerName}},
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
 		MaxInFlight:               fc.MaxInFlight,
 		MaxInFlightBytes:          fc.MaxInFlightBytes,
@@ -305,6 +366,10 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		Tombstone:         ft.TombstoneOnEmptyPayload,
 		OnInvalid:         ft.OnInvalid,
 		DeadLetterTopic:   ft.DeadLetterTopic,
+	}
+	var err error
+	if t.Schema, err = ft.Schema.schema(); err != nil {
+		return nil, err
 	}
 	for _, n := range ft.TopicNormalize {
 		switch n {

@@ -14,6 +14,7 @@
 package metrics
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,7 +52,16 @@ type Metrics struct {
 	// ProduceRequests counts produce requests written to brokers: events
 	// per request shows how well batching works.
 	ProduceRequests prometheus.Counter
+	// SchemaLookups counts lookups of a schema by result (SchemaResults);
+	// schemaInvalid events that did not match their schema, by source.
+	SchemaLookups *prometheus.CounterVec
+	schemaInvalid *prometheus.CounterVec
 }
+
+// SchemaResults are the values of cdc_schema_lookups_total's result label:
+// a schema found in the cache, read from the registry, registered by the
+// connector, missing from the registry, or a registry that failed.
+var SchemaResults = []string{"cached", "fetched", "registered", "not_found", "error"}
 
 // PipelineLabel is the label every series carries: the pipeline's name
 // (config.Config.Name, the slot's name by default).
@@ -115,7 +125,11 @@ func New(pipeline string) *Metrics {
 		Help: "Records in the checkpoint topic the connector did not write (not a checkpoint it can read), skipped."})
 	m.ProduceRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_kafka_produce_requests_total",
 		Help: "Produce requests written to the brokers (events, dead letters and checkpoints together)."})
-	for _, c := range []prometheus.Collector{m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	m.SchemaLookups = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_schema_lookups_total",
+		Help: "Schema lookups for tables with a registry schema, by result: cached, fetched, registered, not_found, error."}, []string{"result"})
+	m.schemaInvalid = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_schema_invalid_total",
+		Help: "Events whose payload did not match their schema (dead-lettered, or stopping the connector), by source."}, []string{"source"})
+	for _, c := range []prometheus.Collector{m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -131,6 +145,7 @@ type Source struct {
 	Name   string
 	Topics []string
 	Table  bool
+	Schema bool // its payload has a registry schema
 }
 
 // Init creates every labelled series the configuration makes known, at 0,
@@ -138,6 +153,12 @@ type Source struct {
 // the first event, dead letter or backfilled row.
 func (m *Metrics) Init(sources []Source) {
 	for _, s := range sources {
+		if s.Schema {
+			m.schemaInvalid.WithLabelValues(s.Name)
+			for _, r := range SchemaResults {
+				m.SchemaLookups.WithLabelValues(r)
+			}
+		}
 		m.deadLetters.WithLabelValues(s.Name)
 		for _, t := range s.Topics {
 			m.events.WithLabelValues(s.Name, t)
@@ -153,10 +174,40 @@ func (m *Metrics) EventCounter(source, topic string) prometheus.Counter {
 	return m.events.WithLabelValues(source, topic)
 }
 
+// EventCounters keeps cdc_events_total's children by source and topic, so
+// that the per-event path looks one up without building its label values
+// (source.String() runs once per source and topic). The zero value is
+// ready; it is not safe for concurrent use.
+type EventCounters struct {
+	c map[eventKey]prometheus.Counter
+}
+
+type eventKey struct {
+	source fmt.Stringer // compared as the configured source's pointer
+	topic  string
+}
+
+// Get returns source's and topic's counter from m.
+func (e *EventCounters) Get(m *Metrics, source fmt.Stringer, topic string) prometheus.Counter {
+	k := eventKey{source, topic}
+	c, ok := e.c[k]
+	if !ok {
+		if e.c == nil {
+			e.c = map[eventKey]prometheus.Counter{}
+		}
+		c = m.EventCounter(source.String(), topic)
+		e.c[k] = c
+	}
+	return c
+}
+
 // BackfillRows is cdc_backfill_rows_total for table.
 func (m *Metrics) BackfillRows(table string) prometheus.Counter {
 	return m.backfillRows.WithLabelValues(table)
 }
+
+// SchemaInvalid counts one event of source that did not match its schema.
+func (m *Metrics) SchemaInvalid(source string) { m.schemaInvalid.WithLabelValues(source).Inc() }
 
 // DeadLetter counts one dead-lettered event of source.
 func (m *Metrics) DeadLetter(source string) { m.deadLetters.WithLabelValues(source).Inc() }

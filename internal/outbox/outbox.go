@@ -169,6 +169,8 @@ type Table struct {
 	// OnInvalid is OnInvalidFail (default) or OnInvalidDeadLetter.
 	OnInvalid       string
 	DeadLetterTopic string
+	// Schema is the data contract of the payload (outbox/schema.go).
+	Schema Schema
 	// Backfill, when set, sends the rows already in the table that match
 	// its condition on the first start (docs/migrating-from-polling.md),
 	// and is the default of cdc backfill for this table.
@@ -283,6 +285,9 @@ func (t *Table) Validate() error {
 		if !LegalTopicChar(c) {
 			return fmt.Errorf("%s: topic_normalize replacement %q must itself be legal in topic names", t, t.TopicReplaceIllegal)
 		}
+	}
+	if err := t.Schema.validate(t); err != nil {
+		return err
 	}
 	if t.DeadLetterTopic == "" {
 		t.DeadLetterTopic = DefaultDeadLetterTopic

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -56,10 +57,11 @@ type Options struct {
 
 // Pipeline streams outbox events from one slot to Kafka.
 type Pipeline struct {
-	cfg    config.Config
-	opts   Options
-	log    hclog.Logger
-	router *route.Router
+	cfg     config.Config
+	opts    Options
+	log     hclog.Logger
+	router  *route.Router
+	schemas *schema.Registry // nil unless a table's schema is in the registry
 	// store is opened by the first session that reaches the checkpoint;
 	// progress is set by every session's start, from the checkpoint it
 	// read (another replica may have moved it).
@@ -118,10 +120,15 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	if p.m == nil {
 		p.m = metrics.New(p.cfg.Name)
 	}
+	if cfg.UsesRegistry() {
+		if p.schemas, err = schema.New(cfg.SchemaRegistry, p.m); err != nil {
+			return nil, err
+		}
+	}
 	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
-		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics()})
+		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics(), Schema: t.Schema.Registered()})
 	}
 	p.m.Init(sources)
 	p.setState(false, "starting")

@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -228,7 +228,7 @@ type session struct {
 	replay *replay.Filter
 	// ctx is the session's, for the admin calls EnsureTopic makes.
 	ctx      context.Context
-	counters map[counterKey]prometheus.Counter
+	counters metrics.EventCounters
 	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
 	eos *checkpoint.Committer
 	// stream is the replication stream once it started, for blocking.
@@ -312,6 +312,9 @@ func (s *session) event(m *decode.Message) error {
 	ev := &m.Event
 	rec, err := s.record(m)
 	if err != nil {
+		if !errors.As(err, new(*outbox.EventError)) {
+			return err // a registry that cannot answer: retried, never dead-lettered
+		}
 		if rec, err = s.deadLetter(ev, err); err != nil {
 			return err
 		}
@@ -349,6 +352,9 @@ func (s *session) record(m *decode.Message) (*kgo.Record, error) {
 		return nil, m.Invalid
 	}
 	rec, err := s.p.router.Record(&m.Event)
+	if err == nil {
+		err = s.p.schemas.Apply(s.ctx, rec, &m.Event, s.blocking)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +389,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 // here, so the ack does no lookups.
 func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	tx, onDelivered, m := s.tx, s.p.opts.OnDelivered, s.p.m
-	events := s.eventCounter(ev.Table, rec.Topic)
+	events := s.counters.Get(s.p.m, ev.Table, rec.Topic)
 	var stamped time.Time
 	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
 		stamped, _ = route.ParseTimestamp(string(v.B))
@@ -409,24 +415,4 @@ func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 			onDelivered(rec, err)
 		}
 	})
-}
-
-type counterKey struct {
-	source *outbox.Table
-	topic  string
-}
-
-// eventCounter is cdc_events_total for source and topic, resolved once a
-// session.
-func (s *session) eventCounter(source *outbox.Table, topic string) prometheus.Counter {
-	k := counterKey{source, topic}
-	c, ok := s.counters[k]
-	if !ok {
-		if s.counters == nil {
-			s.counters = map[counterKey]prometheus.Counter{}
-		}
-		c = s.p.m.EventCounter(source.String(), topic)
-		s.counters[k] = c
-	}
-	return c
 }

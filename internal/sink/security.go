@@ -90,7 +90,7 @@ func (c *Config) validateSecurity() error {
 			return fmt.Errorf("kafka.sasl.mechanism %s needs a password: kafka.sasl.password_file, or CDC_KAFKA_SASL_PASSWORD", s.Mechanism)
 		}
 		if s.PasswordFile != "" {
-			if _, err := readSecret(s.PasswordFile); err != nil {
+			if _, err := ReadSecret(s.PasswordFile); err != nil {
 				return fmt.Errorf("kafka.sasl.password_file: %v", err)
 			}
 		}
@@ -98,7 +98,7 @@ func (c *Config) validateSecurity() error {
 		if s.TokenFile == "" {
 			return errors.New("kafka.sasl.mechanism OAUTHBEARER needs kafka.sasl.token_file, a file holding the token (refreshed on disk by your token agent)")
 		}
-		if _, err := readSecret(s.TokenFile); err != nil {
+		if _, err := ReadSecret(s.TokenFile); err != nil {
 			return fmt.Errorf("kafka.sasl.token_file: %v", err)
 		}
 	case SASLAWSMSKIAM:
@@ -111,8 +111,8 @@ func (c *Config) validateSecurity() error {
 	return nil
 }
 
-// readSecret reads a secret file, trimmed of surrounding whitespace.
-func readSecret(path string) (string, error) {
+// ReadSecret reads a secret file, trimmed of surrounding whitespace.
+func ReadSecret(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
@@ -128,7 +128,7 @@ func readSecret(path string) (string, error) {
 func securityOpts(cfg Config) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	if cfg.TLS.Enabled {
-		tc, err := tlsConfig(cfg.TLS)
+		tc, err := cfg.TLS.Build("kafka.tls")
 		if err != nil {
 			return nil, err
 		}
@@ -140,22 +140,25 @@ func securityOpts(cfg Config) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-func tlsConfig(c TLSConfig) (*tls.Config, error) {
+// Build returns the tls.Config c describes; key is where c sits in the
+// config file ("kafka.tls"), for the errors. The schema registry's client
+// uses it too.
+func (c TLSConfig) Build(key string) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %v", err)
+			return nil, fmt.Errorf("%s.ca_file: %v", key, err)
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file %s holds no PEM certificate", c.CAFile)
+			return nil, fmt.Errorf("%s.ca_file %s holds no PEM certificate", key, c.CAFile)
 		}
 	}
 	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.cert_file and key_file: %v", err)
+			return nil, fmt.Errorf("%s.cert_file and key_file: %v", key, err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
@@ -165,7 +168,7 @@ func tlsConfig(c TLSConfig) (*tls.Config, error) {
 func saslMechanism(c SASLConfig) sasl.Mechanism {
 	password := func() (string, error) {
 		if c.PasswordFile != "" {
-			p, err := readSecret(c.PasswordFile)
+			p, err := ReadSecret(c.PasswordFile)
 			if err != nil {
 				return "", fmt.Errorf("kafka.sasl.password_file: %v", err)
 			}
@@ -190,7 +193,7 @@ func saslMechanism(c SASLConfig) sasl.Mechanism {
 		return scram.Sha512(fn)
 	case SASLOAuthBearer:
 		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
-			tok, err := readSecret(c.TokenFile)
+			tok, err := ReadSecret(c.TokenFile)
 			if err != nil {
 				return oauth.Auth{}, fmt.Errorf("kafka.sasl.token_file: %v", err)
 			}

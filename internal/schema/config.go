@@ -1,0 +1,86 @@
+package schema
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/sink"
+)
+
+// Config is schema_registry.
+type Config struct {
+	// URL is the registry's Confluent-compatible API, e.g.
+	// http://registry:8081 or Apicurio's .../apis/ccompat/v7.
+	URL string
+	// Username with Password or PasswordFile: HTTP basic auth.
+	Username, Password, PasswordFile string
+	// TokenFile holds a bearer token, read at each request.
+	TokenFile string
+	TLS       sink.TLSConfig
+	// AutoRegister registers tables[].schema.file under a subject that
+	// has no schema; off by default.
+	AutoRegister bool
+	// Timeout bounds one request; DefaultTimeout.
+	Timeout time.Duration
+}
+
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 10 * time.Second
+
+// Validate reports a configuration error, naming the key to fix, and fills
+// the defaults. needed says whether a table uses the registry.
+func (c *Config) Validate(needed bool) error {
+	if c.URL == "" {
+		if needed {
+			return errors.New("a table's schema (json-schema, avro or protobuf) needs schema_registry.url, the registry's Confluent-compatible API")
+		}
+		return nil
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("schema_registry.url: use an http:// or https:// URL, such as http://registry:8081")
+	}
+	if u.User != nil {
+		return errors.New("schema_registry.url carries credentials; move them to schema_registry.basic_auth (username and password_file)")
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("schema_registry.timeout %s: use a positive duration", c.Timeout)
+	}
+	if c.Username != "" && c.Password == "" && c.PasswordFile == "" {
+		return errors.New("schema_registry.basic_auth.username needs a password: basic_auth.password_file, or CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD")
+	}
+	if c.Username == "" && (c.Password != "" || c.PasswordFile != "") {
+		return errors.New("schema_registry.basic_auth has a password but no username; set basic_auth.username")
+	}
+	if c.TokenFile != "" && c.Username != "" {
+		return errors.New("schema_registry: set basic_auth or token_file, not both")
+	}
+	for key, f := range map[string]string{"basic_auth.password_file": c.PasswordFile, "token_file": c.TokenFile} {
+		if f != "" {
+			if _, err := sink.ReadSecret(f); err != nil {
+				return fmt.Errorf("schema_registry.%s: %v", key, err)
+			}
+		}
+	}
+	t := &c.TLS
+	if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" {
+		t.Enabled = true
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return errors.New("schema_registry.tls.cert_file and key_file go together: set both for a client certificate, or neither")
+	}
+	for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
+		if f != "" {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("schema_registry.tls.%s: %v", key, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,391 @@
+package schema
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/sink"
+)
+
+// Header names of the schema ids with schema.id_in: header.
+const (
+	HeaderSchemaID    = "schema_id"
+	HeaderKeySchemaID = "key_schema_id"
+)
+
+// recheckAfter is how long a latest schema is trusted: an event that does
+// not fit one read longer ago than this makes the registry be asked again
+// before the event is judged.
+const recheckAfter = time.Second
+
+// entry is one subject's schema, as cached.
+type entry struct {
+	subject string
+	version int // the registry's version
+	id      int
+	idText  []byte // id in decimal, for the header
+	codec   codec
+	readAt  time.Time
+}
+
+// sourceCache is one source's entries: value entries by topic ("" with the
+// record strategy) and event type ("" with the topic strategy), key
+// entries by topic. Keyed so that a lookup builds no string.
+type sourceCache struct {
+	value map[string]map[string]*entry
+	key   map[string]*entry
+}
+
+// Registry encodes payloads against the registry's schemas. Encode and
+// Resolve are called from the replication loop, one at a time; the
+// registry's metrics may be read concurrently.
+type Registry struct {
+	cfg     Config
+	cl      *sr.Client
+	lookups [5]prometheus
+	invalid func(source string)
+
+	mu      sync.Mutex // guards sources against cdc check's Check
+	sources map[*outbox.Table]*sourceCache
+	codecs  map[codecKey]codec // by id: subjects that share a schema share its codec
+}
+
+type codecKey struct {
+	id      int
+	format  string
+	message string
+}
+
+// prometheus is the one method of a counter used here.
+type prometheus interface{ Inc() }
+
+// New returns a Registry for cfg (validated), counting into m (nil: not
+// counted).
+func New(cfg Config, m *metrics.Metrics) (*Registry, error) {
+	opts := []sr.ClientOpt{sr.URLs(cfg.URL), sr.UserAgent("outbox-cdc"), sr.PreReq(cfg.authorize)}
+	hc := &http.Client{Timeout: cfg.Timeout}
+	if cfg.TLS.Enabled {
+		tc, err := cfg.TLS.Build("schema_registry.tls")
+		if err != nil {
+			return nil, err
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}
+	}
+	opts = append(opts, sr.HTTPClient(hc))
+	cl, err := sr.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("schema_registry: %v", err)
+	}
+	r := &Registry{cfg: cfg, cl: cl, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}}
+	for i := range r.lookups {
+		r.lookups[i] = nop{}
+	}
+	if m != nil {
+		for i, res := range metrics.SchemaResults {
+			r.lookups[i] = m.SchemaLookups.WithLabelValues(res)
+		}
+		r.invalid = m.SchemaInvalid
+	}
+	return r, nil
+}
+
+type nop struct{}
+
+func (nop) Inc() {}
+
+// The indexes of metrics.SchemaResults.
+const (
+	resCached = iota
+	resFetched
+	resRegistered
+	resNotFound
+	resError
+)
+
+// authorize sets the request's credentials, read from their files now, so
+// that a rotated secret is used without a restart.
+func (c Config) authorize(req *http.Request) error {
+	switch {
+	case c.TokenFile != "":
+		tok, err := sink.ReadSecret(c.TokenFile)
+		if err != nil {
+			return fmt.Errorf("schema_registry.token_file: %v", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	case c.Username != "":
+		pass := c.Password
+		if c.PasswordFile != "" {
+			p, err := sink.ReadSecret(c.PasswordFile)
+			if err != nil {
+				return fmt.Errorf("schema_registry.basic_auth.password_file: %v", err)
+			}
+			pass = p
+		}
+		req.SetBasicAuth(c.Username, pass)
+	}
+	return nil
+}
+
+// Miss says that Encode needs a schema it has not cached, or wants the
+// latest one re-read before judging an event. Resolve fetches it.
+type Miss struct {
+	table   *outbox.Table
+	subject string
+	topic   string
+	typ     string // event type, for the record strategies
+	key     bool
+	recheck *entry // the entry the event did not fit
+}
+
+func (m *Miss) Error() string {
+	return fmt.Sprintf("schema of subject %q not cached", m.subject)
+}
+
+// Encode checks rec's value (and, with schema.key, its key) against ev's
+// schema and replaces it with its wire form. It returns a *Miss when a
+// schema must be fetched first, and an *outbox.EventError when the payload
+// does not match. Sources without a registry schema pass untouched.
+func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
+	sc := &ev.Table.Schema
+	if r == nil || !sc.Registered() {
+		return nil
+	}
+	if rec.Value == nil {
+		return nil // a tombstone: nothing to encode
+	}
+	var typ []byte
+	if sc.Subject != outbox.SubjectTopic {
+		if typ = ev.Fields[outbox.FieldEventType].B; len(typ) == 0 {
+			return outbox.Invalid(ev, "schema.subject %s names the subject after the event type, which is empty", sc.Subject)
+		}
+	}
+	r.mu.Lock()
+	sch := r.sources[ev.Table]
+	var e, ke *entry
+	if sch != nil {
+		e = sch.value[valueTopic(sc, rec.Topic)][string(typ)]
+		if sc.Key {
+			ke = sch.key[rec.Topic]
+		}
+	}
+	r.mu.Unlock()
+	if e == nil {
+		return &Miss{table: ev.Table, subject: subject(sc, rec.Topic, string(typ), false), topic: rec.Topic, typ: string(typ)}
+	}
+	if sc.Key && ke == nil {
+		return &Miss{table: ev.Table, subject: subject(sc, rec.Topic, "", true), topic: rec.Topic, key: true}
+	}
+	value, err := r.frame(e, sc, rec.Value)
+	if err != nil {
+		return r.mismatch(e, ev, rec.Topic, string(typ), false, "payload", err)
+	}
+	var key []byte
+	if ke != nil {
+		doc, _ := json.Marshal(string(rec.Key))
+		if sc.IDIn == outbox.IDInHeader {
+			err = ke.codec.check(doc)
+			key = rec.Key
+		} else {
+			key, err = r.frame(ke, sc, doc)
+		}
+		if err != nil {
+			return r.mismatch(ke, ev, rec.Topic, "", true, "key", err)
+		}
+	}
+	rec.Value = value
+	if sc.IDIn == outbox.IDInHeader {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderSchemaID, Value: e.idText})
+	}
+	if ke != nil {
+		rec.Key = key
+		if sc.IDIn == outbox.IDInHeader {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderKeySchemaID, Value: ke.idText})
+		}
+	}
+	r.lookups[resCached].Inc()
+	return nil
+}
+
+// frame is doc in e's wire form: with the id in a prefix, Confluent's
+// framing (a zero byte, the id big-endian, and protobuf's message
+// indexes) before the encoded bytes; with the id in a header, doc as
+// written, once checked.
+func (r *Registry) frame(e *entry, sc *outbox.Schema, doc []byte) ([]byte, error) {
+	if sc.IDIn == outbox.IDInHeader {
+		return doc, e.codec.check(doc)
+	}
+	var h sr.ConfluentHeader
+	b, err := h.AppendEncode(make([]byte, 0, 5+8+len(doc)), e.id, e.codec.index())
+	if err != nil {
+		return nil, err
+	}
+	return e.codec.append(b, doc)
+}
+
+// mismatch is what an event that does not fit e gets: a re-read of the
+// latest schema first, if e may be stale; else the invalid event's error.
+func (r *Registry) mismatch(e *entry, ev *outbox.Event, topic, typ string, key bool, what string, err error) error {
+	if ev.Table.Schema.Version == 0 && time.Since(e.readAt) >= recheckAfter {
+		return &Miss{table: ev.Table, subject: e.subject, topic: topic, typ: typ, key: key, recheck: e}
+	}
+	r.invalid(ev.Table.String())
+	return outbox.Invalid(ev, "its %s does not match schema subject %q version %d (id %d): %s", what, e.subject, e.version, e.id, errtext.OneLine(err))
+}
+
+// valueTopic is the topic part of a value entry's cache key.
+func valueTopic(sc *outbox.Schema, topic string) string {
+	if sc.Subject == outbox.SubjectRecord {
+		return ""
+	}
+	return topic
+}
+
+// subject names the subject by sc's strategy. Keys always follow the
+// topic strategy.
+func subject(sc *outbox.Schema, topic, typ string, key bool) string {
+	switch {
+	case key:
+		return topic + "-key"
+	case sc.Subject == outbox.SubjectRecord:
+		return typ
+	case sc.Subject == outbox.SubjectTopicRecord:
+		return topic + "-" + typ
+	}
+	return topic + "-value"
+}
+
+// LookupError is a schema the registry could not give: it is down, or
+// has no such subject, or holds a schema that does not compile. The
+// session retries it; nothing is dead-lettered for it.
+type LookupError struct {
+	Subject string
+	Msg     string
+	Err     error
+}
+
+func (e *LookupError) Error() string { return e.Msg }
+func (e *LookupError) Unwrap() error { return e.Err }
+
+// Resolve fetches what m misses and caches it. It may block on the
+// registry for up to schema_registry.timeout.
+func (r *Registry) Resolve(ctx context.Context, m *Miss) error {
+	sc := &m.table.Schema
+	e, err := r.fetch(ctx, sc, m.subject, m.key)
+	if err != nil {
+		// Also on a recheck: the registry cannot say whether a newer
+		// schema exists, so the event can be judged neither valid nor
+		// invalid. It waits.
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sch := r.sources[m.table]
+	if sch == nil {
+		sch = &sourceCache{value: map[string]map[string]*entry{}, key: map[string]*entry{}}
+		r.sources[m.table] = sch
+	}
+	if m.key {
+		sch.key[m.topic] = e
+		return nil
+	}
+	vt := valueTopic(sc, m.topic)
+	if sch.value[vt] == nil {
+		sch.value[vt] = map[string]*entry{}
+	}
+	sch.value[vt][m.typ] = e
+	return nil
+}
+
+var errNotFound = errors.New("not found")
+
+// fetch reads subject's schema (sc's pinned version, or the latest) and
+// compiles it; with auto_register, it registers schema.file under a
+// subject that has none.
+func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string, key bool) (*entry, error) {
+	version := sc.Version
+	if version == 0 || key {
+		version = -1
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	ss, err := r.cl.SchemaByVersion(ctx, subject, version)
+	res := resFetched
+	var re *sr.ResponseError
+	if errors.As(err, &re) && sr.IsNotFoundError(re.ErrorCode) && r.cfg.AutoRegister && sc.File != "" && !key {
+		text, rerr := os.ReadFile(sc.File)
+		if rerr != nil {
+			return nil, &LookupError{Subject: subject, Msg: fmt.Sprintf("schema registry has no subject %q, and tables[].schema.file cannot be read to register it: %v", subject, rerr), Err: rerr}
+		}
+		ss, err = r.cl.CreateSchema(ctx, subject, sr.Schema{Schema: string(text), Type: registryType(sc.Format)})
+		res = resRegistered
+	}
+	if err != nil {
+		if errors.As(err, &re) && sr.IsNotFoundError(re.ErrorCode) {
+			r.lookups[resNotFound].Inc()
+			what := fmt.Sprintf("schema registry has no subject %q", subject)
+			if version > 0 {
+				what = fmt.Sprintf("schema registry has no version %d of subject %q", version, subject)
+			}
+			return nil, &LookupError{Subject: subject, Err: errNotFound, Msg: fmt.Sprintf("%s (%s); register the schema under it (or set schema_registry.auto_register and tables[].schema.file); the connector retries, confirming nothing past this event", what, errtext.OneLine(err))}
+		}
+		r.lookups[resError].Inc()
+		return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry %s: look up subject %q: %s; the connector retries, confirming nothing past this event", r.cfg.URL, subject, errtext.OneLine(err))}
+	}
+	if got, want := ss.Type, registryType(sc.Format); got != want {
+		r.lookups[resError].Inc()
+		return nil, &LookupError{Subject: subject, Msg: fmt.Sprintf("schema registry: subject %q version %d is a %s schema, and the table's schema is %s; register a %s schema under it, or change tables[].schema", subject, ss.Version, got, sc.Format, want)}
+	}
+	if len(ss.References) > 0 {
+		r.lookups[resError].Inc()
+		return nil, &LookupError{Subject: subject, Msg: fmt.Sprintf("schema registry: subject %q version %d references other schemas, which the connector does not resolve yet; register it self-contained", subject, ss.Version)}
+	}
+	message := sc.Message
+	if key {
+		message = ""
+	}
+	ck := codecKey{id: ss.ID, format: sc.Format, message: message}
+	r.mu.Lock()
+	c := r.codecs[ck]
+	r.mu.Unlock()
+	if c == nil {
+		if c, err = compile(sc.Format, ss.Schema.Schema, message); err != nil {
+			r.lookups[resError].Inc()
+			return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry: subject %q version %d (id %d) is not a %s schema the connector can use: %s; fix it in the registry", subject, ss.Version, ss.ID, sc.Format, errtext.OneLine(err))}
+		}
+		r.mu.Lock()
+		r.codecs[ck] = c
+		r.mu.Unlock()
+	}
+	r.lookups[res].Inc()
+	return &entry{subject: subject, version: ss.Version, id: ss.ID, idText: strconv.AppendInt(nil, int64(ss.ID), 10), codec: c, readAt: time.Now()}, nil
+}
+
+// Apply is Encode with its misses resolved: each through wait (the
+// session's blocking path), then Encode again. An error from Resolve is
+// returned as it is: the session ends and retries after a backoff.
+func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event, wait func(func() error) error) error {
+	for range 4 { // a value, a key, and a recheck of each
+		err := r.Encode(rec, ev)
+		var m *Miss
+		if !errors.As(err, &m) {
+			return err
+		}
+		if err := wait(func() error { return r.Resolve(ctx, m) }); err != nil {
+			return err
+		}
+	}
+	return r.Encode(rec, ev)
+}

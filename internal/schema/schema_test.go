@@ -1,0 +1,370 @@
+package schema
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/linkedin/goavro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+const orderAvro = `{"type":"record","name":"Order","namespace":"shop","fields":[` +
+	`{"name":"id","type":"string"},{"name":"qty","type":"int"},{"name":"note","type":["null","string"],"default":null}]}`
+
+// orderAvroV2 adds a field with a default: a backward-compatible change.
+const orderAvroV2 = `{"type":"record","name":"Order","namespace":"shop","fields":[` +
+	`{"name":"id","type":"string"},{"name":"qty","type":"int"},{"name":"note","type":["null","string"],"default":null},` +
+	`{"name":"currency","type":"string","default":"EUR"}]}`
+
+func table(t *testing.T, s outbox.Schema) *outbox.Table {
+	t.Helper()
+	tb := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Schema: s}
+	if err := tb.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func event(tb *outbox.Table, typ, payload string) *outbox.Event {
+	ev := &outbox.Event{Table: tb}
+	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte("e-1")}
+	ev.Fields[outbox.FieldEventType] = outbox.Value{B: []byte(typ)}
+	ev.Fields[outbox.FieldPayload] = outbox.Value{B: []byte(payload), Kind: outbox.KindJSON}
+	return ev
+}
+
+func newRegistry(t *testing.T, url string, m *metrics.Metrics, mod func(*Config)) *Registry {
+	t.Helper()
+	cfg := Config{URL: url}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if err := cfg.Validate(true); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(cfg, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// apply runs Registry.Apply as the session does, with the blocking path
+// run in place.
+func apply(r *Registry, rec *kgo.Record, ev *outbox.Event) error {
+	return r.Apply(context.Background(), rec, ev, func(f func() error) error { return f() })
+}
+
+func record(topic, key, value string) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}
+}
+
+// decodeAvro reads a Confluent-framed Avro value back, as a
+// registry-aware deserialiser does: the id from the prefix, the schema
+// from the registry by id.
+func decodeAvro(t *testing.T, reg *testenv.Registry, value []byte) (int, map[string]any) {
+	t.Helper()
+	var h sr.ConfluentHeader
+	id, rest, err := h.DecodeID(value)
+	if err != nil {
+		t.Fatalf("value %x: %v", value, err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL))
+	s, err := cl.SchemaByID(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := goavro.NewCodec(s.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	native, tail, err := c.NativeFromBinary(rest)
+	if err != nil || len(tail) != 0 {
+		t.Fatalf("decode avro %x: %v (%d bytes left)", rest, err, len(tail))
+	}
+	return id, native.(map[string]any)
+}
+
+// TestAvro: a JSON payload is encoded with the subject's latest Avro
+// schema and framed with its id; the registry's deserialiser reads back
+// what the application wrote. Plain JSON and Avro's JSON encoding of a
+// union both work.
+func TestAvro(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	v1, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New("t")
+	r := newRegistry(t, reg.URL, m, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	for _, payload := range []string{`{"id":"o-1","qty":2,"note":"gift"}`, `{"id":"o-1","qty":2,"note":{"string":"gift"}}`} {
+		rec := record("orders", "o-1", payload)
+		if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
+			t.Fatal(err)
+		}
+		id, got := decodeAvro(t, reg, rec.Value)
+		if id != v1 || got["id"] != "o-1" || got["qty"] != int32(2) || got["note"].(map[string]any)["string"] != "gift" {
+			t.Fatalf("id %d (want %d), decoded %v", id, v1, got)
+		}
+		if string(rec.Key) != "o-1" {
+			t.Fatalf("key %q: without schema.key it stays text", rec.Key)
+		}
+	}
+	if got := testutilCount(t, m, "cdc_schema_lookups_total", "fetched"); got != 1 {
+		t.Fatalf("fetched %v times, want 1 (then cached)", got)
+	}
+	if got := testutilCount(t, m, "cdc_schema_lookups_total", "cached"); got != 2 {
+		t.Fatalf("cached lookups %v, want 2", got)
+	}
+}
+
+// TestInvalidIsAnEventError: a payload that does not match is an
+// *outbox.EventError (dead-lettered or stopping, per on_invalid) that says
+// which subject and version it failed, once the latest was re-read.
+func TestInvalidIsAnEventError(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New("t")
+	r := newRegistry(t, reg.URL, m, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	for _, payload := range []string{`{"id":"o-1","qty":"two"}`, `{"id":"o-1"}`, `not json`, `{"id":"o-1","qty":2,"unknown":1}`} {
+		rec := record("orders", "o-1", payload)
+		err := apply(r, rec, event(tb, "OrderPlaced", payload))
+		var ee *outbox.EventError
+		if !errors.As(err, &ee) || !strings.Contains(err.Error(), `schema subject "orders-value" version 1`) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("%s: got %v, want a one-line EventError naming the subject", payload, err)
+		}
+		if string(rec.Value) != payload {
+			t.Fatalf("the record's value changed to %q", rec.Value)
+		}
+	}
+	if got := testutilSeries(t, m, "cdc_schema_invalid_total", "source", "public.outbox"); got != 4 {
+		t.Fatalf("cdc_schema_invalid_total = %v, want 4", got)
+	}
+}
+
+// TestSchemaEvolvedWhileStreaming: an event that does not fit the cached
+// latest schema makes the connector read the latest again before judging
+// it; a newer version it fits is used, with its id.
+func TestSchemaEvolvedWhileStreaming(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	v1, _, _ := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
+	r := newRegistry(t, reg.URL, nil, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	rec := record("orders", "o-1", `{"id":"o-1","qty":1}`)
+	if err := apply(r, rec, event(tb, "OrderPlaced", `{"id":"o-1","qty":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	v2, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvroV2, Type: sr.TypeAvro})
+	if err != nil || v2 == v1 {
+		t.Fatalf("register v2: id %d, %v", v2, err)
+	}
+	// The cached v1 was read long enough ago to be re-read.
+	r.sources[tb].value["orders"][""].readAt = time.Now().Add(-recheckAfter)
+	payload := `{"id":"o-2","qty":1,"currency":"USD"}`
+	rec = record("orders", "o-2", payload)
+	if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if id, got := decodeAvro(t, reg, rec.Value); id != v2 || got["currency"] != "USD" {
+		t.Fatalf("id %d (want v2's %d), decoded %v", id, v2, got)
+	}
+	// A pinned version is never re-read: the event is invalid against it.
+	pinned := table(t, outbox.Schema{Format: outbox.SchemaAvro, Version: 1})
+	rec = record("orders", "o-2", payload)
+	if err := apply(r, rec, event(pinned, "OrderPlaced", payload)); !errors.As(err, new(*outbox.EventError)) {
+		t.Fatalf("pinned to version 1: %v, want an EventError", err)
+	}
+}
+
+// TestRegistryDownIsNotAnEventError: a registry that cannot answer, or
+// has no schema for the subject, is a LookupError, which the session
+// retries; nothing is dead-lettered for it, and no secret is in the text.
+func TestRegistryDownIsNotAnEventError(t *testing.T) {
+	reg := testenv.NewRegistry(t, srfake.WithAuth("Basic "+base64.StdEncoding.EncodeToString([]byte("cdc:s3cret-pass"))))
+	reg.Stop()
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("s3cret-pass\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New("t")
+	r := newRegistry(t, reg.URL, m, func(c *Config) { c.Username, c.PasswordFile, c.Timeout = "cdc", pw, 2*time.Second })
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	payload := `{"id":"o-1","qty":1}`
+	check := func(want string) {
+		t.Helper()
+		err := apply(r, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload))
+		var le *LookupError
+		if !errors.As(err, &le) || errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Fatalf("got %v, want a LookupError saying %q", err, want)
+		}
+	}
+	check("connection refused")
+	reg.Start()
+	check(`has no subject "orders-value"`)
+	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(r, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload)); err != nil {
+		t.Fatalf("with the registry back and the subject registered: %v", err)
+	}
+	if testutilCount(t, m, "cdc_schema_lookups_total", "error") != 1 || testutilCount(t, m, "cdc_schema_lookups_total", "not_found") != 1 {
+		t.Fatal("the failed lookups were not counted by result")
+	}
+	// A wrong password is refused, and the error does not show it.
+	if err := os.WriteFile(pw, []byte("wrong-pass"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r2 := newRegistry(t, reg.URL, nil, func(c *Config) { c.Username, c.PasswordFile = "cdc", pw })
+	err := apply(r2, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload))
+	if !errors.As(err, new(*LookupError)) || strings.Contains(err.Error(), "wrong-pass") || !strings.Contains(err.Error(), "not authorized") {
+		t.Fatalf("wrong password: %v", err)
+	}
+}
+
+// TestJSONSchema: the payload is checked and sent as written, the id in
+// the 5-byte prefix or in a schema_id header.
+func TestJSONSchema(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	id, _, err := reg.RegisterSchema("orders-value", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"object","required":["id","qty"],"properties":{"id":{"type":"string"},"qty":{"type":"integer","minimum":1}}}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRegistry(t, reg.URL, nil, nil)
+	payload := `{"id":"o-1","qty":2}`
+	prefix := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema})
+	rec := record("orders", "o-1", payload)
+	if err := apply(r, rec, event(prefix, "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]byte{0, 0, 0, 0, byte(id)}, payload...); !bytes.Equal(rec.Value, want) {
+		t.Fatalf("value %q, want %q", rec.Value, want)
+	}
+	header := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema, IDIn: outbox.IDInHeader})
+	rec = record("orders", "o-1", payload)
+	if err := apply(r, rec, event(header, "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if string(rec.Value) != payload || len(rec.Headers) != 1 || rec.Headers[0].Key != HeaderSchemaID || string(rec.Headers[0].Value) != "1" {
+		t.Fatalf("value %q headers %v: want the payload as written and schema_id: 1", rec.Value, rec.Headers)
+	}
+	bad := `{"id":"o-1","qty":0}`
+	if err := apply(r, record("orders", "o-1", bad), event(header, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "minimum") {
+		t.Fatalf("qty 0: %v, want an EventError about the minimum", err)
+	}
+}
+
+// TestProtobuf: the JSON payload becomes the named message, framed with
+// its index path, and decodes back with the registered descriptor.
+func TestProtobuf(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	proto3 := `syntax = "proto3"; package shop; message Money { int64 cents = 1; } message Order { string id = 1; int32 qty = 2; Money total = 3; }`
+	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Type: sr.TypeProtobuf, Schema: proto3}); err != nil {
+		t.Fatal(err)
+	}
+	r := newRegistry(t, reg.URL, nil, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaProtobuf, Message: "shop.Order"})
+	payload := `{"id":"o-1","qty":2,"total":{"cents":"1250"}}`
+	rec := record("orders", "o-1", payload)
+	if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	var h sr.ConfluentHeader
+	_, rest, err := h.DecodeID(rec.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, rest, err := h.DecodeIndex(rest, 8)
+	if err != nil || len(idx) != 1 || idx[0] != 1 {
+		t.Fatalf("message index %v (%v), want [1]: Order is the file's second message", idx, err)
+	}
+	c, err := newProtobuf(proto3, "shop.Order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := dynamicpb.NewMessage(c.md)
+	if err := proto.Unmarshal(rest, msg); err != nil {
+		t.Fatal(err)
+	}
+	fields := c.md.Fields()
+	total := msg.Get(fields.ByName("total")).Message()
+	if msg.Get(fields.ByName("id")).String() != "o-1" || msg.Get(fields.ByName("qty")).Int() != 2 ||
+		total.Get(total.Descriptor().Fields().ByName("cents")).Int() != 1250 {
+		t.Fatalf("decoded %v", msg)
+	}
+	bad := `{"id":"o-1","qty":"many"}`
+	if err := apply(r, record("orders", "o-1", bad), event(tb, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) {
+		t.Fatalf("qty many: %v, want an EventError", err)
+	}
+}
+
+// TestSubjectsKeysAndAutoRegister: the record strategies name subjects
+// after the event type; schema.key encodes the key under <topic>-key; with
+// auto_register, schema.file is registered under a subject that has none.
+func TestSubjectsKeysAndAutoRegister(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	for _, s := range []string{"OrderPlaced", "orders-OrderPlaced", "orders-value"} {
+		if _, _, err := reg.RegisterSchema(s, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyID, _, _ := reg.RegisterSchema("orders-key", sr.Schema{Schema: `"string"`, Type: sr.TypeAvro})
+	r := newRegistry(t, reg.URL, nil, nil)
+	payload := `{"id":"o-1","qty":2}`
+	for _, strategy := range []string{outbox.SubjectRecord, outbox.SubjectTopicRecord} {
+		rec := record("orders", "o-1", payload)
+		if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), "OrderPlaced", payload)); err != nil {
+			t.Fatalf("%s: %v", strategy, err)
+		}
+		if err := apply(r, record("orders", "o-1", payload), event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), "Other", payload)); !errors.As(err, new(*LookupError)) {
+			t.Fatalf("%s, event type Other: %v, want a LookupError (no such subject)", strategy, err)
+		}
+	}
+	rec := record("orders", "o-1", payload)
+	if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Key: true}), "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []byte{0, 0, 0, 0, byte(keyID), 6, 'o', '-', '1'}; !bytes.Equal(rec.Key, want) {
+		t.Fatalf("key %x, want %x (framed Avro string)", rec.Key, want)
+	}
+
+	file := filepath.Join(t.TempDir(), "order.avsc")
+	if err := os.WriteFile(file, []byte(orderAvro), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro, File: file})
+	off := newRegistry(t, reg.URL, nil, nil)
+	if err := apply(off, record("payments", "p-1", payload), event(tb, "Paid", payload)); !errors.As(err, new(*LookupError)) {
+		t.Fatalf("auto_register off: %v, want a LookupError", err)
+	}
+	m := metrics.New("t")
+	on := newRegistry(t, reg.URL, m, func(c *Config) { c.AutoRegister = true })
+	rec = record("payments", "p-1", payload)
+	if err := apply(on, rec, event(tb, "Paid", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := reg.GetSchema("payments-value", 1); !ok || testutilCount(t, m, "cdc_schema_lookups_total", "registered") != 1 {
+		t.Fatal("schema.file was not registered under payments-value")
+	}
+	if id, got := decodeAvro(t, reg, rec.Value); got["id"] != "o-1" || id == 0 {
+		t.Fatalf("decoded %v with id %d", got, id)
+	}
+}
