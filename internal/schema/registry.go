@@ -26,6 +26,13 @@ const (
 	HeaderKeySchemaID = "key_schema_id"
 )
 
+// contentType is the media type of a value in format, where it is no
+// longer JSON.
+var contentType = map[string][]byte{
+	outbox.SchemaAvro:     []byte("application/avro"),
+	outbox.SchemaProtobuf: []byte("application/x-protobuf"),
+}
+
 // recheckAfter is how long a latest schema is trusted: an event that does
 // not fit one read longer ago than this makes the registry be asked again
 // before the event is judged.
@@ -206,6 +213,13 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 		}
 	}
 	rec.Value = value
+	if ct := contentType[sc.Format]; ct != nil && ev.Table.Format == outbox.FormatCloudEventsBinary {
+		for i := range rec.Headers {
+			if rec.Headers[i].Key == "content-type" {
+				rec.Headers[i].Value = ct // CloudEvents' datacontenttype: what data now is
+			}
+		}
+	}
 	if sc.IDIn == outbox.IDInHeader {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderSchemaID, Value: e.idText})
 	}
