@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.yaml.in/yaml/v3"
@@ -62,7 +61,11 @@ func TestExamples(t *testing.T) {
 			// pipeline.New fills the default topics that get the prefix,
 			// and validates the changed tables again below.
 			registry := registerSchemas(t, dir, kafka.Prefix)
-			loaded, _, err := config.Load(cfgPath, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ","), "CDC_SCHEMA_REGISTRY_URL", registry))
+			registryURL := ""
+			if registry != nil {
+				registryURL = registry.URL
+			}
+			loaded, _, err := config.Load(cfgPath, env("CDC_POSTGRES_URL", db, "CDC_KAFKA_BROKERS", strings.Join(kafka.Brokers, ","), "CDC_SCHEMA_REGISTRY_URL", registryURL))
 			if err != nil {
 				t.Fatalf("%s: %v", cfgPath, err)
 			}
@@ -135,7 +138,7 @@ func TestExamples(t *testing.T) {
 				next[g]++
 				switch {
 				case w.Decoded != nil:
-					if got := decodeAvro(t, registry, r.Value); !jsonEqual(got, *w.Decoded) {
+					if _, got := registry.Decode(t, r); !jsonEqual(got, *w.Decoded) {
 						t.Errorf("record %d: decoded value\n  %s\nwant\n  %s", i, got, *w.Decoded)
 					}
 				case w.Value == nil && r.Value != nil:
@@ -172,13 +175,13 @@ func TestExamples(t *testing.T) {
 
 // registerSchemas serves a registry with the schemas of an example's
 // registry/ directory, each file under the subject its name gives, with the
-// test's topic prefix (the topic naming strategy). It returns its URL, or
-// "" for an example without a registry/ directory.
-func registerSchemas(t *testing.T, dir, prefix string) string {
+// test's topic prefix (the topic naming strategy). It returns nil for an
+// example without a registry/ directory.
+func registerSchemas(t *testing.T, dir, prefix string) *testenv.Registry {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "registry", "*"))
 	if len(files) == 0 {
-		return ""
+		return nil
 	}
 	reg := testenv.NewRegistry(t)
 	for _, f := range files {
@@ -192,40 +195,7 @@ func registerSchemas(t *testing.T, dir, prefix string) string {
 			t.Fatalf("register %s: %v", f, err)
 		}
 	}
-	return reg.URL
-}
-
-// decodeAvro reads a Confluent-framed Avro value as a registry-aware
-// consumer does: the schema id from the prefix, the schema from the
-// registry by id. It returns the value in Avro's JSON encoding.
-func decodeAvro(t *testing.T, url string, value []byte) string {
-	t.Helper()
-	var h sr.ConfluentHeader
-	id, rest, err := h.DecodeID(value)
-	if err != nil {
-		t.Fatalf("value %q is not framed with a schema id: %v", value, err)
-	}
-	cl, err := sr.NewClient(sr.URLs(url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := cl.SchemaByID(context.Background(), id)
-	if err != nil {
-		t.Fatalf("schema id %d: %v", id, err)
-	}
-	c, err := goavro.NewCodec(s.Schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	native, tail, err := c.NativeFromBinary(rest)
-	if err != nil || len(tail) > 0 {
-		t.Fatalf("decode %x with schema id %d: %v (%d bytes left)", rest, id, err, len(tail))
-	}
-	text, err := c.TextualFromNative(nil, native)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(text)
+	return reg
 }
 
 func jsonEqual(a, b string) bool {

@@ -171,6 +171,10 @@ func (c *Config) Validate() error {
 		// system, when it connects.
 		c.Kafka.MaxBatchDelay = -1
 		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
+		// An event waiting for the registry holds its Kafka transaction
+		// open: give up before the broker aborts it, and let a new
+		// session (a new transaction) wait again.
+		c.SchemaRegistry.WaitLimit = c.ExactlyOnce.TransactionTimeout / 2
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight

@@ -399,3 +399,55 @@ func TestMalformedURLHidesThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaSetting: tables[].schema takes the short form (schema: avro)
+// and the mapping, fills its defaults, and refuses what cannot work with
+// one line naming the key; the registry's password comes from the
+// environment and no error shows it.
+func TestSchemaSetting(t *testing.T) {
+	base := "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://registry:8081'}\n"
+	cfg, _, err := validConfig(writeConfig(t, base+"tables: [{name: outbox, schema: avro}]\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := outbox.Schema{Format: outbox.SchemaAvro, Subject: outbox.SubjectTopic, IDIn: outbox.IDInPrefix}
+	if got := cfg.Tables[0].Schema; got != want {
+		t.Fatalf("schema: avro = %+v, want %+v", got, want)
+	}
+	cfg, _, err = validConfig(writeConfig(t, base+"tables: [{name: outbox, schema: {format: json-schema, subject: topic-record, version: 3, id_in: header, key: true}}]\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = outbox.Schema{Format: outbox.SchemaJSONSchema, Subject: outbox.SubjectTopicRecord, Version: 3, IDIn: outbox.IDInHeader, Key: true}
+	if got := cfg.Tables[0].Schema; got != want {
+		t.Fatalf("schema mapping = %+v, want %+v", got, want)
+	}
+	if cfg, _, err := validConfig(writeConfig(t, base+"tables: [{name: outbox}]\n"), noEnv); err != nil || cfg.Tables[0].Schema.Format != outbox.SchemaJSON || cfg.UsesRegistry() {
+		t.Fatalf("no schema: %+v, %v; want json without the registry", cfg.Tables, err)
+	}
+	noRegistry := "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"
+	for _, tt := range []struct{ body, want string }{
+		{noRegistry + "tables: [{name: outbox, schema: avro}]\n", "needs schema_registry.url"},
+		{base + "tables: [{name: outbox, schema: {formt: avro}}]\n", "unknown key tables[0].schema.formt (line 4); did you mean format?"},
+		{base + "tables: [{name: outbox, schema: xml}]\n", `schema "xml": use json, json-schema, avro or protobuf`},
+		{base + "tables: [{name: outbox, schema: {format: avro, id_in: header}}]\n", "schema.id_in header keeps the value's bytes as written, which only json-schema does"},
+		{base + "tables: [{name: outbox, schema: {format: avro, version: newest}}]\n", `schema.version "newest": use latest or a version number`},
+		{base + "tables: [{name: outbox, schema: {format: avro, subject: record}, columns: {event_type: null}}]\n", "map the event_type field"},
+		{base + "tables: [{name: outbox, schema: avro, format: envelope}]\n", "use format payload or cloudevents-binary"},
+		{base + "tables: [{name: outbox, schema: {format: protobuf, key: true}}]\n", "use key: false"},
+		{base + "tables: [{name: outbox, schema: {format: json, version: 2}}]\n", "schema format json takes no other schema settings"},
+		{"postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://cdc:hunter2@registry:8081'}\ntables: [{name: outbox, schema: avro}]\n", "move them to schema_registry.basic_auth"},
+		{noRegistry + "schema_registry: {url: 'registry:8081'}\n", "schema_registry.url: use an http:// or https:// URL"},
+		{"postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://r:8081', basic_auth: {username: cdc}}\n", "needs a password: basic_auth.password_file, or CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD"},
+	} {
+		_, _, err := validConfig(writeConfig(t, tt.body), noEnv)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: err = %v; want one line saying %q", tt.body, err, tt.want)
+		}
+	}
+	cfg, _, err = validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://r:8081', basic_auth: {username: cdc}}\n"),
+		env("CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD", "hunter2"))
+	if err != nil || cfg.SchemaRegistry.Password != "hunter2" {
+		t.Fatalf("password from the environment: %q, %v", cfg.SchemaRegistry.Password, err)
+	}
+}

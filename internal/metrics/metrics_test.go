@@ -18,6 +18,8 @@ func names(t *testing.T) map[string]bool {
 	m.EventCounter("s", "t").Inc()
 	m.DeadLetter("s")
 	m.BackfillRows("t").Inc()
+	m.SchemaInvalid("s")
+	m.SchemaLookups.WithLabelValues("cached").Inc()
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	registry "github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -23,8 +24,10 @@ func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
 		Kafka:    sink.Config{Brokers: []string{"127.0.0.1:1"}},
 		Tables: []*outbox.Table{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, OnInvalid: outbox.OnInvalidDeadLetter},
-			{Name: outbox.TableName{Schema: "billing", Name: "events"}, Columns: outbox.DefaultColumns, Topic: "billing.events"},
+			{Name: outbox.TableName{Schema: "billing", Name: "events"}, Columns: outbox.DefaultColumns, Topic: "billing.events",
+				Schema: outbox.Schema{Format: outbox.SchemaAvro}},
 		},
+		SchemaRegistry: registry.Config{URL: "http://127.0.0.1:1"},
 	}
 	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
@@ -58,6 +61,9 @@ func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
 		"cdc_events_total source=billing.events topic=billing.events",
 		"cdc_events_total source=public.outbox topic=outbox.dead-letter",
 		"cdc_backfill_rows_total table=public.outbox",
+		"cdc_schema_invalid_total source=billing.events",
+		"cdc_schema_lookups_total result=error",
+		"cdc_schema_lookups_total result=cached",
 	} {
 		if !series[want] {
 			t.Errorf("no series %s before the first event", want)

@@ -121,7 +121,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 		p.m = metrics.New(p.cfg.Name)
 	}
 	if cfg.UsesRegistry() {
-		if p.schemas, err = schema.New(cfg.SchemaRegistry, p.m); err != nil {
+		if p.schemas, err = schema.New(cfg.SchemaRegistry, p.m, log); err != nil {
 			return nil, err
 		}
 	}

@@ -25,6 +25,11 @@ type Config struct {
 	AutoRegister bool
 	// Timeout bounds one request; DefaultTimeout.
 	Timeout time.Duration
+	// WaitLimit, when set, is how long an event waits for the registry
+	// before the session gives up (and a new one waits again); 0 waits
+	// until it answers. Exactly-once sets it below the transaction
+	// timeout. Not a file key.
+	WaitLimit time.Duration
 }
 
 // DefaultTimeout is Config.Timeout's default.

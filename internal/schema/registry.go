@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -33,11 +35,6 @@ var contentType = map[string][]byte{
 	outbox.SchemaProtobuf: []byte("application/x-protobuf"),
 }
 
-// recheckAfter is how long a latest schema is trusted: an event that does
-// not fit one read longer ago than this makes the registry be asked again
-// before the event is judged.
-const recheckAfter = time.Second
-
 // entry is one subject's schema, as cached.
 type entry struct {
 	subject string
@@ -45,7 +42,10 @@ type entry struct {
 	id      int
 	idText  []byte // id in decimal, for the header
 	codec   codec
-	readAt  time.Time
+	// fresh: read from the registry for the event at hand, and not used
+	// since. An event that does not fit a schema that is not fresh makes
+	// the latest be read again before the event is judged.
+	fresh bool
 }
 
 // sourceCache is one source's entries: value entries by topic ("" with the
@@ -62,6 +62,7 @@ type sourceCache struct {
 type Registry struct {
 	cfg     Config
 	cl      *sr.Client
+	log     hclog.Logger
 	lookups [5]prometheus
 	invalid func(source string)
 
@@ -80,8 +81,8 @@ type codecKey struct {
 type prometheus interface{ Inc() }
 
 // New returns a Registry for cfg (validated), counting into m (nil: not
-// counted).
-func New(cfg Config, m *metrics.Metrics) (*Registry, error) {
+// counted) and logging to log.
+func New(cfg Config, m *metrics.Metrics, log hclog.Logger) (*Registry, error) {
 	opts := []sr.ClientOpt{sr.URLs(cfg.URL), sr.UserAgent("outbox-cdc"), sr.PreReq(cfg.authorize)}
 	hc := &http.Client{Timeout: cfg.Timeout}
 	if cfg.TLS.Enabled {
@@ -96,7 +97,7 @@ func New(cfg Config, m *metrics.Metrics) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema_registry: %v", err)
 	}
-	r := &Registry{cfg: cfg, cl: cl, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}}
+	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}}
 	for i := range r.lookups {
 		r.lookups[i] = nop{}
 	}
@@ -213,6 +214,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 		}
 	}
 	rec.Value = value
+	e.fresh = false
 	if ct := contentType[sc.Format]; ct != nil && ev.Table.Format == outbox.FormatCloudEventsBinary {
 		for i := range rec.Headers {
 			if rec.Headers[i].Key == "content-type" {
@@ -252,9 +254,10 @@ func (r *Registry) frame(e *entry, sc *outbox.Schema, doc []byte) ([]byte, error
 // mismatch is what an event that does not fit e gets: a re-read of the
 // latest schema first, if e may be stale; else the invalid event's error.
 func (r *Registry) mismatch(e *entry, ev *outbox.Event, topic, typ string, key bool, what string, err error) error {
-	if ev.Table.Schema.Version == 0 && time.Since(e.readAt) >= recheckAfter {
+	if ev.Table.Schema.Version == 0 && !e.fresh {
 		return &Miss{table: ev.Table, subject: e.subject, topic: topic, typ: typ, key: key, recheck: e}
 	}
+	e.fresh = false
 	r.invalid(ev.Table.String())
 	return outbox.Invalid(ev, "its %s does not match schema subject %q version %d (id %d): %s", what, e.subject, e.version, e.id, errtext.OneLine(err))
 }
@@ -353,10 +356,15 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 			if version > 0 {
 				what = fmt.Sprintf("schema registry has no version %d of subject %q", version, subject)
 			}
-			return nil, &LookupError{Subject: subject, Err: errNotFound, Msg: fmt.Sprintf("%s (%s); register the schema under it (or set schema_registry.auto_register and tables[].schema.file); the connector retries, confirming nothing past this event", what, errtext.OneLine(err))}
+			return nil, &LookupError{Subject: subject, Err: errNotFound, Msg: fmt.Sprintf("%s (%s); register the schema under it (or set schema_registry.auto_register and tables[].schema.file)", what, errtext.OneLine(err))}
 		}
 		r.lookups[resError].Inc()
-		return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry %s: look up subject %q: %s; the connector retries, confirming nothing past this event", r.cfg.URL, subject, errtext.OneLine(err))}
+		cause := err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			cause = ue.Err // the URL is said once, below
+		}
+		return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry %s: look up subject %q: %s", r.cfg.URL, subject, errtext.OneLine(cause))}
 	}
 	if got, want := ss.Type, registryType(sc.Format); got != want {
 		r.lookups[resError].Inc()
@@ -384,12 +392,15 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 		r.mu.Unlock()
 	}
 	r.lookups[res].Inc()
-	return &entry{subject: subject, version: ss.Version, id: ss.ID, idText: strconv.AppendInt(nil, int64(ss.ID), 10), codec: c, readAt: time.Now()}, nil
+	return &entry{subject: subject, version: ss.Version, id: ss.ID, idText: strconv.AppendInt(nil, int64(ss.ID), 10), codec: c, fresh: true}, nil
 }
 
 // Apply is Encode with its misses resolved: each through wait (the
-// session's blocking path), then Encode again. An error from Resolve is
-// returned as it is: the session ends and retries after a backoff.
+// session's blocking path, which keeps the slot's lease), then Encode
+// again. A lookup that fails is retried there, with a backoff, until it
+// succeeds or ctx ends: the event waits, the transaction it is in stays
+// open, so nothing past it is confirmed, and nothing is dead-lettered for
+// the registry.
 func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event, wait func(func() error) error) error {
 	for range 4 { // a value, a key, and a recheck of each
 		err := r.Encode(rec, ev)
@@ -397,9 +408,51 @@ func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event,
 		if !errors.As(err, &m) {
 			return err
 		}
-		if err := wait(func() error { return r.Resolve(ctx, m) }); err != nil {
+		if err := wait(func() error { return r.resolveRetrying(ctx, m) }); err != nil {
 			return err
 		}
 	}
 	return r.Encode(rec, ev)
+}
+
+// Backoff of resolveRetrying.
+const (
+	retryFirst = 100 * time.Millisecond
+	retryMax   = 5 * time.Second
+	// retryLogEvery is how often a lookup still failing is logged again.
+	retryLogEvery = time.Minute
+)
+
+func (r *Registry) resolveRetrying(ctx context.Context, m *Miss) error {
+	var since, logged time.Time
+	for delay := retryFirst; ; delay = min(2*delay, retryMax) {
+		err := r.Resolve(ctx, m)
+		if err == nil {
+			if !since.IsZero() {
+				r.log.Info("schema registry answered; streaming again", "subject", m.subject, "waited", time.Since(since).Round(time.Millisecond).String())
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		now := time.Now()
+		if since.IsZero() {
+			since = now
+		}
+		if r.cfg.WaitLimit > 0 && now.Sub(since) >= r.cfg.WaitLimit {
+			return err // the session ends and a new one waits again
+		}
+		if now.Sub(logged) >= retryLogEvery {
+			logged = now
+			r.log.Warn("waiting for the schema registry; nothing past this event is sent or confirmed until it answers", "subject", m.subject, "error", err.Error())
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -57,17 +59,81 @@ func newRegistry(t *testing.T, url string, m *metrics.Metrics, mod func(*Config)
 	if err := cfg.Validate(true); err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(cfg, m)
+	r, err := New(cfg, m, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// apply runs Registry.Apply as the session does, with the blocking path
-// run in place.
+// apply is Registry.Apply with one attempt per lookup: a lookup's error
+// is returned instead of retried.
 func apply(r *Registry, rec *kgo.Record, ev *outbox.Event) error {
-	return r.Apply(context.Background(), rec, ev, func(f func() error) error { return f() })
+	for range 4 {
+		err := r.Encode(rec, ev)
+		var m *Miss
+		if !errors.As(err, &m) {
+			return err
+		}
+		if err := r.Resolve(context.Background(), m); err != nil {
+			return err
+		}
+	}
+	return r.Encode(rec, ev)
+}
+
+// TestApplyWaitsForTheRegistry: Apply, as the session calls it, retries a
+// registry that is down until it answers, through the blocking path it is
+// given, and gives up only when its context ends.
+func TestApplyWaitsForTheRegistry(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	reg.Stop()
+	m := metrics.New("t")
+	r := newRegistry(t, reg.URL, m, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	payload := `{"id":"o-1","qty":1}`
+	rec := record("orders", "o-1", payload)
+	blocking := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Apply(context.Background(), rec, event(tb, "OrderPlaced", payload), func(f func() error) error { blocking++; return f() })
+	}()
+	testenv.Eventually(t, 10*time.Second, "two failed lookups", func() bool { return testutilCount(t, m, "cdc_schema_lookups_total", "error") >= 2 })
+	select {
+	case err := <-done:
+		t.Fatalf("Apply returned %v while the registry is down", err)
+	default:
+	}
+	reg.Start()
+	select {
+	case err := <-done:
+		if err != nil || blocking != 1 {
+			t.Fatalf("Apply: %v after %d blocking calls, want nil after 1", err, blocking)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Apply did not return once the registry was back")
+	}
+	if id, got := decodeAvro(t, reg, rec.Value); id != 1 || got["id"] != "o-1" {
+		t.Fatalf("decoded %v with id %d", got, id)
+	}
+
+	reg.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		done <- newRegistry(t, reg.URL, nil, nil).Apply(ctx, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload), func(f func() error) error { return f() })
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Apply after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Apply did not end with its context")
+	}
 }
 
 func record(topic, key, value string) *kgo.Record {
@@ -177,8 +243,6 @@ func TestSchemaEvolvedWhileStreaming(t *testing.T) {
 	if err != nil || v2 == v1 {
 		t.Fatalf("register v2: id %d, %v", v2, err)
 	}
-	// The cached v1 was read long enough ago to be re-read.
-	r.sources[tb].value["orders"][""].readAt = time.Now().Add(-recheckAfter)
 	payload := `{"id":"o-2","qty":1,"currency":"USD"}`
 	rec = record("orders", "o-2", payload)
 	if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {

@@ -1,11 +1,22 @@
 package testenv
 
 import (
+	"context"
 	"errors"
+	"strconv"
+
 	"net"
 	"net/http"
 	"sync"
 	"testing"
+
+	"github.com/bufbuild/protocompile"
+	"github.com/linkedin/goavro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
@@ -69,4 +80,77 @@ func (r *Registry) Stop() {
 		_ = r.srv.Close()
 		r.srv = nil
 	}
+}
+
+// Decode reads a value the connector encoded against the registry, as a
+// registry-aware consumer does: the schema id from Confluent's prefix (or,
+// with id_in: header, from the schema_id header), the schema by id. It
+// returns the id and the value as JSON: Avro's JSON encoding, protojson
+// for protobuf, the bytes as written for JSON Schema.
+func (r *Registry) Decode(t testing.TB, rec *kgo.Record) (int, string) {
+	t.Helper()
+	var h sr.ConfluentHeader
+	id, rest, err := h.DecodeID(rec.Value)
+	if err != nil {
+		for _, hd := range rec.Headers {
+			if hd.Key == "schema_id" {
+				n, err := strconv.Atoi(string(hd.Value))
+				if err != nil {
+					t.Fatalf("schema_id header %q", hd.Value)
+				}
+				return n, string(rec.Value)
+			}
+		}
+		t.Fatalf("value %q carries no schema id: %v", rec.Value, err)
+	}
+	cl, err := sr.NewClient(sr.URLs(r.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := cl.SchemaByID(context.Background(), id)
+	if err != nil {
+		t.Fatalf("schema id %d: %v", id, err)
+	}
+	switch s.Type {
+	case sr.TypeAvro:
+		c, err := goavro.NewCodec(s.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		native, tail, err := c.NativeFromBinary(rest)
+		if err != nil || len(tail) > 0 {
+			t.Fatalf("decode %x with schema id %d: %v (%d bytes left)", rest, id, err, len(tail))
+		}
+		text, err := c.TextualFromNative(nil, native)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, string(text)
+	case sr.TypeProtobuf:
+		index, rest, err := h.DecodeIndex(rest, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+			Accessor: protocompile.SourceAccessorFromMap(map[string]string{"s.proto": s.Schema}),
+		})}
+		files, err := comp.Compile(context.Background(), "s.proto")
+		if err != nil {
+			t.Fatal(err)
+		}
+		md := files[0].Messages().Get(index[0])
+		for _, i := range index[1:] {
+			md = md.Messages().Get(i)
+		}
+		m := dynamicpb.NewMessage(md)
+		if err := proto.Unmarshal(rest, m); err != nil {
+			t.Fatalf("decode %x as %s: %v", rest, md.FullName(), err)
+		}
+		text, err := protojson.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, string(text)
+	}
+	return id, string(rest)
 }

@@ -1,0 +1,222 @@
+package pipeline_test
+
+import (
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
+	registry "github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+const (
+	orderAvro = `{"type":"record","name":"Order","namespace":"shop","fields":[` +
+		`{"name":"id","type":"string"},{"name":"qty","type":"int"}]}`
+	// orderAvroV2 adds a field with a default (backward compatible).
+	orderAvroV2 = `{"type":"record","name":"Order","namespace":"shop","fields":[` +
+		`{"name":"id","type":"string"},{"name":"qty","type":"int"},{"name":"currency","type":"string","default":"EUR"}]}`
+	orderJSONSchema = `{"type":"object","required":["id","qty"],"properties":{"id":{"type":"string"},"qty":{"type":"integer","minimum":1}}}`
+	orderProto      = `syntax = "proto3"; package shop; message Order { string id = 1; int32 qty = 2; }`
+)
+
+// schemaEnv is newEnv with the outbox table's payload under a registry
+// schema, dead-lettering what does not match.
+func schemaEnv(t *testing.T, format, idIn string) (*env, *testenv.Registry) {
+	t.Helper()
+	e := newEnv(t, testenv.NewKafka(t))
+	reg := testenv.NewRegistry(t)
+	tb := e.cfg.Tables[0]
+	tb.Schema = outbox.Schema{Format: format, IDIn: idIn}
+	tb.OnInvalid, tb.DeadLetterTopic = outbox.OnInvalidDeadLetter, e.kafka.Prefix+"dead-letters"
+	e.cfg.SchemaRegistry = registry.Config{URL: reg.URL}
+	return e, reg
+}
+
+func byKey(recs []*kgo.Record, key string) []*kgo.Record {
+	var out []*kgo.Record
+	for _, r := range recs {
+		if string(r.Key) == key {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func sameJSON(t *testing.T, got, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal([]byte(got), &g); err != nil {
+		t.Fatalf("decoded %q: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(g, w) {
+		t.Fatalf("decoded %s, want %s", got, want)
+	}
+}
+
+// seriesValue is the counter name{label=value} of p's metrics.
+func seriesValue(t *testing.T, p *pipeline.Pipeline, name, label, value string) float64 {
+	t.Helper()
+	fams, err := p.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestSchemaFormatsEndToEnd: for each wire format, through Postgres, the
+// broker and the registry: a row already in the table (backfilled on the
+// first start), a live event and an invalid one. A registry-aware consumer
+// reads the two valid ones back as written; the invalid one is in the
+// dead-letter topic, as written, with the validation error in a header.
+// With Avro, a schema evolved while streaming is used for the next event.
+func TestSchemaFormatsEndToEnd(t *testing.T) {
+	for _, tc := range []struct {
+		format, idIn, schema string
+		typ                  sr.SchemaType
+		invalid              string
+		want                 func(id string, qty int) string // the decoded form
+	}{
+		{outbox.SchemaAvro, "", orderAvro, sr.TypeAvro, `{"id": "o-2", "qty": "two"}`,
+			func(id string, qty int) string { return `{"id":"` + id + `","qty":` + strconv.Itoa(qty) + `}` }},
+		{outbox.SchemaJSONSchema, outbox.IDInHeader, orderJSONSchema, sr.TypeJSON, `{"id": "o-2", "qty": 0}`,
+			func(id string, qty int) string { return `{"id":"` + id + `","qty":` + strconv.Itoa(qty) + `}` }},
+		{outbox.SchemaProtobuf, "", orderProto, sr.TypeProtobuf, `{"id": "o-2", "qty": "two"}`,
+			func(id string, qty int) string { return `{"id":"` + id + `","qty":` + strconv.Itoa(qty) + `}` }},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			e, reg := schemaEnv(t, tc.format, tc.idIn)
+			subject := e.kafka.Prefix + "outbox.event.order-value"
+			id, _, err := reg.RegisterSchema(subject, sr.Schema{Schema: tc.schema, Type: tc.typ})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.cfg.Tables[0].Backfill = &outbox.Backfill{}
+			conn := connect(t, e.db)
+			insertEventTx(t, conn, "order", "k-0", "OrderPlaced", `'{"id": "o-0", "qty": 5}'`)
+			r := e.start(t)
+			insertEventTx(t, conn, "order", "k-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
+			insertEventTx(t, conn, "order", "k-2", "OrderPlaced", `'`+tc.invalid+`'`)
+			c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+			c.WaitCount(t, time.Minute, 3)
+			for i, key := range []string{"k-0", "k-1"} {
+				recs := byKey(c.Records, key)
+				if len(recs) != 1 || recs[0].Topic != e.kafka.Prefix+"outbox.event.order" {
+					t.Fatalf("%s: %d records (%v)", key, len(recs), recs)
+				}
+				gotID, doc := reg.Decode(t, recs[0])
+				if gotID != id {
+					t.Fatalf("%s: schema id %d, want %d", key, gotID, id)
+				}
+				sameJSON(t, doc, tc.want("o-"+strconv.Itoa(i), []int{5, 1}[i]))
+			}
+			dl := byKey(c.Records, "k-2")
+			if len(dl) != 1 || dl[0].Topic != e.kafka.Prefix+"dead-letters" || string(dl[0].Value) != tc.invalid ||
+				!strings.Contains(testenv.Header(dl[0], route.HeaderDeadLetterError), `does not match schema subject "`+subject+`"`) {
+				t.Fatalf("the invalid event: %v", dl)
+			}
+			if n := seriesValue(t, r.p, "cdc_schema_invalid_total", "source", "public.outbox"); n != 1 {
+				t.Fatalf("cdc_schema_invalid_total = %v, want 1", n)
+			}
+			if tc.format != outbox.SchemaAvro {
+				return
+			}
+			v2, _, err := reg.RegisterSchema(subject, sr.Schema{Schema: orderAvroV2, Type: sr.TypeAvro})
+			if err != nil {
+				t.Fatal(err)
+			}
+			insertEventTx(t, conn, "order", "k-3", "OrderPlaced", `'{"id": "o-3", "qty": 2, "currency": "USD"}'`)
+			c.WaitFor(t, time.Minute, "the event of the evolved schema", func([]*kgo.Record) bool { return len(byKey(c.Records, "k-3")) > 0 })
+			if gotID, doc := reg.Decode(t, byKey(c.Records, "k-3")[0]); gotID != v2 || !strings.Contains(doc, `"USD"`) {
+				t.Fatalf("after v2 was registered: id %d (want %d), %s", gotID, v2, doc)
+			}
+		})
+	}
+}
+
+// registryOutage is how long TestSchemaRegistryDown keeps the registry down.
+const registryOutage = 30 * time.Second
+
+// TestSchemaRegistryDown: with the registry down, an event whose schema
+// is not cached waits: the session retries, nothing past it is sent or
+// confirmed, and nothing is dead-lettered. Once the registry is back, it
+// and the events behind it are delivered, in order.
+func TestSchemaRegistryDown(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	for _, s := range []string{"order", "payment"} {
+		if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event."+s+"-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.start(t)
+	conn := connect(t, e.db)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
+	c.WaitCount(t, time.Minute, 1)
+
+	reg.Stop()
+	before := testenv.CurrentWAL(t, e.db)
+	insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
+	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 2}'`)
+	deadline := time.Now().Add(registryOutage)
+	for time.Now().Before(deadline) {
+		c.Settle(time.Second)
+		if len(c.Records) != 1 {
+			t.Fatalf("%d records while the registry is down, want only the first event's", len(c.Records))
+		}
+		if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
+			t.Fatalf("slot confirmed %s, past the event waiting for its schema (%s)", pos, before)
+		}
+	}
+	if n := counterValue(r.p.Metrics().SchemaLookups.WithLabelValues("error")); n < 2 {
+		t.Fatalf("%v failed lookups in %s; the session should keep retrying", n, registryOutage)
+	}
+
+	reg.Start()
+	c.WaitCount(t, time.Minute, 3)
+	c.Settle(time.Second)
+	// In order per key: the order Kafka keeps (one key, one partition).
+	seq := map[string][]string{}
+	for _, rec := range c.Records {
+		if strings.HasSuffix(rec.Topic, "dead-letters") {
+			t.Fatalf("dead-lettered during the outage: %s", rec.Value)
+		}
+		_, doc := reg.Decode(t, rec)
+		var v any
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		norm, _ := json.Marshal(v) // members sorted
+		seq[string(rec.Key)] = append(seq[string(rec.Key)], string(norm))
+	}
+	want := map[string][]string{"o-1": {`{"id":"o-1","qty":1}`, `{"id":"o-1","qty":2}`}, "p-1": {`{"id":"p-1","qty":1}`}}
+	if !reflect.DeepEqual(seq, want) {
+		t.Fatalf("delivered %v, want %v", seq, want)
+	}
+	if r.p.DeadLettered.Load() != 0 {
+		t.Fatal("an event was dead-lettered for the outage")
+	}
+}
