@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -63,6 +64,15 @@ func (o *Ops) Check(ctx context.Context) error {
 			if err := o.backfills().Check(ctx, []checkpoint.Backfill{j}); err != nil {
 				probs = append(probs, "postgres: "+errtext.OneLine(err))
 			}
+		}
+	}
+	if o.Config.UsesRegistry() {
+		reg, err := schema.New(o.Config.SchemaRegistry, nil, o.Log.Named("schema"))
+		if err != nil {
+			return err
+		}
+		for _, pr := range reg.Check(ctx, o.Config.Tables) {
+			probs = append(probs, pr)
 		}
 	}
 	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)

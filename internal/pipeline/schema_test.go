@@ -1,13 +1,18 @@
 package pipeline_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -16,6 +21,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/route"
 	registry "github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 const (
@@ -218,5 +224,70 @@ func TestSchemaRegistryDown(t *testing.T) {
 	}
 	if r.p.DeadLettered.Load() != 0 {
 		t.Fatal("an event was dead-lettered for the outage")
+	}
+}
+
+// TestCheckSchemaSubjects: cdc check looks up the subjects it can name
+// without an event (a literal topic, the topic strategy, and the key
+// subject with schema.key), reports each one missing, and passes once
+// they are registered; a registry it cannot reach is one line naming the
+// URL. It registers nothing, even with auto_register.
+func TestCheckSchemaSubjects(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	topic := e.kafka.Prefix + "orders"
+	e.cfg.Tables[0].Topic = topic
+	e.cfg.Tables[0].Schema.Key = true
+	dynamic := *e.cfg.Tables[0]
+	testenv.Exec(t, e.db, `CREATE TABLE outbox2 (LIKE outbox INCLUDING ALL)`)
+	dynamic.Name = outbox.TableName{Schema: "public", Name: "outbox2"}
+	dynamic.Topic = e.kafka.Prefix + "{aggregate_type}" // named per event: not checked
+	e.cfg.Tables = append(e.cfg.Tables, &dynamic)
+	check := func() []string {
+		t.Helper()
+		p, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Ops().Check(context.Background())
+		if err == nil {
+			return nil
+		}
+		var ce *wal.CheckError
+		if !errors.As(err, &ce) {
+			t.Fatalf("check: %v", err)
+		}
+		return ce.Problems
+	}
+	probs := check()
+	if len(probs) != 2 || !strings.Contains(probs[0], `public.outbox: schema registry has no subject "`+topic+`-value"`) ||
+		!strings.Contains(probs[1], `no subject "`+topic+`-key"`) {
+		t.Fatalf("problems %q; want the value and key subjects missing", probs)
+	}
+	e.cfg.SchemaRegistry.AutoRegister = true
+	e.cfg.Tables[0].Schema.File = filepath.Join(t.TempDir(), "order.avsc")
+	if err := os.WriteFile(e.cfg.Tables[0].Schema.File, []byte(`{"type": "record"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if probs := check(); len(probs) != 2 || !strings.Contains(probs[0], "order.avsc does not compile as avro") {
+		t.Fatalf("problems %q; want the schema file that would be registered refused", probs)
+	}
+	if reg.SubjectExists(topic + "-value") {
+		t.Fatal("check registered a schema")
+	}
+	for _, s := range []sr.Schema{{Schema: orderAvro, Type: sr.TypeAvro}, {Schema: `"string"`, Type: sr.TypeAvro}} {
+		subj := topic + "-value"
+		if s.Schema == `"string"` {
+			subj = topic + "-key"
+		}
+		if _, _, err := reg.RegisterSchema(subj, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if probs := check(); probs != nil {
+		t.Fatalf("with both subjects registered: %q", probs)
+	}
+	reg.Stop()
+	if probs := check(); len(probs) != 1 || !strings.Contains(probs[0], "schema registry "+reg.URL+": dial tcp") || !strings.Contains(probs[0], "check schema_registry.url") {
+		t.Fatalf("registry down: %q", probs)
 	}
 }

@@ -300,7 +300,7 @@ func (e *LookupError) Unwrap() error { return e.Err }
 // registry for up to schema_registry.timeout.
 func (r *Registry) Resolve(ctx context.Context, m *Miss) error {
 	sc := &m.table.Schema
-	e, err := r.fetch(ctx, sc, m.subject, m.key)
+	e, err := r.fetch(ctx, sc, m.subject, m.key, true)
 	if err != nil {
 		// Also on a recheck: the registry cannot say whether a newer
 		// schema exists, so the event can be judged neither valid nor
@@ -329,9 +329,9 @@ func (r *Registry) Resolve(ctx context.Context, m *Miss) error {
 var errNotFound = errors.New("not found")
 
 // fetch reads subject's schema (sc's pinned version, or the latest) and
-// compiles it; with auto_register, it registers schema.file under a
-// subject that has none.
-func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string, key bool) (*entry, error) {
+// compiles it; with auto_register (and register), it registers
+// schema.file under a subject that has none.
+func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string, key, register bool) (*entry, error) {
 	version := sc.Version
 	if version == 0 || key {
 		version = -1
@@ -341,7 +341,7 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 	ss, err := r.cl.SchemaByVersion(ctx, subject, version)
 	res := resFetched
 	var re *sr.ResponseError
-	if errors.As(err, &re) && sr.IsNotFoundError(re.ErrorCode) && r.cfg.AutoRegister && sc.File != "" && !key {
+	if errors.As(err, &re) && sr.IsNotFoundError(re.ErrorCode) && r.cfg.AutoRegister && sc.File != "" && !key && register {
 		text, rerr := os.ReadFile(sc.File)
 		if rerr != nil {
 			return nil, &LookupError{Subject: subject, Msg: fmt.Sprintf("schema registry has no subject %q, and tables[].schema.file cannot be read to register it: %v", subject, rerr), Err: rerr}
@@ -385,7 +385,7 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 	if c == nil {
 		if c, err = compile(sc.Format, ss.Schema.Schema, message); err != nil {
 			r.lookups[resError].Inc()
-			return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry: subject %q version %d (id %d) is not a %s schema the connector can use: %s; fix it in the registry", subject, ss.Version, ss.ID, sc.Format, errtext.OneLine(err))}
+			return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry: subject %q version %d (id %d) does not compile as %s: %s; fix it in the registry", subject, ss.Version, ss.ID, sc.Format, errtext.OneLine(err))}
 		}
 		r.mu.Lock()
 		r.codecs[ck] = c
@@ -455,4 +455,57 @@ func (r *Registry) resolveRetrying(ctx context.Context, m *Miss) error {
 		case <-t.C:
 		}
 	}
+}
+
+// Check looks up, for cdc check, every subject tables name without an
+// event: a table's literal topic with the topic strategy (and its key
+// subject with schema.key). It changes nothing in the registry: a subject
+// auto_register would fill is reported only when schema.file does not
+// compile. It returns one line per problem.
+func (r *Registry) Check(ctx context.Context, tables []*outbox.Table) []string {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	if _, err := r.cl.Subjects(ctx); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return []string{fmt.Sprintf("schema registry %s: %s; check schema_registry.url and its credentials", r.cfg.URL, errtext.OneLine(err))}
+	}
+	var probs []string
+	for _, t := range tables {
+		sc := &t.Schema
+		topic := t.LiteralTopic()
+		if !sc.Registered() || topic == "" || sc.Subject != outbox.SubjectTopic {
+			continue
+		}
+		for _, key := range []bool{false, true} {
+			if key && !sc.Key {
+				continue
+			}
+			subj := subject(sc, topic, "", key)
+			_, err := r.fetch(ctx, sc, subj, key, false)
+			var le *LookupError
+			if errors.As(err, &le) && errors.Is(err, errNotFound) && r.cfg.AutoRegister && sc.File != "" && !key {
+				err = checkFile(sc)
+			}
+			if err != nil {
+				probs = append(probs, fmt.Sprintf("%s: %s", t, errtext.OneLine(err)))
+			}
+		}
+	}
+	return probs
+}
+
+// checkFile says whether schema.file, which auto_register would register,
+// compiles as the table's format.
+func checkFile(sc *outbox.Schema) error {
+	text, err := os.ReadFile(sc.File)
+	if err != nil {
+		return fmt.Errorf("tables[].schema.file: %v", err)
+	}
+	if _, err := compile(sc.Format, string(text), sc.Message); err != nil {
+		return fmt.Errorf("tables[].schema.file %s does not compile as %s: %s", sc.File, sc.Format, errtext.OneLine(err))
+	}
+	return nil
 }
