@@ -97,7 +97,7 @@ fuzz:             ## fuzz the pgoutput decoder for a minute
 # draws the plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
-BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency|BenchmarkSweep|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce
+BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency|BenchmarkSweep|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce|BenchmarkSchema
 
 bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -573,6 +574,34 @@ func BenchmarkExactlyOnce(b *testing.B) {
 		fmt.Printf("  exactly-once / at-least-once speed: %.2f\n\n", share)
 		benchResult{Bench: "exactly-once", Broker: brokerName(), Events: events, TxSize: 1, Seconds: eos.elapsed.Seconds(),
 			RefSecs: alo.elapsed.Seconds(), Ratio: share, CPU: eos.cpu.Seconds(), RSSMB: eos.rss}.save(b)
+	}
+}
+
+// BenchmarkSchema drains the same 1-row-transaction backlog twice in one
+// run: the payloads as written (schema: json), and encoded as Avro against
+// a registry (schema: avro, subject by event type, so that one registered
+// schema serves every drain's topic). It reports Avro's speed as a share
+// of JSON's (issue 28: at least 0.9), and the CPU each took.
+func BenchmarkSchema(b *testing.B) {
+	reg := testenv.NewRegistry(b)
+	const avsc = `{"type":"record","name":"OrderCreated","fields":[{"name":"i","type":"long"},{"name":"pad","type":"string"}]}`
+	if _, _, err := reg.RegisterSchema("OrderCreated", sr.Schema{Schema: avsc, Type: sr.TypeAvro}); err != nil {
+		b.Fatal(err)
+	}
+	avro := settings{table: "    schema: {format: avro, subject: record}\n", top: "schema_registry:\n  url: " + reg.URL + "\n"}
+	for i := 0; i < b.N; i++ {
+		events := benchEvents()
+		plain := drain(b, 1, "")
+		enc := drainBacklog(b, backlog{events: events, per: 1, set: avro})
+		share := plain.elapsed.Seconds() / enc.elapsed.Seconds()
+		b.ReportMetric(share, "avro/json")
+		fmt.Printf("\ndrain %d events in 1-row transactions (%s), by schema:\n", events, brokerName())
+		fmt.Printf("  json: %7.3f s  %8.0f events/s  cpu %.2f s  (pg_recvlogical %.3f s)\n", plain.elapsed.Seconds(), float64(events)/plain.elapsed.Seconds(), plain.cpu.Seconds(), plain.ref.Seconds())
+		fmt.Printf("  avro: %7.3f s  %8.0f events/s  cpu %.2f s  (pg_recvlogical %.3f s)  peak RSS %.1f MB\n", enc.elapsed.Seconds(), float64(events)/enc.elapsed.Seconds(), enc.cpu.Seconds(), enc.ref.Seconds(), enc.rss)
+		fmt.Printf("  avro / json speed: %.2f\n\n", share)
+		benchResult{Bench: "schema-avro", Broker: brokerName(), Events: events, TxSize: 1, Seconds: enc.elapsed.Seconds(),
+			RefSecs: plain.elapsed.Seconds(), Ratio: share, CPU: enc.cpu.Seconds(), RSSMB: enc.rss,
+			CPUSeconds: map[string]float64{"json": plain.cpu.Seconds()}}.save(b)
 	}
 }
 

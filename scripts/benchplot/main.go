@@ -45,6 +45,7 @@ type result struct {
 	Reached      float64            `json:"reached"`
 	CPUPercent   map[string]float64 `json:"cpu_percent"`
 	Stages       map[string]float64 `json:"stages_ms"`
+	CPUSeconds   map[string]float64 `json:"other_cpu_seconds"`
 }
 
 func main() {
@@ -67,6 +68,7 @@ func main() {
 	sweepTable(sweeps)
 	startupTable(by["startup"])
 	eosTable(by["exactly-once"])
+	schemaTable(by["schema-avro"])
 	backfillTable(by["backfill"])
 	out := os.Args[2]
 	for _, plot := range []struct {
@@ -197,6 +199,21 @@ func eosTable(runs []result) {
 	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
 		medianOf(runs, func(r result) float64 { return r.RefSecs }), medianOf(runs, func(r result) float64 { return r.Seconds }),
 		medianOf(runs, func(r result) float64 { return r.Ratio }), medianOf(runs, func(r result) float64 { return r.RSSMB }))
+}
+
+// schemaTable: the same backlog drained as JSON and encoded as Avro
+// (BenchmarkSchema); ref_seconds is the JSON drain's time.
+func schemaTable(runs []result) {
+	if len(runs) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| schema drain | runs | json (s) | avro (s) | avro / json speed | json CPU (s) | avro CPU (s) | peak RSS (MB) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
+		medianOf(runs, func(r result) float64 { return r.RefSecs }), medianOf(runs, func(r result) float64 { return r.Seconds }),
+		medianOf(runs, func(r result) float64 { return r.Ratio }), medianOf(runs, func(r result) float64 { return r.CPUSeconds["json"] }),
+		medianOf(runs, func(r result) float64 { return r.CPU }), medianOf(runs, func(r result) float64 { return r.RSSMB }))
 }
 
 func read(path string) ([]result, error) {
