@@ -97,6 +97,9 @@ func New(cfg Config, m *metrics.Metrics, log hclog.Logger) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema_registry: %v", err)
 	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
 	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}}
 	for i := range r.lookups {
 		r.lookups[i] = nop{}
