@@ -67,8 +67,8 @@ func main() {
 	payloadTable(payloads)
 	sweepTable(sweeps)
 	startupTable(by["startup"])
-	eosTable(by["exactly-once"])
-	schemaTable(by["schema-avro"])
+	pairTable(by["exactly-once"], "exactly-once drain", "at-least-once", "exactly-once")
+	pairTable(by["schema-avro"], "schema drain", "json", "avro")
 	backfillTable(by["backfill"])
 	out := os.Args[2]
 	for _, plot := range []struct {
@@ -188,31 +188,24 @@ func startupTable(runs []result) {
 	}
 }
 
-// eosTable prints exactly-once's drain speed as a share of at-least-once's.
-func eosTable(runs []result) {
+// pairTable: one backlog drained two ways in each run, the second after
+// the first (exactly-once after at-least-once, Avro after JSON);
+// ref_seconds is the first way's time, and other_cpu_seconds[first] its
+// CPU where it was measured.
+func pairTable(runs []result, title, first, second string) {
 	if len(runs) == 0 {
 		return
 	}
-	fmt.Println()
-	fmt.Println("| exactly-once drain | runs | at-least-once (s) | exactly-once (s) | share | peak RSS (MB) |")
-	fmt.Println("|---|---|---|---|---|---|")
-	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
-		medianOf(runs, func(r result) float64 { return r.RefSecs }), medianOf(runs, func(r result) float64 { return r.Seconds }),
-		medianOf(runs, func(r result) float64 { return r.Ratio }), medianOf(runs, func(r result) float64 { return r.RSSMB }))
-}
-
-// schemaTable: the same backlog drained as JSON and encoded as Avro
-// (BenchmarkSchema); ref_seconds is the JSON drain's time.
-func schemaTable(runs []result) {
-	if len(runs) == 0 {
-		return
+	firstCPU := "—"
+	if cpu := medianOf(runs, func(r result) float64 { return r.CPUSeconds[first] }); cpu > 0 {
+		firstCPU = fmt.Sprintf("%.2f", cpu)
 	}
 	fmt.Println()
-	fmt.Println("| schema drain | runs | json (s) | avro (s) | avro / json speed | json CPU (s) | avro CPU (s) | peak RSS (MB) |")
+	fmt.Printf("| %s | runs | %s (s) | %s (s) | %s / %s speed | %s CPU (s) | %s CPU (s) | peak RSS (MB) |\n", title, first, second, second, first, first, second)
 	fmt.Println("|---|---|---|---|---|---|---|---|")
-	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
+	fmt.Printf("| %d events, 1-row transactions | %d | %.2f | %.2f | %.2f | %s | %.2f | %.1f |\n", runs[0].Events, len(runs),
 		medianOf(runs, func(r result) float64 { return r.RefSecs }), medianOf(runs, func(r result) float64 { return r.Seconds }),
-		medianOf(runs, func(r result) float64 { return r.Ratio }), medianOf(runs, func(r result) float64 { return r.CPUSeconds["json"] }),
+		medianOf(runs, func(r result) float64 { return r.Ratio }), firstCPU,
 		medianOf(runs, func(r result) float64 { return r.CPU }), medianOf(runs, func(r result) float64 { return r.RSSMB }))
 }
 
