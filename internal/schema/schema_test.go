@@ -3,6 +3,8 @@ package schema
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"os"
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxcdc/cdc/internal/sink"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -430,5 +434,54 @@ func TestSubjectsKeysAndAutoRegister(t *testing.T) {
 	}
 	if id, got := decodeAvro(t, reg, rec.Value); got["id"] != "o-1" || id == 0 {
 		t.Fatalf("decoded %v with id %d", got, id)
+	}
+}
+
+// TestRegistryOverTLS: a registry that serves HTTPS and requires a client
+// certificate (mTLS) is reached with schema_registry.tls; without the CA,
+// or without the client certificate, the lookup fails with one line that
+// says so, and it is a LookupError (waited for), not an invalid event.
+func TestRegistryOverTLS(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	server := certs.ServerTLS(t)
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(certs.CAFile)
+	if err != nil || !pool.AppendCertsFromPEM(ca) {
+		t.Fatalf("CA: %v", err)
+	}
+	server.ClientAuth, server.ClientCAs = tls.RequireAndVerifyClientCert, pool
+	reg := testenv.NewRegistryTLS(t, server)
+	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
+	payload := `{"id":"o-1","qty":1}`
+	for _, tc := range []struct {
+		name string
+		tls  sink.TLSConfig
+		want string // "" for success
+	}{
+		{"mTLS", sink.TLSConfig{CAFile: certs.CAFile, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}, ""},
+		{"no CA", sink.TLSConfig{CertFile: certs.ClientCert, KeyFile: certs.ClientKey}, "certificate signed by unknown authority"},
+		{"no client certificate", sink.TLSConfig{CAFile: certs.CAFile}, "certificate required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry(t, reg.URL, nil, func(c *Config) { c.TLS = tc.tls })
+			rec := record("orders", "o-1", payload)
+			err := apply(r, rec, event(tb, "OrderPlaced", payload))
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want == "":
+				var h sr.ConfluentHeader
+				_, rest, err := h.DecodeID(rec.Value)
+				c, _ := goavro.NewCodec(orderAvro)
+				if native, _, derr := c.NativeFromBinary(rest); err != nil || derr != nil || native.(map[string]any)["id"] != "o-1" {
+					t.Fatalf("value %x: %v %v", rec.Value, err, derr)
+				}
+			case !errors.As(err, new(*LookupError)) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n"):
+				t.Fatalf("got %v; want a one-line LookupError saying %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -2,7 +2,10 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"io"
+	"log"
 	"strconv"
 
 	"net"
@@ -35,6 +38,7 @@ type Registry struct {
 
 	t    testing.TB
 	addr string
+	tls  *tls.Config // nil: plain HTTP
 	mu   sync.Mutex
 	srv  *http.Server
 }
@@ -42,9 +46,23 @@ type Registry struct {
 // NewRegistry starts a registry; opts are srfake's (WithAuth).
 func NewRegistry(t testing.TB, opts ...srfake.Option) *Registry {
 	t.Helper()
-	r := &Registry{Registry: srfake.NewRegistry(opts...), t: t, addr: "127.0.0.1:0"}
+	return newRegistry(t, nil, opts...)
+}
+
+// NewRegistryTLS starts a registry that serves HTTPS with tc (which may
+// require client certificates).
+func NewRegistryTLS(t testing.TB, tc *tls.Config, opts ...srfake.Option) *Registry {
+	t.Helper()
+	return newRegistry(t, tc, opts...)
+}
+
+func newRegistry(t testing.TB, tc *tls.Config, opts ...srfake.Option) *Registry {
+	r := &Registry{Registry: srfake.NewRegistry(opts...), t: t, addr: "127.0.0.1:0", tls: tc}
 	r.Start()
 	r.URL = "http://" + r.addr
+	if tc != nil {
+		r.URL = "https://" + r.addr
+	}
 	t.Cleanup(r.Stop)
 	return r
 }
@@ -62,7 +80,10 @@ func (r *Registry) Start() {
 		r.t.Fatalf("schema registry: listen on %s: %v", r.addr, err)
 	}
 	r.addr = ln.Addr().String()
-	srv := &http.Server{Handler: r.Handler()}
+	if r.tls != nil {
+		ln = tls.NewListener(ln, r.tls)
+	}
+	srv := &http.Server{Handler: r.Handler(), ErrorLog: log.New(io.Discard, "", 0)}
 	r.srv = srv
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
