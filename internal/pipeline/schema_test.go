@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	registry "github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -289,5 +291,34 @@ func TestCheckSchemaSubjects(t *testing.T) {
 	reg.Stop()
 	if probs := check(); len(probs) != 1 || !strings.Contains(probs[0], "schema registry "+reg.URL+": dial tcp") || !strings.Contains(probs[0], "check schema_registry.url") {
 		t.Fatalf("registry down: %q", probs)
+	}
+}
+
+// TestReplayEncodesTheSame: a replay's events take the stream's path: they
+// are encoded against the subject of their topic (before the replay's
+// suffix), with the same schema id, and decode to the same payload.
+func TestReplayEncodesTheSame(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	e.cfg.Replay.Window = time.Hour
+	id, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event.order-value", sr.Schema{Type: sr.TypeAvro,
+		Schema: `{"type":"record","name":"E","fields":[{"name":"k","type":"int"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	events := writeEvents(t, e, c, 3, "E")
+	from := commitOf(c.Records, events[0])
+	if _, err := e.newPipeline(t).Replay(context.Background(), replay.Request{Range: replay.Range{FromLSN: from}, TopicSuffix: ".replay"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rc := e.kafka.NewConsumer(t, "^"+regexp.QuoteMeta(e.kafka.Prefix)+`.*\.replay$`)
+	rc.WaitCount(t, time.Minute, 3)
+	for _, rec := range append(c.Records, rc.Records...) {
+		gotID, doc := reg.Decode(t, rec)
+		if gotID != id {
+			t.Fatalf("%s: schema id %d, want %d", rec.Topic, gotID, id)
+		}
+		sameJSON(t, doc, `{"k":1}`)
 	}
 }
