@@ -354,20 +354,27 @@ func TestChartSecretsAreFiles(t *testing.T) {
 			"tls":  map[string]any{"enabled": true, "caSecret": map[string]any{"name": "kafka-ca"}, "clientSecret": "orders-kafka-client"},
 			"sasl": map[string]any{"mechanism": "SCRAM-SHA-512", "username": "orders", "passwordSecret": map[string]any{"name": "orders-kafka", "key": "scram"}},
 		},
-		"checkpoint": map[string]any{"signingKeySecret": map[string]any{"name": "cdc-signing"}},
-		"metrics":    map[string]any{"tokenSecret": map[string]any{"name": "metrics-token"}, "serviceMonitor": map[string]any{"enabled": true}},
+		"checkpoint":     map[string]any{"signingKeySecret": map[string]any{"name": "cdc-signing"}},
+		"metrics":        map[string]any{"tokenSecret": map[string]any{"name": "metrics-token"}, "serviceMonitor": map[string]any{"enabled": true}},
+		"schemaRegistry": map[string]any{"passwordSecret": map[string]any{"name": "orders-registry"}, "caSecret": map[string]any{"name": "registry-ca"}},
+		"config": map[string]any{
+			"schema_registry": map[string]any{"url": "https://registry:8081", "basic_auth": map[string]any{"username": "orders"}},
+			"tables":          []any{map[string]any{"name": "public.outbox", "schema": "avro"}},
+		},
 	})
 	r := mustRender(t, "orders-cdc", vals)
 	cm := r.configMap.Data["cdc.yaml"]
 	wantFiles := map[string]string{ // config key → the Secret and key mounted there
-		"password_file: /etc/cdc/secrets/postgres-password":   "orders-pg/password",
-		"password_file: /etc/cdc/secrets/kafka-sasl-password": "orders-kafka/scram",
-		"signing_key_file: /etc/cdc/secrets/signing-key":      "cdc-signing/signing.key",
-		"token_file: /etc/cdc/secrets/metrics-token":          "metrics-token/token",
-		"ca_file: /etc/cdc/tls/kafka-ca.crt":                  "kafka-ca/ca.crt",
-		"cert_file: /etc/cdc/tls/kafka-client.crt":            "orders-kafka-client/tls.crt",
-		"key_file: /etc/cdc/tls/kafka-client.key":             "orders-kafka-client/tls.key",
-		"sslrootcert=/etc/cdc/tls/postgres-ca.crt":            "orders-db-ca/ca.crt",
+		"password_file: /etc/cdc/secrets/postgres-password":        "orders-pg/password",
+		"password_file: /etc/cdc/secrets/kafka-sasl-password":      "orders-kafka/scram",
+		"signing_key_file: /etc/cdc/secrets/signing-key":           "cdc-signing/signing.key",
+		"token_file: /etc/cdc/secrets/metrics-token":               "metrics-token/token",
+		"ca_file: /etc/cdc/tls/kafka-ca.crt":                       "kafka-ca/ca.crt",
+		"cert_file: /etc/cdc/tls/kafka-client.crt":                 "orders-kafka-client/tls.crt",
+		"key_file: /etc/cdc/tls/kafka-client.key":                  "orders-kafka-client/tls.key",
+		"sslrootcert=/etc/cdc/tls/postgres-ca.crt":                 "orders-db-ca/ca.crt",
+		"password_file: /etc/cdc/secrets/schema-registry-password": "orders-registry/password",
+		"ca_file: /etc/cdc/tls/schema-registry-ca.crt":             "registry-ca/ca.crt",
 	}
 	spec := r.deployment.Spec.Template.Spec
 	mounted := map[string]string{} // file path → Secret/key
@@ -399,6 +406,9 @@ func TestChartSecretsAreFiles(t *testing.T) {
 	if cfg.Kafka.SASL.Password != "" || lc.HTTP.Token != "" || strings.Contains(cfg.Postgres.URL, ":@") || cfg.Kafka.SASL.Username != "orders" {
 		t.Errorf("a secret in the config: %+v", cfg.Kafka.SASL)
 	}
+	if sr := cfg.SchemaRegistry; sr.Password != "" || sr.Username != "orders" || sr.URL != "https://registry:8081" || cfg.Tables[0].Schema.Format != "avro" {
+		t.Errorf("schema_registry from the chart: url %q user %q, a password set: %v; tables[0].schema %q", sr.URL, sr.Username, sr.Password != "", cfg.Tables[0].Schema.Format)
+	}
 	for _, env := range spec.Containers[0].Env {
 		t.Errorf("environment variable %s: secrets are files", env.Name)
 	}
@@ -408,10 +418,11 @@ func TestChartSecretsAreFiles(t *testing.T) {
 
 	// A secret in the values would land in the ConfigMap: refused.
 	for name, over := range map[string]map[string]any{
-		"a password in the url":      {"postgres": map[string]any{"url": "postgres://cdc:hunter2@db/app"}},
-		"a password parameter":       {"postgres": map[string]any{"url": "postgres://cdc@db/app?sslmode=require&password=hunter2"}},
-		"config.kafka.sasl.password": {"config": map[string]any{"kafka": map[string]any{"sasl": map[string]any{"password": "hunter2"}}}},
-		"config.http.token":          {"config": map[string]any{"http": map[string]any{"token": "hunter2"}}},
+		"a password in the url":                      {"postgres": map[string]any{"url": "postgres://cdc:hunter2@db/app"}},
+		"a password parameter":                       {"postgres": map[string]any{"url": "postgres://cdc@db/app?sslmode=require&password=hunter2"}},
+		"config.kafka.sasl.password":                 {"config": map[string]any{"kafka": map[string]any{"sasl": map[string]any{"password": "hunter2"}}}},
+		"config.http.token":                          {"config": map[string]any{"http": map[string]any{"token": "hunter2"}}},
+		"config.schema_registry.basic_auth.password": {"config": map[string]any{"schema_registry": map[string]any{"basic_auth": map[string]any{"password": "hunter2"}}}},
 	} {
 		_, err := render(t, "orders-cdc", merge(required(), over))
 		if err == nil || !strings.Contains(err.Error(), "ConfigMap") || strings.Contains(err.Error(), "hunter2") {

@@ -38,6 +38,8 @@ Secret set in the values, with the config key that reads it.
 {{- with .Values.postgres.passwordSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "postgres-password") }}{{ end }}{{ end -}}
 {{- with .Values.kafka.sasl.passwordSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "kafka-sasl-password") }}{{ end }}{{ end -}}
 {{- with .Values.kafka.sasl.tokenSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "kafka-sasl-token") }}{{ end }}{{ end -}}
+{{- with .Values.schemaRegistry.passwordSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "schema-registry-password") }}{{ end }}{{ end -}}
+{{- with .Values.schemaRegistry.tokenSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "schema-registry-token") }}{{ end }}{{ end -}}
 {{- with .Values.checkpoint.signingKeySecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "signing-key") }}{{ end }}{{ end -}}
 {{- with .Values.metrics.tokenSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "metrics-token") }}{{ end }}{{ end -}}
 {{- toJson $files -}}
@@ -48,6 +50,7 @@ Secret set in the values, with the config key that reads it.
 {{- $files := list -}}
 {{- with .Values.postgres.caSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "postgres-ca.crt") }}{{ end }}{{ end -}}
 {{- with .Values.kafka.tls.caSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "kafka-ca.crt") }}{{ end }}{{ end -}}
+{{- with .Values.schemaRegistry.caSecret }}{{ if .name }}{{ $files = append $files (dict "secret" .name "key" .key "file" "schema-registry-ca.crt") }}{{ end }}{{ end -}}
 {{- with .Values.kafka.tls.clientSecret }}{{ $files = append $files (dict "secret" . "key" "tls.crt" "file" "kafka-client.crt") }}{{ $files = append $files (dict "secret" . "key" "tls.key" "file" "kafka-client.key") }}{{ end -}}
 {{- toJson $files -}}
 {{- end -}}
@@ -71,6 +74,10 @@ A secret in the values is refused: it would land in the ConfigMap.
 {{- $ck := get $c "kafka" | default dict -}}
 {{- if get (get $ck "sasl" | default dict) "password" -}}
 {{- fail "config.kafka.sasl.password would land in the ConfigMap: put it in a Secret and set kafka.sasl.passwordSecret.name" -}}
+{{- end -}}
+{{- $sr := get $c "schema_registry" | default dict -}}
+{{- if get (get $sr "basic_auth" | default dict) "password" -}}
+{{- fail "config.schema_registry.basic_auth.password would land in the ConfigMap: put it in a Secret and set schemaRegistry.passwordSecret.name" -}}
 {{- end -}}
 {{- if get (get $c "http" | default dict) "token" -}}
 {{- fail "config.http.token would land in the ConfigMap: put it in a Secret and set metrics.tokenSecret.name" -}}
@@ -98,6 +105,10 @@ A secret in the values is refused: it would land in the ConfigMap.
 {{- $_ := set $k "sasl" $sasl -}}
 {{- end -}}
 {{- $_ := set $c "kafka" (mergeOverwrite $ck $k) -}}
+{{- if hasKey $has "schema-registry-password" }}{{ $_ := set $sr "basic_auth" (mergeOverwrite (get $sr "basic_auth" | default dict) (dict "password_file" "/etc/cdc/secrets/schema-registry-password")) }}{{ end -}}
+{{- if hasKey $has "schema-registry-token" }}{{ $_ := set $sr "token_file" "/etc/cdc/secrets/schema-registry-token" }}{{ end -}}
+{{- if .Values.schemaRegistry.caSecret.name }}{{ $_ := set $sr "tls" (mergeOverwrite (get $sr "tls" | default dict) (dict "ca_file" "/etc/cdc/tls/schema-registry-ca.crt")) }}{{ end -}}
+{{- if $sr }}{{ $_ := set $c "schema_registry" $sr }}{{ end -}}
 {{- $cp := get $c "checkpoint" | default dict -}}
 {{- with .Values.checkpoint.topic }}{{ $_ := set $cp "topic" . }}{{ end -}}
 {{- if hasKey $has "signing-key" }}{{ $_ := set $cp "signing_key_file" "/etc/cdc/secrets/signing-key" }}{{ end -}}
