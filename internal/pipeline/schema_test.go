@@ -73,28 +73,6 @@ func sameJSON(t *testing.T, got, want string) {
 	}
 }
 
-// seriesValue is the counter name{label=value} of p's metrics.
-func seriesValue(t *testing.T, p *pipeline.Pipeline, name, label, value string) float64 {
-	t.Helper()
-	fams, err := p.Metrics().Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // TestSchemaFormatsEndToEnd: for each wire format, through Postgres, the
 // broker and the registry: a row already in the table (backfilled on the
 // first start), a live event and an invalid one. A registry-aware consumer
@@ -146,7 +124,7 @@ func TestSchemaFormatsEndToEnd(t *testing.T) {
 				!strings.Contains(testenv.Header(dl[0], route.HeaderDeadLetterError), `does not match schema subject "`+subject+`"`) {
 				t.Fatalf("the invalid event: %v", dl)
 			}
-			if n := seriesValue(t, r.p, "cdc_schema_invalid_total", "source", "public.outbox"); n != 1 {
+			if n := testenv.Counter(t, r.p.Metrics().Registry, "cdc_schema_invalid_total", "source", "public.outbox"); n != 1 {
 				t.Fatalf("cdc_schema_invalid_total = %v, want 1", n)
 			}
 			if tc.format != outbox.SchemaAvro {

@@ -105,7 +105,7 @@ func TestApplyWaitsForTheRegistry(t *testing.T) {
 	go func() {
 		done <- r.Apply(context.Background(), rec, event(tb, "OrderPlaced", payload), func(f func() error) error { blocking++; return f() })
 	}()
-	testenv.Eventually(t, 10*time.Second, "two failed lookups", func() bool { return testutilCount(t, m, "cdc_schema_lookups_total", "error") >= 2 })
+	testenv.Eventually(t, 10*time.Second, "two failed lookups", func() bool { return testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "error") >= 2 })
 	select {
 	case err := <-done:
 		t.Fatalf("Apply returned %v while the registry is down", err)
@@ -196,10 +196,10 @@ func TestAvro(t *testing.T) {
 			t.Fatalf("key %q: without schema.key it stays text", rec.Key)
 		}
 	}
-	if got := testutilCount(t, m, "cdc_schema_lookups_total", "fetched"); got != 1 {
+	if got := testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "fetched"); got != 1 {
 		t.Fatalf("fetched %v times, want 1 (then cached)", got)
 	}
-	if got := testutilCount(t, m, "cdc_schema_lookups_total", "cached"); got != 2 {
+	if got := testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "cached"); got != 2 {
 		t.Fatalf("cached lookups %v, want 2", got)
 	}
 }
@@ -226,7 +226,7 @@ func TestInvalidIsAnEventError(t *testing.T) {
 			t.Fatalf("the record's value changed to %q", rec.Value)
 		}
 	}
-	if got := testutilSeries(t, m, "cdc_schema_invalid_total", "source", "public.outbox"); got != 4 {
+	if got := testenv.Counter(t, m.Registry, "cdc_schema_invalid_total", "source", "public.outbox"); got != 4 {
 		t.Fatalf("cdc_schema_invalid_total = %v, want 4", got)
 	}
 }
@@ -294,7 +294,7 @@ func TestRegistryDownIsNotAnEventError(t *testing.T) {
 	if err := apply(r, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload)); err != nil {
 		t.Fatalf("with the registry back and the subject registered: %v", err)
 	}
-	if testutilCount(t, m, "cdc_schema_lookups_total", "error") != 1 || testutilCount(t, m, "cdc_schema_lookups_total", "not_found") != 1 {
+	if testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "error") != 1 || testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "not_found") != 1 {
 		t.Fatal("the failed lookups were not counted by result")
 	}
 	// A wrong password is refused, and the error does not show it.
@@ -429,7 +429,7 @@ func TestSubjectsKeysAndAutoRegister(t *testing.T) {
 	if err := apply(on, rec, event(tb, "Paid", payload)); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := reg.GetSchema("payments-value", 1); !ok || testutilCount(t, m, "cdc_schema_lookups_total", "registered") != 1 {
+	if _, ok := reg.GetSchema("payments-value", 1); !ok || testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "registered") != 1 {
 		t.Fatal("schema.file was not registered under payments-value")
 	}
 	if id, got := decodeAvro(t, reg, rec.Value); got["id"] != "o-1" || id == 0 {
