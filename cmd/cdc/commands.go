@@ -37,6 +37,32 @@ import (
 // the metrics.
 const memoryHeadroom = 40 << 20
 
+// gcPercent is cdc run's GOGC, under the soft memory limit.
+const gcPercent = 200
+
+// gcSettings is what cdc run gives Go's collector, unless the environment
+// does (GOMEMLIMIT: nothing; GOGC: the limit only); 0 leaves a setting
+// alone.
+//
+// The records waiting for Kafka are bounded by max_in_flight_bytes; by
+// default Go lets the heap grow to twice what is live before collecting,
+// so a stall with large payloads would double them. A soft limit of that
+// bound plus room for the rest makes the collector work harder instead
+// (docs/config.md). Below the limit it collects when the heap has tripled
+// rather than doubled: a stream's live heap is small (15–20 MB), and at
+// 40k events/s the collections were what tipped the connector behind its
+// walsender (docs/benchmarks.md, "Where the time goes"). The limit still
+// bounds a stall.
+func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64, percent int) {
+	if getenv("GOMEMLIMIT") != "" {
+		return 0, 0
+	}
+	if getenv("GOGC") != "" {
+		return maxInFlightBytes + memoryHeadroom, 0
+	}
+	return maxInFlightBytes + memoryHeadroom, gcPercent
+}
+
 func runCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("run", "[--config cdc.yaml]")
 	config := fs.String("config", "", "the YAML config file (docs/config.md); without it, the environment and defaults")
@@ -52,13 +78,11 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	for _, w := range p.Weaknesses() {
 		log.Warn("insecure setting: " + w)
 	}
-	if os.Getenv("GOMEMLIMIT") == "" {
-		// The records waiting for Kafka are bounded by max_in_flight_bytes;
-		// by default Go lets the heap grow to twice what is live before
-		// collecting, so a stall with large payloads would double them.
-		// A soft limit of that bound plus room for the rest makes the
-		// collector work harder instead (docs/config.md).
-		debug.SetMemoryLimit(cfg.MaxInFlightBytes + memoryHeadroom)
+	if limit, percent := gcSettings(cfg.MaxInFlightBytes, os.Getenv); limit > 0 {
+		debug.SetMemoryLimit(limit)
+		if percent > 0 {
+			debug.SetGCPercent(percent)
+		}
 	}
 	if c.http.Listen != "" {
 		srv, err := endpoint.Start(c.http, p.Metrics().Registry, p)
