@@ -49,10 +49,10 @@ const gcPercent = 200
 // so a stall with large payloads would double them. A soft limit of that
 // bound plus room for the rest makes the collector work harder instead
 // (docs/config.md). Below the limit it collects when the heap has tripled
-// rather than doubled: a stream's live heap is small (15–20 MB), and at
-// 40k events/s the collections were what tipped the connector behind its
-// walsender (docs/benchmarks.md, "Where the time goes"). The limit still
-// bounds a stall.
+// rather than doubled: a stream's heap is small (the process peaks at
+// about 40 MB), and at 40k events/s the collections were what tipped the
+// connector behind its walsender (docs/benchmarks.md, "Where the time
+// goes"). The limit still bounds a stall.
 func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64, percent int) {
 	if getenv("GOMEMLIMIT") != "" {
 		return 0, 0
