@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -337,6 +338,24 @@ func TestJSONSchema(t *testing.T) {
 	bad := `{"id":"o-1","qty":0}`
 	if err := apply(r, record("orders", "o-1", bad), event(header, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "minimum") {
 		t.Fatalf("qty 0: %v, want an EventError about the minimum", err)
+	}
+	// With schema.key, the key is checked as a JSON string under
+	// orders-key: in the header mode it stays as written, with its id in
+	// key_schema_id.
+	keyID, _, err := reg.RegisterSchema("orders-key", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"string","pattern":"^o-"}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema, IDIn: outbox.IDInHeader, Key: true})
+	rec = record("orders", "o-1", payload)
+	if err := apply(r, rec, event(keyed, "OrderPlaced", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if string(rec.Key) != "o-1" || testenv.Header(rec, HeaderKeySchemaID) != strconv.Itoa(keyID) || testenv.Header(rec, HeaderSchemaID) != strconv.Itoa(id) {
+		t.Fatalf("key %q headers %v: want the key as written, key_schema_id %d and schema_id %d", rec.Key, rec.Headers, keyID, id)
+	}
+	if err := apply(r, record("orders", "x-1", payload), event(keyed, "OrderPlaced", payload)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "its key does not match") {
+		t.Fatalf("key x-1: %v, want an EventError about the key", err)
 	}
 }
 
