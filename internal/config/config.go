@@ -151,6 +151,13 @@ func (c *Config) Validate() error {
 		return err
 	}
 	for _, t := range c.Tables {
+		if t.Schema.File != "" {
+			if err := schema.CheckFile(&t.Schema); err != nil {
+				return fmt.Errorf("%s: %w", t, err)
+			}
+		}
+	}
+	for _, t := range c.Tables {
 		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
 			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
 		}

@@ -445,6 +445,21 @@ func TestSchemaSetting(t *testing.T) {
 			t.Errorf("%s: err = %v; want one line saying %q", tt.body, err, tt.want)
 		}
 	}
+	// schema.file, which auto_register registers, must compile.
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.avsc"), filepath.Join(dir, "bad.avsc")
+	if err := os.WriteFile(good, []byte(`{"type":"record","name":"O","fields":[{"name":"id","type":"string"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte(`{"type":"record"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := validConfig(writeConfig(t, base+"tables: [{name: outbox, schema: {format: avro, file: '"+good+"'}}]\n"), noEnv); err != nil {
+		t.Fatalf("a schema file that compiles: %v", err)
+	}
+	if _, _, err := validConfig(writeConfig(t, base+"tables: [{name: outbox, schema: {format: avro, file: '"+bad+"'}}]\n"), noEnv); err == nil || !strings.Contains(err.Error(), "bad.avsc does not compile as avro") {
+		t.Fatalf("a schema file that does not compile: %v", err)
+	}
 	cfg, _, err = validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://r:8081', basic_auth: {username: cdc}}\n"),
 		env("CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD", "hunter2"))
 	if err != nil || cfg.SchemaRegistry.Password != "hunter2" {

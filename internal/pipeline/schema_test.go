@@ -243,13 +243,21 @@ func TestCheckSchemaSubjects(t *testing.T) {
 		!strings.Contains(probs[1], `no subject "`+topic+`-key"`) {
 		t.Fatalf("problems %q; want the value and key subjects missing", probs)
 	}
+	// A schema file that does not compile is a config error; one that
+	// does, with auto_register, stands for the missing value subject.
 	e.cfg.SchemaRegistry.AutoRegister = true
 	e.cfg.Tables[0].Schema.File = filepath.Join(t.TempDir(), "order.avsc")
 	if err := os.WriteFile(e.cfg.Tables[0].Schema.File, []byte(`{"type": "record"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if probs := check(); len(probs) != 2 || !strings.Contains(probs[0], "order.avsc does not compile as avro") {
-		t.Fatalf("problems %q; want the schema file that would be registered refused", probs)
+	if _, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{}); err == nil || !strings.Contains(err.Error(), "order.avsc does not compile as avro") {
+		t.Fatalf("a schema file that does not compile: %v", err)
+	}
+	if err := os.WriteFile(e.cfg.Tables[0].Schema.File, []byte(orderAvro), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if probs := check(); len(probs) != 1 || !strings.Contains(probs[0], `no subject "`+topic+`-key"`) {
+		t.Fatalf("problems %q; want only the key subject, which auto_register does not fill", probs)
 	}
 	if reg.SubjectExists(topic + "-value") {
 		t.Fatal("check registered a schema")

@@ -490,7 +490,7 @@ func (r *Registry) Check(ctx context.Context, tables []*outbox.Table) []string {
 			_, err := r.fetch(ctx, sc, subj, key, false)
 			var le *LookupError
 			if errors.As(err, &le) && errors.Is(err, errNotFound) && r.cfg.AutoRegister && sc.File != "" && !key {
-				err = checkFile(sc)
+				err = CheckFile(sc)
 			}
 			if err != nil {
 				probs = append(probs, fmt.Sprintf("%s: %s", t, errtext.OneLine(err)))
@@ -500,9 +500,9 @@ func (r *Registry) Check(ctx context.Context, tables []*outbox.Table) []string {
 	return probs
 }
 
-// checkFile says whether schema.file, which auto_register would register,
+// CheckFile says whether schema.file, which auto_register registers,
 // compiles as the table's format.
-func checkFile(sc *outbox.Schema) error {
+func CheckFile(sc *outbox.Schema) error {
 	text, err := os.ReadFile(sc.File)
 	if err != nil {
 		return fmt.Errorf("tables[].schema.file: %v", err)
