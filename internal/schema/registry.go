@@ -201,7 +201,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 	}
 	value, err := r.frame(e, sc, rec.Value)
 	if err != nil {
-		return r.mismatch(e, ev, rec.Topic, string(typ), false, "payload", err)
+		return r.mismatch(e, ev, rec.Topic, string(typ), false, err)
 	}
 	var key []byte
 	if ke != nil {
@@ -213,7 +213,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 			key, err = r.frame(ke, sc, doc)
 		}
 		if err != nil {
-			return r.mismatch(ke, ev, rec.Topic, "", true, "key", err)
+			return r.mismatch(ke, ev, rec.Topic, "", true, err)
 		}
 	}
 	rec.Value = value
@@ -230,6 +230,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 	}
 	if ke != nil {
 		rec.Key = key
+		ke.fresh = false
 		if sc.IDIn == outbox.IDInHeader {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderKeySchemaID, Value: ke.idText})
 		}
@@ -254,10 +255,15 @@ func (r *Registry) frame(e *entry, sc *outbox.Schema, doc []byte) ([]byte, error
 	return e.codec.append(b, doc)
 }
 
-// mismatch is what an event that does not fit e gets: a re-read of the
-// latest schema first, if e may be stale; else the invalid event's error.
-func (r *Registry) mismatch(e *entry, ev *outbox.Event, topic, typ string, key bool, what string, err error) error {
-	if ev.Table.Schema.Version == 0 && !e.fresh {
+// mismatch is what an event whose value (or key) does not fit e gets: a
+// re-read of the latest schema first, if e may be stale (keys always take
+// the latest); else the invalid event's error.
+func (r *Registry) mismatch(e *entry, ev *outbox.Event, topic, typ string, key bool, err error) error {
+	what := "payload"
+	if key {
+		what = "key"
+	}
+	if (ev.Table.Schema.Version == 0 || key) && !e.fresh {
 		return &Miss{table: ev.Table, subject: e.subject, topic: topic, typ: typ, key: key, recheck: e}
 	}
 	e.fresh = false
