@@ -411,17 +411,21 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 // open, so nothing past it is confirmed, and nothing is dead-lettered for
 // the registry.
 func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event, wait func(func() error) error) error {
+	err := r.Encode(rec, ev)
+	if err == nil {
+		return nil // the per-event path: nothing escapes, nothing allocated
+	}
 	for range 4 { // a value, a key, and a recheck of each
-		err := r.Encode(rec, ev)
-		var m *Miss
-		if !errors.As(err, &m) {
+		m, ok := err.(*Miss)
+		if !ok {
 			return err
 		}
 		if err := wait(func() error { return r.resolveRetrying(ctx, m) }); err != nil {
 			return err
 		}
+		err = r.Encode(rec, ev)
 	}
-	return r.Encode(rec, ev)
+	return err
 }
 
 // Backoff of resolveRetrying.
