@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -37,13 +38,19 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`, `CREATE TABLE payments (LIKE outbox INCLUDING ALL)`)
 	k := testenv.NewKafka(t)
 	reg := testenv.NewRegistry(t)
-	for subject, s := range map[string]sr.Schema{
-		k.Prefix + "orders-value":   {Type: sr.TypeAvro, Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"qty","type":"int"}]}`},
-		k.Prefix + "payments-value": {Type: sr.TypeProtobuf, Schema: `syntax = "proto3"; message Payment { string id = 1; int64 cents = 2; }`},
+	ids := map[string]int{}
+	for _, r := range []struct {
+		subject string
+		schema  sr.Schema
+	}{
+		{k.Prefix + "orders-value", sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"qty","type":"int"}]}`}},
+		{k.Prefix + "payments-value", sr.Schema{Type: sr.TypeProtobuf, Schema: `syntax = "proto3"; message Payment { string id = 1; int64 cents = 2; }`}},
 	} {
-		if _, _, err := reg.RegisterSchema(subject, s); err != nil {
+		id, _, err := reg.RegisterSchema(r.subject, r.schema)
+		if err != nil {
 			t.Fatal(err)
 		}
+		ids[r.subject] = id
 	}
 	cfg := config.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
@@ -90,8 +97,8 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 	}
 	// protojson's spacing varies by design: compare the JSON, not its text.
 	want := map[string]string{
-		k.Prefix + "orders o-1 1":   `{"id":"o-1","qty":3}`,
-		k.Prefix + "payments p-1 2": `{"id":"p-1","cents":"1250"}`,
+		fmt.Sprintf("%sorders o-1 %d", k.Prefix, ids[k.Prefix+"orders-value"]):     `{"id":"o-1","qty":3}`,
+		fmt.Sprintf("%spayments p-1 %d", k.Prefix, ids[k.Prefix+"payments-value"]): `{"id":"p-1","cents":"1250"}`,
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != len(want) {
