@@ -436,6 +436,7 @@ func TestSchemaSetting(t *testing.T) {
 		{base + "tables: [{name: outbox, schema: avro, format: envelope}]\n", "use format payload or cloudevents-binary"},
 		{base + "tables: [{name: outbox, schema: {format: protobuf, key: true}}]\n", "use key: false"},
 		{base + "tables: [{name: outbox, schema: {format: json, version: 2}}]\n", "schema format json takes no other schema settings"},
+		{base + "tables: [{name: outbox, schema: {format: avro, subject: record, file: x.avsc}}]\n", "schema.file is one schema, and schema.subject record names a subject per event type"},
 		{"postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://cdc:hunter2@registry:8081'}\ntables: [{name: outbox, schema: avro}]\n", "move them to schema_registry.basic_auth"},
 		{noRegistry + "schema_registry: {url: 'registry:8081'}\n", "schema_registry.url: use an http:// or https:// URL"},
 		{"postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\nschema_registry: {url: 'http://r:8081', basic_auth: {username: cdc}}\n", "needs a password: basic_auth.password_file, or CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD"},

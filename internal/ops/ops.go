@@ -71,9 +71,7 @@ func (o *Ops) Check(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, pr := range reg.Check(ctx, o.Config.Tables) {
-			probs = append(probs, pr)
-		}
+		probs = append(probs, reg.Check(ctx, o.Config.Tables)...)
 	}
 	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)
 	if err != nil {

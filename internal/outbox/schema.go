@@ -75,6 +75,9 @@ func (s *Schema) validate(t *Table) error {
 	default:
 		return fmt.Errorf("%s: schema.subject %q: use topic, record or topic-record", t, s.Subject)
 	}
+	if s.File != "" && s.Subject != SubjectTopic {
+		return fmt.Errorf("%s: schema.file is one schema, and schema.subject %s names a subject per event type, which a row chooses: register each event type's schema in the registry, or use schema.subject topic", t, s.Subject)
+	}
 	if s.Version < 0 {
 		return fmt.Errorf("%s: schema.version %d: use a version number, or leave it out for the latest", t, s.Version)
 	}

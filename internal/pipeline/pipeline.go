@@ -205,7 +205,7 @@ func (p *Pipeline) Healthy() error {
 // to the network (wal.Config.Weaknesses, sink.Config.Weaknesses): cdc run
 // logs each at start, and cdc check lists them.
 func (p *Pipeline) Weaknesses() []string {
-	return append(p.cfg.Postgres.Weaknesses(), p.cfg.Kafka.Weaknesses()...)
+	return append(append(p.cfg.Postgres.Weaknesses(), p.cfg.Kafka.Weaknesses()...), p.cfg.SchemaRegistry.Weaknesses()...)
 }
 
 // Config returns the validated configuration, defaults filled in.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
+	"strings"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -73,19 +73,14 @@ func (c *Config) Validate(needed bool) error {
 			}
 		}
 	}
-	t := &c.TLS
-	if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" {
-		t.Enabled = true
-	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		return errors.New("schema_registry.tls.cert_file and key_file go together: set both for a client certificate, or neither")
-	}
-	for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
-		if f != "" {
-			if _, err := os.Stat(f); err != nil {
-				return fmt.Errorf("schema_registry.tls.%s: %v", key, err)
-			}
-		}
+	return c.TLS.Check("schema_registry.tls")
+}
+
+// Weaknesses lists what in the registry's settings sends a secret in clear
+// text, for the start-up log: credentials over http://.
+func (c Config) Weaknesses() []string {
+	if strings.HasPrefix(c.URL, "http://") && (c.Username != "" || c.TokenFile != "") {
+		return []string{"schema_registry.url is http:// with credentials: they cross the network in clear text; use https://"}
 	}
 	return nil
 }

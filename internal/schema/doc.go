@@ -21,4 +21,7 @@
 //     invalid against the registry's latest (or the pinned version).
 //   - Secrets (password, token) are read from their files at each request
 //     and never appear in an error.
+//   - Subjects can come from the rows (templated topics, event types): a
+//     source's cache holds at most maxCachedSubjects entries, then starts
+//     over, and schema.file is registered only under topic subjects.
 package schema

@@ -52,9 +52,13 @@ type entry struct {
 // record strategy) and event type ("" with the topic strategy), key
 // entries by topic. Keyed so that a lookup builds no string.
 type sourceCache struct {
-	value map[string]map[string]*entry
-	key   map[string]*entry
+	value   map[string]map[string]*entry
+	key     map[string]*entry
+	entries int // entries stored, at most maxCachedSubjects
 }
+
+// maxCachedSubjects bounds a source's cache, as route bounds its topics.
+const maxCachedSubjects = 4096
 
 // Registry encodes payloads against the registry's schemas. Encode and
 // Resolve are called from the replication loop, one at a time; the
@@ -319,10 +323,14 @@ func (r *Registry) Resolve(ctx context.Context, m *Miss) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sch := r.sources[m.table]
-	if sch == nil {
+	if sch == nil || sch.entries >= maxCachedSubjects {
+		// Topics and event types come from the rows: a source whose
+		// subjects keep changing starts its cache over rather than grow
+		// it without bound (the registry is asked again on a miss).
 		sch = &sourceCache{value: map[string]map[string]*entry{}, key: map[string]*entry{}}
 		r.sources[m.table] = sch
 	}
+	sch.entries++
 	if m.key {
 		sch.key[m.topic] = e
 		return nil
@@ -397,6 +405,9 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 			return nil, &LookupError{Subject: subject, Err: err, Msg: fmt.Sprintf("schema registry: subject %q version %d (id %d) does not compile as %s: %s; fix it in the registry", subject, ss.Version, ss.ID, sc.Format, errtext.OneLine(err))}
 		}
 		r.mu.Lock()
+		if len(r.codecs) >= maxCachedSubjects {
+			clear(r.codecs) // compiled again on their next fetch
+		}
 		r.codecs[ck] = c
 		r.mu.Unlock()
 	}

@@ -504,3 +504,52 @@ func TestRegistryOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheIsBounded: a source's subjects come from its rows; past
+// maxCachedSubjects its cache starts over (and is filled again from the
+// registry) instead of growing.
+func TestCacheIsBounded(t *testing.T) {
+	reg := testenv.NewRegistry(t)
+	for _, s := range []string{"A", "B"} {
+		if _, _, err := reg.RegisterSchema(s, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := metrics.New("t")
+	r := newRegistry(t, reg.URL, m, nil)
+	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: outbox.SubjectRecord})
+	payload := `{"id":"o-1","qty":1}`
+	if err := apply(r, record("orders", "o-1", payload), event(tb, "A", payload)); err != nil {
+		t.Fatal(err)
+	}
+	r.sources[tb].entries = maxCachedSubjects
+	if err := apply(r, record("orders", "o-1", payload), event(tb, "B", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.sources[tb]; c.entries != 1 || c.value[""]["A"] != nil || c.value[""]["B"] == nil {
+		t.Fatalf("after the bound: %d entries, A cached %v; want only B", c.entries, c.value[""]["A"] != nil)
+	}
+	if err := apply(r, record("orders", "o-1", payload), event(tb, "A", payload)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "fetched"); got != 3 {
+		t.Fatalf("fetched %v times, want 3: A, B, and A again after the cache started over", got)
+	}
+}
+
+// TestWeaknesses: credentials over http:// are named for the start-up log.
+func TestWeaknesses(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  Config
+		weak bool
+	}{
+		{Config{URL: "http://r:8081"}, false},
+		{Config{URL: "http://r:8081", Username: "u", Password: "p"}, true},
+		{Config{URL: "http://r:8081", TokenFile: "/t"}, true},
+		{Config{URL: "https://r:8081", Username: "u", Password: "p"}, false},
+	} {
+		if got := len(tt.cfg.Weaknesses()) > 0; got != tt.weak {
+			t.Errorf("%+v: weak %v, want %v", tt.cfg, got, tt.weak)
+		}
+	}
+}

@@ -61,19 +61,8 @@ type SASLConfig struct {
 
 // validateSecurity reports a security configuration error, naming the key to fix.
 func (c *Config) validateSecurity() error {
-	t := &c.TLS
-	if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" {
-		t.Enabled = true
-	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		return errors.New("kafka.tls.cert_file and kafka.tls.key_file go together: set both for a client certificate, or neither")
-	}
-	for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
-		if f != "" {
-			if _, err := os.Stat(f); err != nil {
-				return fmt.Errorf("kafka.tls.%s: %v", key, err)
-			}
-		}
+	if err := c.TLS.Check("kafka.tls"); err != nil {
+		return err
 	}
 	s := &c.SASL
 	s.Mechanism = strings.ToUpper(s.Mechanism)
@@ -138,6 +127,26 @@ func securityOpts(cfg Config) ([]kgo.Opt, error) {
 		opts = append(opts, kgo.SASL(m))
 	}
 	return opts, nil
+}
+
+// Check turns TLS on when any of its settings is set, and reports a
+// certificate without its key (or the reverse) or a file that cannot be
+// read; key is where c sits in the config file ("kafka.tls").
+func (c *TLSConfig) Check(key string) error {
+	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.ServerName != "" {
+		c.Enabled = true
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return fmt.Errorf("%s.cert_file and %s.key_file go together: set both for a client certificate, or neither", key, key)
+	}
+	for name, f := range map[string]string{"ca_file": c.CAFile, "cert_file": c.CertFile, "key_file": c.KeyFile} {
+		if f != "" {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("%s.%s: %v", key, name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Build returns the tls.Config c describes; key is where c sits in the
