@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -63,13 +64,44 @@ func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64
 	return maxInFlightBytes + memoryHeadroom, gcPercent
 }
 
+// liveProcs is what cdc run does with GOMAXPROCS as its stream turns
+// live and falls behind (wal.Config.OnLive), or nil to leave it alone: when
+// the environment sets it, or the runtime's default is one already (a
+// container with a CPU limit of one core or less).
+//
+// A live stream's work is one sequence: read, decode, route, produce,
+// acknowledge, each step handing to the next goroutine. With a second P,
+// every hand-off woke another thread to steal the work, and on a small or
+// virtual machine those wake-ups cost more than the work: at 40,000
+// events a second one P took a sixth less CPU and kept p99 lower
+// (docs/benchmarks.md, "Where the time goes"). A stream behind has a
+// backlog to drain, where franz-go's encoding and writing on a second P
+// beside the decoding is worth it: there the runtime's default comes back.
+// The switch stops the world for microseconds, and happens only when the
+// stream changes state, at most once per transaction and in practice a
+// few times a session (the state has a margin: wal's liveAfter).
+func liveProcs(getenv func(string) string, defaultProcs int) func(live bool) {
+	if getenv("GOMAXPROCS") != "" || defaultProcs <= 1 {
+		return nil
+	}
+	return func(live bool) {
+		if live {
+			runtime.GOMAXPROCS(1)
+		} else {
+			runtime.SetDefaultGOMAXPROCS()
+		}
+	}
+}
+
 func runCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("run", "[--config cdc.yaml]")
-	config := fs.String("config", "", "the YAML config file (docs/config.md); without it, the environment and defaults")
+	file := fs.String("config", "", "the YAML config file (docs/config.md); without it, the environment and defaults")
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
-	p, log, code, ok := c.pipeline(*config)
+	p, log, code, ok := c.pipeline(*file, func(cfg *config.Config) {
+		cfg.Postgres.OnLive = liveProcs(os.Getenv, runtime.GOMAXPROCS(0))
+	})
 	if !ok {
 		return code
 	}

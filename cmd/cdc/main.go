@@ -175,10 +175,15 @@ func (c *cli) usageErr(format string, args ...any) int {
 
 // pipeline loads the config at path and builds the pipeline, which
 // validates it. ok false means return code.
-func (c *cli) pipeline(path string) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
+// pipeline loads the config at path, lets each adjust set what a command
+// sets beyond it, and makes the pipeline.
+func (c *cli) pipeline(path string, adjust ...func(*config.Config)) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
 	cfg, lc, err := config.Load(path, c.env)
 	if err != nil {
 		return nil, nil, c.usageErr("%v", err), false
+	}
+	for _, f := range adjust {
+		f(&cfg)
 	}
 	c.http = lc.HTTP
 	log = hclog.New(&hclog.LoggerOptions{

@@ -203,13 +203,13 @@ type sessionAcks interface {
 }
 
 // streamAcks is what the replication loop reads: the confirmer, and the
-// producer's batching (wal.Releaser).
+// producer's batching (wal.Releaser: Release, Live and Drained).
 type streamAcks struct {
 	*checkpoint.Confirmer
-	kafka *sink.Kafka
+	*sink.Kafka
 }
 
-func (a streamAcks) Release(now time.Time) time.Time { return a.kafka.Release(now) }
+var _ wal.Releaser = streamAcks{}
 
 // session is one replication session: one replication connection, one
 // Kafka client, one decoder and one tracker. Its methods follow one event

@@ -16,6 +16,13 @@ import (
 // costs a wake-up, a request and an answer per event in the connector and
 // in the broker, and on a small machine that cost alone can put the
 // connector seconds behind (docs/design.md, "Batching").
+//
+// A live stream (Live) batches by its reads instead: Send holds every
+// record, and the stream calls Drained once it has handled all that its
+// reads brought, before it waits for more. Each batch is then what
+// arrived in one wait, sent as soon as it is decoded, and the stream's next
+// read waits for the time Drained returns, so that batches stay
+// MaxBatchDelay apart and the reads and the batches share one wake-up.
 
 type heldRecord struct {
 	rec  *kgo.Record
@@ -28,6 +35,7 @@ type heldRecord struct {
 type batcher struct {
 	held []heldRecord
 	last time.Time // when the last batch went
+	live bool      // Send holds every record for Drained
 	now  func() time.Time
 }
 
@@ -39,7 +47,7 @@ func (k *Kafka) Send(rec *kgo.Record, done func(error)) {
 		k.Produce(rec, done)
 		return
 	}
-	if len(b.held) == 0 {
+	if len(b.held) == 0 && !b.live {
 		if now := b.now(); now.Sub(b.last) >= k.cfg.MaxBatchDelay {
 			b.last = now
 			k.Produce(rec, done)
@@ -67,6 +75,19 @@ func (k *Kafka) Release(now time.Time) time.Time {
 	}
 	b.held = b.held[:0]
 	return time.Time{}
+}
+
+// Live turns the live stream's batching on or off (see above).
+func (k *Kafka) Live(on bool) { k.batch.live = on }
+
+// Drained sends what Send holds, and returns the earliest time the next
+// batch may go. It is the live stream's release: see above.
+func (k *Kafka) Drained() time.Time {
+	if k.cfg.MaxBatchDelay < 0 {
+		return time.Time{}
+	}
+	k.Release(time.Time{})
+	return k.batch.last.Add(k.cfg.MaxBatchDelay)
 }
 
 // RecordSize estimates a record's size in a batch: franz-go fails a record

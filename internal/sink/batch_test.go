@@ -202,3 +202,45 @@ func TestSendWithoutBatching(t *testing.T) {
 	expectAcks(t, acked, "e0")
 	expectAcks(t, acked1, "e1", "e2")
 }
+
+// TestLiveBatchesByDrain: while the stream is live, Send holds every
+// record, even one that would go at once otherwise, and Drained sends
+// them all in one request and says when the next batch may go; Live(false)
+// brings the pacing back, and with batching off nothing is ever held.
+func TestLiveBatchesByDrain(t *testing.T) {
+	c := newCluster(t)
+	log := watchProduces(c)
+	close(log.gate)
+	k := newSink(t, c, Config{MaxBatchDelay: 20 * time.Millisecond})
+	clock := &fakeClock{t: time.Now()}
+	k.batch.now = clock.now
+
+	k.Live(true)
+	acked := sendAll(k, "e0", "e1", "e2")
+	if n := len(k.batch.held); n != 3 {
+		t.Fatalf("%d of 3 records held while live with no batch for ever; want all held for Drained", n)
+	}
+	if next := k.Drained(); !next.Equal(clock.t.Add(20*time.Millisecond)) || len(k.batch.held) != 0 {
+		t.Fatalf("Drained kept %d records and returned %v; want all sent and the next batch 20ms on (%v)", len(k.batch.held), next, clock.t.Add(20*time.Millisecond))
+	}
+	expectAcks(t, acked, "e0", "e1", "e2")
+	if reqs := log.snapshot(); fmt.Sprint(reqs) != "[3]" {
+		t.Fatalf("records per produce request %v; want [3]: one batch a drain", reqs)
+	}
+
+	k.Live(false)
+	clock.t = clock.t.Add(time.Minute)
+	acked = sendAll(k, "e3")
+	if len(k.batch.held) != 0 {
+		t.Fatal("e3 was held after Live(false), with no batch in the last minute")
+	}
+	expectAcks(t, acked, "e3")
+
+	off := newSink(t, c, Config{MaxBatchDelay: -1})
+	off.Live(true)
+	acked = sendAll(off, "e4")
+	if len(off.batch.held) != 0 || !off.Drained().IsZero() {
+		t.Fatal("with batching off, a live stream's record was held, or Drained asked the stream to wait")
+	}
+	expectAcks(t, acked, "e4")
+}

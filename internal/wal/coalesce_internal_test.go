@@ -1,11 +1,17 @@
 package wal
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"fmt"
 	"net"
+	"runtime"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // scriptedConn answers each Read with the next of its sizes (0: a
@@ -96,5 +102,102 @@ func TestCoalescerUnderTLS(t *testing.T) {
 	c := &coalescingConn{Conn: raw}
 	if coalescer(c) != c || coalescer(tls.Client(c, &tls.Config{})) != c || coalescer(raw) != nil {
 		t.Fatal("coalescer does not find the coalescing socket, under TLS or not")
+	}
+}
+
+// TestDrainedBeforeWait: a read that follows a drained one first lets the
+// stream send what it holds (drained), then waits for the later of the
+// batch time and the stream's next batch; a read after a full one calls
+// nothing and waits for nothing.
+func TestDrainedBeforeWait(t *testing.T) {
+	const ms = time.Millisecond
+	now := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	sc := &scriptedConn{sizes: []int{10, 10, 100, 10, 10}, clock: &now, start: now}
+	// drained notes when it ran, and says the next batch may go 5ms later.
+	var calls []time.Duration
+	c := &coalescingConn{Conn: sc, now: func() time.Time { return now }, sleep: func(d time.Duration) { now = now.Add(d) },
+		drained: func() time.Time { calls = append(calls, now.Sub(sc.start)); return now.Add(5 * ms) }}
+	c.window.Store(int64(ms))
+	buf := make([]byte, 100)
+	for range 5 {
+		_, _ = c.Read(buf)
+	}
+	// Read 1 drained the socket at 0: read 2 waits for the batch at 5ms,
+	// not just the batch time. Read 2 drained too: read 3 waits until
+	// 10ms. Read 3 was full: read 4 is at once, and drained is not
+	// called. Read 4 drained: read 5 waits until 15ms.
+	if want := []time.Duration{0, 5 * ms, 10 * ms, 10 * ms, 15 * ms}; fmt.Sprint(sc.at) != fmt.Sprint(want) {
+		t.Fatalf("reads reached the socket at %v, want %v", sc.at, want)
+	}
+	if want := []time.Duration{0, 5 * ms, 10 * ms}; fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("drained ran at %v, want %v: once before each wait, none after a full read", calls, want)
+	}
+}
+
+// TestQuietWhileWaiting: during a wait the socket's receive low-water mark
+// is raised, so that the walsender's sends wake no one, and it is back to
+// one byte for the read, which therefore returns what came meanwhile.
+func TestQuietWhileWaiting(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SO_RCVLOWAT is read back only on Linux")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); accepted <- c }()
+	pcfg := &pgconn.Config{DialFunc: (&net.Dialer{}).DialContext}
+	coalesce(pcfg)
+	conn, err := pcfg.DialFunc(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	server := <-accepted
+	defer server.Close()
+	c := conn.(*coalescingConn)
+	lowWater := func() int {
+		var v int
+		_ = c.raw.Control(func(fd uintptr) { v, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT) })
+		return v
+	}
+	var during int
+	c.sleep = func(time.Duration) {
+		during = lowWater()
+		if _, err := server.Write([]byte("sent during the wait")); err != nil {
+			t.Error(err)
+		}
+	}
+	c.window.Store(int64(time.Hour))
+	c.short = time.Now() // the last read drained the socket
+	buf := make([]byte, 100)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "sent during the wait" {
+		t.Fatalf("the read after the wait returned %q, %v", buf[:n], err)
+	}
+	if during < quietLowWater || lowWater() != 1 {
+		t.Fatalf("low-water mark %d during the wait and %d after it; want at least %d, then 1", during, lowWater(), quietLowWater)
+	}
+}
+
+// TestLiveAfter: a stream turns live on a transaction under a second old,
+// and falls behind on one over two seconds old; in between it stays.
+func TestLiveAfter(t *testing.T) {
+	for _, tt := range []struct {
+		live bool
+		age  time.Duration
+		want bool
+	}{
+		{false, 500 * time.Millisecond, true},
+		{false, 1500 * time.Millisecond, false},
+		{true, 1500 * time.Millisecond, true},
+		{true, 2500 * time.Millisecond, false},
+		{false, 2500 * time.Millisecond, false},
+	} {
+		if got := liveAfter(tt.live, tt.age); got != tt.want {
+			t.Errorf("live %v, a transaction %s old: live %v, want %v", tt.live, tt.age, got, tt.want)
+		}
 	}
 }

@@ -41,6 +41,12 @@ type Config struct {
 	// drained the socket before it reads again (coalescingConn). Default
 	// DefaultReadBatch; -1 (postgres.read_batch: 0) reads at once.
 	ReadBatch time.Duration
+	// OnLive, when set, is told on the stream's goroutine each time the
+	// stream turns live or falls behind (coalescingConn's liveAge), and
+	// false when a session that was live ends. It is the program's, not
+	// the config file's: cdc run sets its GOMAXPROCS with it. Read
+	// batching off (ReadBatch -1) turns it off too.
+	OnLive func(live bool)
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
 	Messages bool

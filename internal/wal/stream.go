@@ -43,9 +43,15 @@ type Acks interface {
 
 // Releaser is implemented by Acks whose records wait to be batched: the
 // loop calls Release at every turn, and wakes up by the time it returns
-// (the zero time: no need).
+// (the zero time: no need). While the stream runs live with its reads
+// batched, it says so with Live, and calls Drained each time it has
+// handled all that its reads brought, before it waits for more: Drained
+// sends what is held, and the next read waits at least until the time it
+// returns (coalescingConn).
 type Releaser interface {
 	Release(now time.Time) time.Time
+	Live(on bool)
+	Drained() time.Time
 }
 
 // Stream is one replication session on one connection.
@@ -126,16 +132,32 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	recv := newReceiver(s.conn.Conn())
 	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
+	rel, _ := acks.(Releaser)
 	batch, live := coalescer(s.conn.Conn()), false
+	setLive := func(on bool) {
+		live = on
+		batch.batchReads(on, s.cfg.ReadBatch)
+		if rel != nil {
+			rel.Live(on)
+		}
+		if s.cfg.OnLive != nil {
+			s.cfg.OnLive(on)
+		}
+	}
+	if batch != nil && rel != nil {
+		batch.drained = rel.Drained
+	}
 	defer func() {
 		if batch != nil {
-			batch.batchReads(false, 0)
+			if live {
+				setLive(false)
+			}
+			batch.drained = nil
 		}
 		s.recv.Store(nil)
 		stop()
 		recv.reset()
 	}()
-	rel, _ := acks.(Releaser)
 
 	for {
 		now = time.Now()
@@ -216,9 +238,8 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 					return fmt.Errorf("parse XLogData: %w", err)
 				}
 				// Batch reads while the stream is live (coalescingConn).
-				if commit, ok := beginCommitTime(xld.WALData); ok && batch != nil && live != (time.Since(commit) < liveAge) {
-					live = !live
-					batch.batchReads(live, s.cfg.ReadBatch)
+				if commit, ok := beginCommitTime(xld.WALData); ok && batch != nil && liveAfter(live, time.Since(commit)) != live {
+					setLive(!live)
 				}
 				if err := handle(xld.WALStart, xld.WALData); err != nil {
 					return err

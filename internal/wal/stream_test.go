@@ -2,7 +2,9 @@ package wal_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +26,29 @@ func (*movingAcks) Keepalive(pglogrepl.LSN, time.Time) {}
 func (*movingAcks) Saturated() bool                    { return false }
 func (*movingAcks) Err() error                         { return nil }
 func (*movingAcks) Changed() <-chan struct{}           { return nil }
+
+// releasingAcks is movingAcks with a producer's batching (wal.Releaser)
+// that notes what the loop tells it.
+type releasingAcks struct {
+	movingAcks
+	mu      sync.Mutex
+	live    []bool
+	drained atomic.Int64
+}
+
+func (*releasingAcks) Release(time.Time) time.Time { return time.Time{} }
+func (a *releasingAcks) Drained() time.Time        { a.drained.Add(1); return time.Time{} }
+func (a *releasingAcks) Live(on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.live = append(a.live, on)
+}
+
+func (a *releasingAcks) lives() []bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]bool(nil), a.live...)
+}
 
 // TestWakeConfirmsAtOnce: a position that moves while the loop waits in a
 // receive (a checkpoint acknowledged) is confirmed as soon as Wake is
@@ -101,11 +126,14 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 
 		c := cfg(db)
 		c.ReadBatch = batch
+		onLive := make(chan bool, 10)
+		c.OnLive = func(live bool) { onLive <- live }
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
+		acks := &releasingAcks{}
 		type seen struct {
 			agg      string
 			batching bool
@@ -125,7 +153,7 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 					commits <- seen{agg, wal.Batching(s)}
 				}
 				return nil
-			}, &movingAcks{})
+			}, acks)
 		}()
 		next := func() seen {
 			select {
@@ -148,8 +176,33 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 		if got := next(); got.agg != "new" || got.batching != (batch > 0) {
 			t.Fatalf("read_batch %s: a live transaction: %+v, want batching %v", batch, got, batch > 0)
 		}
+		if batch > 0 {
+			// Live: the program and the producer are told, and once the
+			// loop has handled the transaction and goes back to the
+			// socket, the producer's batch is let go before the wait.
+			select {
+			case got := <-onLive:
+				if !got {
+					t.Fatal("OnLive(false) before the stream turned live")
+				}
+			default: // told on the loop's goroutine before the BEGIN was handled
+				t.Fatal("the stream turned live and OnLive was not told")
+			}
+			testenv.Eventually(t, time.Minute, "the loop to drain the producer's batch", func() bool { return acks.drained.Load() > 0 })
+		}
 		cancel()
 		<-done
+		close(onLive)
+		var after []bool
+		for v := range onLive {
+			after = append(after, v)
+		}
+		if want := map[bool]string{true: "[false]", false: "[]"}[batch > 0]; fmt.Sprint(after) != want {
+			t.Fatalf("read_batch %s: OnLive told %v once the live session ended, want %s", batch, after, want)
+		}
+		if lives := acks.lives(); batch > 0 && fmt.Sprint(lives) != "[true false]" || batch < 0 && (len(lives) > 0 || acks.drained.Load() > 0) {
+			t.Fatalf("read_batch %s: the producer was told Live %v and drained %d times", batch, lives, acks.drained.Load())
+		}
 		s.Close(context.Background(), &movingAcks{})
 		// Slot names are the cluster's: free it for the next round.
 		testenv.Eventually(t, time.Minute, "the slot to be released", func() bool {
