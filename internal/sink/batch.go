@@ -34,8 +34,9 @@ type heldRecord struct {
 // goroutine is also what keeps records in the order they were sent.
 type batcher struct {
 	held []heldRecord
-	last time.Time // when the last batch went
-	live bool      // Send holds every record for Drained
+	last  time.Time // when the last batch went
+	first time.Time // when the first of held was held
+	live  bool      // Send holds every record for Drained
 	now  func() time.Time
 }
 
@@ -47,25 +48,35 @@ func (k *Kafka) Send(rec *kgo.Record, done func(error)) {
 		k.Produce(rec, done)
 		return
 	}
-	if len(b.held) == 0 && !b.live {
-		if now := b.now(); now.Sub(b.last) >= k.cfg.MaxBatchDelay {
+	if len(b.held) == 0 {
+		now := b.now()
+		if !b.live && now.Sub(b.last) >= k.cfg.MaxBatchDelay {
 			b.last = now
 			k.Produce(rec, done)
 			return
 		}
+		b.first = now
 	}
 	b.held = append(b.held, heldRecord{rec, done})
 }
 
 // Release sends the held records if their batch is due as of now (the zero
 // time: at once). It returns when it must be called again, or the zero
-// time when nothing is held.
+// time when nothing is held. A live stream's batch is due MaxBatchDelay
+// after its first record was held, not after the last batch: the stream
+// calls Release after every message, and the batch is Drained's to send
+// once the read is decoded, so Release only bounds the wait of a batch
+// whose reads keep filling the buffer and never drain the socket.
 func (k *Kafka) Release(now time.Time) time.Time {
 	b := &k.batch
 	if len(b.held) == 0 {
 		return time.Time{}
 	}
-	if due := b.last.Add(k.cfg.MaxBatchDelay); !now.IsZero() && now.Before(due) {
+	due := b.last.Add(k.cfg.MaxBatchDelay)
+	if b.live {
+		due = b.first.Add(k.cfg.MaxBatchDelay)
+	}
+	if !now.IsZero() && now.Before(due) {
 		return due
 	}
 	b.last = b.now()

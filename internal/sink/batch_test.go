@@ -204,8 +204,9 @@ func TestSendWithoutBatching(t *testing.T) {
 }
 
 // TestLiveBatchesByDrain: while the stream is live, Send holds every
-// record, even one that would go at once otherwise, and Drained sends
-// them all in one request and says when the next batch may go; Live(false)
+// record, even one that would go at once otherwise, Release leaves them to
+// Drained unless the first has waited MaxBatchDelay, and Drained sends them
+// all in one request and says when the next batch may go; Live(false)
 // brings the pacing back, and with batching off nothing is ever held.
 func TestLiveBatchesByDrain(t *testing.T) {
 	c := newCluster(t)
@@ -220,6 +221,12 @@ func TestLiveBatchesByDrain(t *testing.T) {
 	if n := len(k.batch.held); n != 3 {
 		t.Fatalf("%d of 3 records held while live with no batch for ever; want all held for Drained", n)
 	}
+	// The loop's Release after each message leaves a live batch to
+	// Drained, unless its first record has waited MaxBatchDelay.
+	clock.t = clock.t.Add(10 * time.Millisecond)
+	if due := k.Release(clock.t); len(k.batch.held) != 3 || !due.Equal(clock.t.Add(10*time.Millisecond)) {
+		t.Fatalf("Release 10ms after the first record was held sent %d and returned %v; want none sent and due 20ms after it was held", 3-len(k.batch.held), due)
+	}
 	if next := k.Drained(); !next.Equal(clock.t.Add(20*time.Millisecond)) || len(k.batch.held) != 0 {
 		t.Fatalf("Drained kept %d records and returned %v; want all sent and the next batch 20ms on (%v)", len(k.batch.held), next, clock.t.Add(20*time.Millisecond))
 	}
@@ -228,19 +235,29 @@ func TestLiveBatchesByDrain(t *testing.T) {
 		t.Fatalf("records per produce request %v; want [3]: one batch a drain", reqs)
 	}
 
-	k.Live(false)
+	// A batch that is never drained goes MaxBatchDelay after its first
+	// record was held.
 	clock.t = clock.t.Add(time.Minute)
 	acked = sendAll(k, "e3")
-	if len(k.batch.held) != 0 {
-		t.Fatal("e3 was held after Live(false), with no batch in the last minute")
+	clock.t = clock.t.Add(20 * time.Millisecond)
+	if due := k.Release(clock.t); !due.IsZero() || len(k.batch.held) != 0 {
+		t.Fatalf("Release 20ms after a live record was held kept %d (due %v); want it sent", len(k.batch.held), due)
 	}
 	expectAcks(t, acked, "e3")
 
+	k.Live(false)
+	clock.t = clock.t.Add(time.Minute)
+	acked = sendAll(k, "e4")
+	if len(k.batch.held) != 0 {
+		t.Fatal("e4 was held after Live(false), with no batch in the last minute")
+	}
+	expectAcks(t, acked, "e4")
+
 	off := newSink(t, c, Config{MaxBatchDelay: -1})
 	off.Live(true)
-	acked = sendAll(off, "e4")
+	acked = sendAll(off, "e5")
 	if len(off.batch.held) != 0 || !off.Drained().IsZero() {
 		t.Fatal("with batching off, a live stream's record was held, or Drained asked the stream to wait")
 	}
-	expectAcks(t, acked, "e4")
+	expectAcks(t, acked, "e5")
 }

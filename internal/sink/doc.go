@@ -12,7 +12,9 @@
 //     retried or skipped here. The caller decides (see pipeline).
 //   - Send batches adaptively (batch.go): a record goes at once unless a
 //     batch went less than MaxBatchDelay ago; then it waits for the next
-//     batch, at most MaxBatchDelay. Send and Release run on one goroutine
+//     batch, at most MaxBatchDelay; while the stream is live (Live) it
+//     waits for the stream's Drained, one batch per read. Send, Release
+//     and Drained run on one goroutine
 //     and let records go in the order they were sent, so batching never
 //     reorders; a held record has no answer yet, so nothing behind it can be
 //     confirmed.

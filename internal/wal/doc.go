@@ -19,7 +19,11 @@
 //   - The receive takes no context (pgconn would allocate a watcher per
 //     message); the socket's read deadline wakes it, also when batched
 //     records are due (Releaser), which are released only from the loop's
-//     goroutine.
+//     goroutine. While live, the socket's coalescing read lets the batch
+//     go before it waits (Releaser.Drained): it runs inside the loop's
+//     receive, because during Run only the loop reads the socket (status
+//     updates are written unbuffered, so pgconn's background reader never
+//     starts).
 //   - Status updates go out every StatusInterval even while Acks is
 //     saturated and the loop has stopped reading, so the walsender never
 //     reaches wal_sender_timeout because Kafka is slow.
