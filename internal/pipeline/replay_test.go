@@ -136,6 +136,34 @@ func TestReplayExactLSNRange(t *testing.T) {
 	}
 }
 
+// TestLiveReplayPastInFlight: a replay of events committed a moment ago
+// runs live, where the producer holds each batch until the loop drains its
+// reads; with more events than max_in_flight it must still let them go
+// (it once held them for ever: the replay's acks lacked the live batching
+// methods, and the loop, saturated, waited on acks that could not come).
+func TestLiveReplayPastInFlight(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Replay.Window = time.Hour
+	e.cfg.MaxInFlight = 4
+	e.start(t)
+	from := testenv.CurrentWAL(t, e.db)
+	conn := connect(t, e.db)
+	var events []string
+	for i := 0; i < 40; i++ {
+		events = append(events, insertEvent(t, conn, fmt.Sprintf("k-%d", i%5), "E"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sum, err := e.newPipeline(t).Replay(ctx, replay.Request{Range: replay.Range{FromLSN: from}, TopicSuffix: ".live"}, nil)
+	if err != nil {
+		t.Fatalf("live replay of 40 events with max_in_flight 4: %v", err)
+	}
+	if sum.Events != 40 || sum.Acked != 40 {
+		t.Fatalf("summary %+v; want 40 events sent and acked", sum)
+	}
+	replayed(t, e, ".live", events)
+}
+
 // TestReplayFromTime: a replay from a time re-sends the transactions that
 // committed from then on, and none before.
 func TestReplayFromTime(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Range selects transactions by commit LSN or commit time. Zero bounds are
@@ -227,8 +228,15 @@ type Acks struct {
 	kafka *sink.Kafka
 }
 
-// Release lets batched records go (wal.Releaser).
+// The producer's batching (wal.Releaser): a replay of recent events runs
+// live, one batch a read, like the stream. The assertion matters: the loop
+// finds a Releaser by a type assertion, and Acks without one of these
+// methods would hold a live batch for ever.
+var _ wal.Releaser = (*Acks)(nil)
+
 func (a *Acks) Release(now time.Time) time.Time { return a.kafka.Release(now) }
+func (a *Acks) Live(on bool)                    { a.kafka.Live(on) }
+func (a *Acks) Drained() time.Time              { return a.kafka.Drained() }
 
 func (a *Acks) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
 	a.Tracker.Keepalive(walEnd, at)
