@@ -33,11 +33,11 @@ type heldRecord struct {
 // goroutine, the replication loop's, so it needs no lock; that one
 // goroutine is also what keeps records in the order they were sent.
 type batcher struct {
-	held []heldRecord
+	held  []heldRecord
 	last  time.Time // when the last batch went
 	first time.Time // when the first of held was held
 	live  bool      // Send holds every record for Drained
-	now  func() time.Time
+	now   func() time.Time
 }
 
 // Send produces rec, at once or with the next batch (see above); done is
