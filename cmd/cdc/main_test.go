@@ -197,6 +197,10 @@ func slotActive(t *testing.T, db string) bool {
 // and any duplicate belongs to a transaction the slot had not confirmed.
 // Then SIGTERM shuts it down cleanly with exit code 0.
 func TestKillMidStreamAndRestart(t *testing.T) {
+	// At least this many events; the writer goes on past it until the
+	// kill, so the kill always lands mid-stream whatever the relative
+	// speed of writer and connector (on a loaded 2-core CI box the
+	// writer once finished first).
 	const total = 20000
 	p := testenv.Require(t, pg)
 	db := p.NewDatabase(t)
@@ -231,6 +235,7 @@ log:
 	// per-aggregate sequence in the payload.
 	var mu sync.Mutex
 	written := 0
+	killed := make(chan struct{})
 	writerDone := make(chan error, 1)
 	go func() {
 		conn, err := pgx.Connect(context.Background(), db)
@@ -240,10 +245,18 @@ log:
 		}
 		defer conn.Close(context.Background())
 		seq := map[int]int{}
-		for i := 0; i < total; {
+		for i := 0; ; {
+			if i >= total {
+				select {
+				case <-killed:
+					writerDone <- nil
+					return
+				default:
+				}
+			}
 			batch := &pgx.Batch{}
 			n := 1 + i%3
-			for j := 0; j < n && i < total; j++ {
+			for j := 0; j < n; j++ {
 				agg := i % 50
 				seq[agg]++
 				batch.Queue(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'E', $2)`,
@@ -259,7 +272,6 @@ log:
 			written = i
 			mu.Unlock()
 		}
-		writerDone <- nil
 	}()
 
 	c := kafka.NewConsumer(t, kafka.AllTopics())
@@ -268,15 +280,13 @@ log:
 		t.Fatal(err)
 	}
 	first.cmd.Wait()
+	close(killed)
 	// The process is gone: nothing can move the slot until the restart.
 	confirmedAtKill := testenv.SlotPosition(t, db, "outbox_cdc")
 	mu.Lock()
 	writtenAtKill := written
 	mu.Unlock()
 	t.Logf("killed with %d events written, %d read from kafka, slot at %s", writtenAtKill, len(c.Records), confirmedAtKill)
-	if writtenAtKill >= total {
-		t.Fatalf("the writer had finished before the kill; the test did not kill mid-stream")
-	}
 
 	// The walsender of the killed process may still hold the slot; the
 	// new process waits it out.
@@ -285,8 +295,11 @@ log:
 		t.Fatal(err)
 	}
 	want := outboxIDs(t, db)
-	if len(want) != total {
-		t.Fatalf("outbox holds %d rows, want %d", len(want), total)
+	mu.Lock()
+	wrote := written
+	mu.Unlock()
+	if len(want) != wrote || wrote < total {
+		t.Fatalf("outbox holds %d rows, want the %d written (at least %d)", len(want), wrote, total)
 	}
 	seen := func(recs []*kgo.Record) map[string]int {
 		m := map[string]int{}
@@ -335,7 +348,7 @@ log:
 			firstSeq[string(r.Key)] = seq
 		}
 	}
-	t.Logf("%d records for %d events; %d records are re-deliveries of unconfirmed transactions", len(c.Records), total, dups)
+	t.Logf("%d records for %d events; %d records are re-deliveries of unconfirmed transactions", len(c.Records), wrote, dups)
 
 	end := testenv.CurrentWAL(t, db)
 	testenv.Eventually(t, 30*time.Second, "the slot to confirm everything", func() bool { return testenv.SlotPosition(t, db, "outbox_cdc") >= end })
