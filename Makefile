@@ -109,9 +109,11 @@ bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, repla
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
 	echo "bench: Apache Kafka at $$brokers"; \
-	echo "bench: warming the broker's JVM (not recorded)"; \
+	echo "bench: warming the broker's JVM and its transaction coordinator (not recorded)"; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_EVENTS=20000 \
 	  $(GO) test -run '^$$' -bench 'BenchmarkDrain/tx=1000' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_EVENTS=20000 \
+	  $(GO) test -run '^$$' -bench 'BenchmarkExactlyOnce' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
 	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
 	cd scripts/benchplot && $(GO) run . $(abspath $(BENCH_DIR))/results.jsonl $(abspath $(BENCH_DIR))
