@@ -138,7 +138,7 @@ func (c *Committer) Confirmed() pglogrepl.LSN {
 	defer c.mu.Unlock()
 	if !c.committing && !c.halted && c.err == nil && !c.pgTxn() {
 		now := time.Now()
-		due := c.open && commitDue(c.inTxn, now.Sub(c.began), c.tr.Behind(now), c.events, c.interval, c.k.TransactionTimeout())
+		due := c.open && commitDue(c.inTxn, now.Sub(c.began), c.tr.Lag(now), c.events, c.interval, c.k.TransactionTimeout())
 		// A position moved by keepalives alone (a quiet outbox in a busy
 		// database) is checkpointed now and then, in a transaction of
 		// its own.
@@ -151,8 +151,8 @@ func (c *Committer) Confirmed() pglogrepl.LSN {
 	return c.confirmed
 }
 
-// A stream whose oldest unacknowledged transaction committed more than
-// catchUpAge ago is catching up, and commits fewer Kafka transactions:
+// A reader whose newest transaction committed more than catchUpAge ago
+// (Tracker.Lag) is catching up, and commits fewer Kafka transactions:
 // catchUpScale times the events, and catchUpScale times the interval up to
 // catchUpInterval (and half the transaction timeout; never less than
 // commit_interval). Each commit pauses the stream (Saturated) while the
@@ -160,7 +160,9 @@ func (c *Committer) Confirmed() pglogrepl.LSN {
 // ten of them in a 0.7 s drain of 100,000 events were most of what
 // exactly-once cost over at-least-once (docs/benchmarks.md). A
 // read_committed consumer's latency is the backlog's age then anyway,
-// already past a second.
+// already past a second. Lag, not Behind: the oldest unresolved
+// transaction's age drops to 0 whenever the acks catch up with the reader
+// for a moment, and a commit then came early.
 const (
 	catchUpAge      = time.Second
 	catchUpScale    = 10
@@ -170,9 +172,9 @@ const (
 // commitDue is whether a Kafka transaction holding events events, open
 // for open, is due for commit at the next Postgres transaction boundary,
 // given commit_events, commit_interval, the transaction timeout and how
-// far behind the stream is (Tracker.Behind).
-func commitDue(events int, open, behind time.Duration, maxEvents int, interval, timeout time.Duration) bool {
-	if behind > catchUpAge {
+// far behind Postgres the reader is (Tracker.Lag).
+func commitDue(events int, open, lag time.Duration, maxEvents int, interval, timeout time.Duration) bool {
+	if lag > catchUpAge {
 		maxEvents = catchUpScale * maxEvents
 		interval = max(interval, min(catchUpScale*interval, catchUpInterval, timeout/2))
 	}

@@ -6,8 +6,8 @@ import (
 )
 
 // TestCommitDueCatchingUp: a stream that is caught up commits at
-// commit_events or commit_interval; one catching up (its oldest
-// unacknowledged transaction more than a second old) commits ten times
+// commit_events or commit_interval; one catching up (the newest
+// transaction it read more than a second old, Tracker.Lag) commits ten times
 // fewer transactions, its interval capped at a second and at half the
 // transaction timeout, and never below commit_interval.
 func TestCommitDueCatchingUp(t *testing.T) {
@@ -15,7 +15,7 @@ func TestCommitDueCatchingUp(t *testing.T) {
 	for _, c := range []struct {
 		name              string
 		events            int
-		open, behind      time.Duration
+		open, lag         time.Duration
 		maxEvents         int
 		interval, timeout time.Duration
 		want              bool
@@ -33,9 +33,9 @@ func TestCommitDueCatchingUp(t *testing.T) {
 		{"catching up, never below commit_interval", 1, 5*time.Second - ms, time.Hour, 10_000, 5 * time.Second, time.Minute, false},
 		{"catching up, commit_interval reached", 1, 5 * time.Second, time.Hour, 10_000, 5 * time.Second, time.Minute, true},
 	} {
-		if got := commitDue(c.events, c.open, c.behind, c.maxEvents, c.interval, c.timeout); got != c.want {
-			t.Errorf("%s: commitDue(%d events, open %s, behind %s; %d, %s, timeout %s) = %v, want %v",
-				c.name, c.events, c.open, c.behind, c.maxEvents, c.interval, c.timeout, got, c.want)
+		if got := commitDue(c.events, c.open, c.lag, c.maxEvents, c.interval, c.timeout); got != c.want {
+			t.Errorf("%s: commitDue(%d events, open %s, lag %s; %d, %s, timeout %s) = %v, want %v",
+				c.name, c.events, c.open, c.lag, c.maxEvents, c.interval, c.timeout, got, c.want)
 		}
 	}
 }

@@ -63,6 +63,10 @@ type Tracker struct {
 	acked         uint64
 	pos           Position
 	err           error
+	// atEnd: a keepalive came after the newest transaction began. A
+	// walsender sends one when it has sent all the WAL there is and the
+	// client has not confirmed it all, so the reader is not behind.
+	atEnd bool
 }
 
 // NewTracker returns a Tracker that reports Saturated once maxInFlight
@@ -87,6 +91,7 @@ func (t *Tracker) Begin(commitTime time.Time) *Txn {
 	tx := &Txn{commitTime: commitTime}
 	t.mu.Lock()
 	t.txns = append(t.txns, tx)
+	t.atEnd = false
 	t.mu.Unlock()
 	return tx
 }
@@ -190,6 +195,7 @@ func (t *Tracker) resolveLocked() bool {
 // transaction is open or in flight: that would confirm past it.
 func (t *Tracker) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
 	t.mu.Lock()
+	t.atEnd = true
 	moved := len(t.txns) == 0 && walEnd > t.pos.LSN
 	if moved {
 		t.pos.LSN, t.pos.Time = walEnd, at
@@ -265,6 +271,28 @@ func (t *Tracker) Behind(now time.Time) time.Duration {
 		return 0
 	}
 	return max(now.Sub(t.txns[0].commitTime), 0)
+}
+
+// Lag returns how far behind Postgres the reader is: the age of the
+// newest transaction read or, when every transaction is resolved, of the
+// watermark (its commit, or a keepalive's server time); 0 when unknown, and
+// 0 once a keepalive has come after the newest transaction (the walsender
+// had no more to send). Unlike Behind it does not drop to 0 when the acks
+// momentarily catch up with the reader in the middle of a backlog.
+func (t *Tracker) Lag(now time.Time) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.atEnd {
+		return 0
+	}
+	at := t.pos.Time
+	if n := len(t.txns); n > 0 && !t.txns[n-1].commitTime.IsZero() {
+		at = t.txns[n-1].commitTime
+	}
+	if at.IsZero() {
+		return 0
+	}
+	return max(now.Sub(at), 0)
 }
 
 // InFlight returns the number of events sent to Kafka and not yet acked.

@@ -308,3 +308,50 @@ func TestTrackerBytes(t *testing.T) {
 		t.Fatal("a 10 MiB event in flight does not saturate")
 	}
 }
+
+// TestTrackerLag: Lag is the age of the newest transaction read, and stays
+// so when the acks catch up with the reader in the middle of a backlog
+// (Behind then drops to 0); once all is resolved it is the last commit's
+// age. A keepalive after the newest transaction (the walsender had no more
+// to send) makes it 0 until the next transaction begins.
+func TestTrackerLag(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	now := t0.Add(10 * time.Second)
+	tr := NewTracker(100, 10)
+	if got := tr.Lag(now); got != 0 {
+		t.Fatalf("nothing read: Lag = %s, want 0", got)
+	}
+	old := tr.Begin(t0)
+	tr.Track(old, 1)
+	tr.Commit(old, 150, 200, t0)
+	newer := tr.Begin(t0.Add(3 * time.Second))
+	tr.Track(newer, 1)
+	if got, want := tr.Lag(now), 7*time.Second; got != want {
+		t.Fatalf("two transactions in flight: Lag = %s, want the newest's age %s", got, want)
+	}
+	if got, want := tr.Behind(now), 10*time.Second; got != want {
+		t.Fatalf("Behind = %s, want the oldest's age %s", got, want)
+	}
+	tr.Commit(newer, 250, 300, t0.Add(3*time.Second))
+	tr.Ack(old, 1, nil)
+	tr.Ack(newer, 1, nil)
+	if tr.Behind(now) != 0 {
+		t.Fatalf("all acked: Behind = %s, want 0", tr.Behind(now))
+	}
+	if got, want := tr.Lag(now), 7*time.Second; got != want {
+		t.Fatalf("all acked mid-backlog: Lag = %s, want the last commit's age %s", got, want)
+	}
+	tr.Keepalive(400, now.Add(-5*time.Millisecond))
+	if got := tr.Lag(now); got != 0 {
+		t.Fatalf("after a keepalive: Lag = %s, want 0", got)
+	}
+	next := tr.Begin(t0.Add(4 * time.Second))
+	if got, want := tr.Lag(now), 6*time.Second; got != want {
+		t.Fatalf("a transaction after the keepalive: Lag = %s, want its age %s", got, want)
+	}
+	tr.Keepalive(500, now) // while next is open
+	if got := tr.Lag(now); got != 0 {
+		t.Fatalf("a keepalive with a transaction open: Lag = %s, want 0", got)
+	}
+	tr.Commit(next, 550, 600, t0.Add(4*time.Second))
+}
