@@ -467,3 +467,35 @@ func TestSchemaSetting(t *testing.T) {
 		t.Fatalf("password from the environment: %q, %v", cfg.SchemaRegistry.Password, err)
 	}
 }
+
+// TestExactlyOnceLinger: exactly-once paces requests with franz-go's linger
+// (a transaction's commit flushes it), max_batch_delay long by default; a
+// linger that is set stays, and max_batch_delay: 0 leaves none. Send's own
+// pacing is off.
+func TestExactlyOnceLinger(t *testing.T) {
+	for _, tt := range []struct {
+		kafka string
+		want  time.Duration
+	}{
+		{"", 5 * time.Millisecond},
+		{", max_batch_delay: 20ms", 20 * time.Millisecond},
+		{", max_batch_delay: 0", 0},
+		{", linger: 2ms", 2 * time.Millisecond},
+	} {
+		yaml := "postgres: {url: 'postgres://u@h/d'}\ndelivery: exactly-once\nkafka: {brokers: [k:1]" + tt.kafka + "}\n"
+		cfg, _, err := validConfig(writeConfig(t, yaml), env())
+		if err != nil {
+			t.Fatalf("%q: %v", tt.kafka, err)
+		}
+		if cfg.Kafka.Linger != tt.want || cfg.Kafka.MaxBatchDelay >= 0 {
+			t.Errorf("%q: linger %v, max_batch_delay %v; want linger %v and Send's pacing off", tt.kafka, cfg.Kafka.Linger, cfg.Kafka.MaxBatchDelay, tt.want)
+		}
+	}
+	cfg, _, err := validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"), env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Kafka.Linger != 0 {
+		t.Errorf("at-least-once: linger %v; want 0 (Send paces)", cfg.Kafka.Linger)
+	}
+}
