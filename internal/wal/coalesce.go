@@ -69,12 +69,17 @@ const quietLowWater = 256 << 10
 const liveAge = time.Second
 
 // liveAfter is whether a stream that was live (or not) is live after a
-// transaction committed age ago.
-func liveAfter(live bool, age time.Duration) bool {
+// transaction committed age ago; atEnd: a keepalive came before it, so
+// the walsender had sent all there was. A stream behind turns live only
+// then: a backlog written less than a second before the stream reads it
+// (a restart, the benchmark's drains) is read as a backlog, at once and
+// with every P, not batched as if it were arriving (a fifth slower on the
+// benchmark's 1000-row drain, docs/benchmarks.md).
+func liveAfter(live, atEnd bool, age time.Duration) bool {
 	if live {
 		return age <= 2*liveAge
 	}
-	return age < liveAge
+	return atEnd && age < liveAge
 }
 
 // pgEpoch is where pgoutput's timestamps count from.

@@ -182,22 +182,26 @@ func TestQuietWhileWaiting(t *testing.T) {
 	}
 }
 
-// TestLiveAfter: a stream turns live on a transaction under a second old,
-// and falls behind on one over two seconds old; in between it stays.
+// TestLiveAfter: a stream turns live on a transaction under a second old
+// that came after a keepalive (the walsender had sent all there was), and
+// falls behind on one over two seconds old; in between it stays. A young
+// transaction with no keepalive before it is a young backlog's.
 func TestLiveAfter(t *testing.T) {
 	for _, tt := range []struct {
-		live bool
-		age  time.Duration
-		want bool
+		live, atEnd bool
+		age         time.Duration
+		want        bool
 	}{
-		{false, 500 * time.Millisecond, true},
-		{false, 1500 * time.Millisecond, false},
-		{true, 1500 * time.Millisecond, true},
-		{true, 2500 * time.Millisecond, false},
-		{false, 2500 * time.Millisecond, false},
+		{false, true, 500 * time.Millisecond, true},
+		{false, false, 500 * time.Millisecond, false},
+		{false, true, 1500 * time.Millisecond, false},
+		{true, false, 1500 * time.Millisecond, true},
+		{true, true, 2500 * time.Millisecond, false},
+		{true, false, 2500 * time.Millisecond, false},
+		{false, true, 2500 * time.Millisecond, false},
 	} {
-		if got := liveAfter(tt.live, tt.age); got != tt.want {
-			t.Errorf("live %v, a transaction %s old: live %v, want %v", tt.live, tt.age, got, tt.want)
+		if got := liveAfter(tt.live, tt.atEnd, tt.age); got != tt.want {
+			t.Errorf("live %v, keepalive before %v, a transaction %s old: live %v, want %v", tt.live, tt.atEnd, tt.age, got, tt.want)
 		}
 	}
 }

@@ -134,6 +134,13 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	stop := context.AfterFunc(ctx, recv.cancel)
 	rel, _ := acks.(Releaser)
 	batch, live := coalescer(s.conn.Conn()), false
+	// atEnd: a keepalive came after the last BEGIN. A walsender sends one
+	// when it has sent all the WAL there is (and the client has not
+	// confirmed it all): only then may the stream turn live (liveAfter),
+	// not in the middle of a backlog young enough to look live. One that
+	// comes before the session's first BEGIN says nothing: a walsender
+	// may send one before it starts on a backlog.
+	atEnd, begun := false, false
 	setLive := func(on bool) {
 		live = on
 		batch.batchReads(on, s.cfg.ReadBatch)
@@ -229,6 +236,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
 				acks.Keepalive(ka.ServerWALEnd, ka.ServerTime)
+				atEnd = begun
 				if ka.ReplyRequested {
 					statusAt = time.Now()
 				}
@@ -238,8 +246,11 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 					return fmt.Errorf("parse XLogData: %w", err)
 				}
 				// Batch reads while the stream is live (coalescingConn).
-				if commit, ok := beginCommitTime(xld.WALData); ok && batch != nil && liveAfter(live, time.Since(commit)) != live {
-					setLive(!live)
+				if commit, ok := beginCommitTime(xld.WALData); ok {
+					if on := liveAfter(live, atEnd, time.Since(commit)); batch != nil && on != live {
+						setLive(on)
+					}
+					atEnd, begun = false, true
 				}
 				if err := handle(xld.WALStart, xld.WALData); err != nil {
 					return err

@@ -213,3 +213,84 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 		testenv.Exec(t, db, `SELECT pg_drop_replication_slot('outbox_cdc')`)
 	}
 }
+
+// TestYoungBacklogReadAsBacklog (postgres.read_batch): a backlog written
+// less than a second before the stream reads it (a restart) is read at
+// once, not batched as if its transactions were arriving: the stream turns
+// live only on a fresh transaction that follows a keepalive, which the
+// walsender sends once it has sent all the WAL there is.
+func TestYoungBacklogReadAsBacklog(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Flushed at once, so that the walsender has it all from the start
+	// and does not wait (and send a keepalive) in the middle.
+	const backlog = 20
+	written := time.Now()
+	for range backlog {
+		testenv.Exec(t, db, "SET synchronous_commit = on", `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
+	}
+	c := cfg(db)
+	c.ReadBatch = time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	type seen struct {
+		agg      string
+		batching bool
+		at       time.Time
+	}
+	commits := make(chan seen, 100)
+	done, finished := make(chan error, 1), make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-finished
+		s.Close(context.Background(), &movingAcks{})
+	})
+	go func() {
+		defer close(finished)
+		agg := ""
+		done <- s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
+			switch {
+			case len(data) > 0 && data[0] == 'I':
+				agg = "new"
+				if strings.Contains(string(data), "old") {
+					agg = "old"
+				}
+			case len(data) > 0 && data[0] == 'C':
+				commits <- seen{agg, wal.Batching(s), time.Now()}
+			}
+			return nil
+		}, &releasingAcks{})
+	}()
+	next := func() seen {
+		select {
+		case c := <-commits:
+			return c
+		case err := <-done:
+			t.Fatalf("Run returned %v", err)
+		case <-time.After(time.Minute):
+			t.Fatal("no transaction streamed")
+		}
+		return seen{}
+	}
+	for i := range backlog {
+		got := next()
+		if got.agg != "old" || got.batching {
+			t.Fatalf("the backlog's transaction %d: %+v, want it read unbatched", i, got)
+		}
+		if i == backlog-1 && got.at.Sub(written) >= time.Second {
+			t.Fatalf("the backlog was read %s after it was written: too old to tell a young backlog from an old one", got.at.Sub(written))
+		}
+	}
+	testenv.Exec(t, db, "SET synchronous_commit = on", `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('new', 'b', 'c')`)
+	if got := next(); got.agg != "new" || !got.batching {
+		t.Fatalf("a transaction after the backlog was read: %+v, want it batched (live)", got)
+	}
+}
