@@ -179,7 +179,7 @@ func (c *Config) Validate() error {
 		// (unless linger is set), which the commit's flush cuts short.
 		// Without either each record went as soon as the broker answered
 		// the last request: a drain of 100,000 events took 500 to 3,200
-		// requests and up to twice the CPU, against about 100 with it
+		// requests and up to twice the CPU, against 53 to 163 with it
 		// (docs/benchmarks.md). The session's producer gets its
 		// transactional id, which names the database system, when it
 		// connects.

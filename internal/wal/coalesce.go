@@ -73,8 +73,8 @@ const liveAge = time.Second
 // the walsender had sent all there was. A stream behind turns live only
 // then: a backlog written less than a second before the stream reads it
 // (a restart, the benchmark's drains) is read as a backlog, at once and
-// with every P, not batched as if it were arriving (a fifth slower on the
-// benchmark's 1000-row drain, docs/benchmarks.md).
+// with every P, not batched as if it were arriving (docs/design.md, "Read
+// batching").
 func liveAfter(live, atEnd bool, age time.Duration) bool {
 	if live {
 		return age <= 2*liveAge
