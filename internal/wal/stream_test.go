@@ -134,38 +134,7 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 			t.Fatal(err)
 		}
 		acks := &releasingAcks{}
-		type seen struct {
-			agg      string
-			batching bool
-		}
-		commits := make(chan seen, 100)
-		done := make(chan error, 1)
-		go func() {
-			var agg string
-			done <- s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
-				switch {
-				case len(data) > 0 && data[0] == 'I': // pgoutput's Insert: note whose
-					agg = "new"
-					if strings.Contains(string(data), "old") {
-						agg = "old"
-					}
-				case len(data) > 0 && data[0] == 'C':
-					commits <- seen{agg, wal.Batching(s)}
-				}
-				return nil
-			}, acks)
-		}()
-		next := func() seen {
-			select {
-			case c := <-commits:
-				return c
-			case err := <-done:
-				t.Fatalf("Run returned %v", err)
-			case <-time.After(time.Minute):
-				t.Fatal("no transaction streamed")
-			}
-			return seen{}
-		}
+		next, wait := recordCommits(t, ctx, s, acks)
 		if got := next(); got.agg != "old" || got.batching {
 			t.Fatalf("read_batch %s: the backlog's transaction: %+v, want it read unbatched", batch, got)
 		}
@@ -191,7 +160,7 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 			testenv.Eventually(t, time.Minute, "the loop to drain the producer's batch", func() bool { return acks.drained.Load() > 0 })
 		}
 		cancel()
-		<-done
+		_ = wait()
 		close(onLive)
 		var after []bool
 		for v := range onLive {
@@ -241,45 +210,12 @@ func TestYoungBacklogReadAsBacklog(t *testing.T) {
 		cancel()
 		t.Fatal(err)
 	}
-	type seen struct {
-		agg      string
-		batching bool
-		at       time.Time
-	}
-	commits := make(chan seen, 100)
-	done, finished := make(chan error, 1), make(chan struct{})
+	next, wait := recordCommits(t, ctx, s, &releasingAcks{})
 	t.Cleanup(func() {
 		cancel()
-		<-finished
+		_ = wait()
 		s.Close(context.Background(), &movingAcks{})
 	})
-	go func() {
-		defer close(finished)
-		agg := ""
-		done <- s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
-			switch {
-			case len(data) > 0 && data[0] == 'I':
-				agg = "new"
-				if strings.Contains(string(data), "old") {
-					agg = "old"
-				}
-			case len(data) > 0 && data[0] == 'C':
-				commits <- seen{agg, wal.Batching(s), time.Now()}
-			}
-			return nil
-		}, &releasingAcks{})
-	}()
-	next := func() seen {
-		select {
-		case c := <-commits:
-			return c
-		case err := <-done:
-			t.Fatalf("Run returned %v", err)
-		case <-time.After(time.Minute):
-			t.Fatal("no transaction streamed")
-		}
-		return seen{}
-	}
 	for i := range backlog {
 		got := next()
 		if got.agg != "old" || got.batching {
@@ -293,4 +229,55 @@ func TestYoungBacklogReadAsBacklog(t *testing.T) {
 	if got := next(); got.agg != "new" || !got.batching {
 		t.Fatalf("a transaction after the backlog was read: %+v, want it batched (live)", got)
 	}
+}
+
+// committed is one transaction a stream under recordCommits handled: whose
+// insert it held ("old" or "new"), whether reads were batched when its
+// COMMIT came, and when.
+type committed struct {
+	agg      string
+	batching bool
+	at       time.Time
+}
+
+// recordCommits runs s with acks until ctx ends. next waits for the next
+// transaction handled, failing the test if Run returns or none comes
+// within a minute; wait waits for Run to return and returns its error.
+func recordCommits(t *testing.T, ctx context.Context, s *wal.Stream, acks wal.Acks) (next func() committed, wait func() error) {
+	commits := make(chan committed, 100)
+	finished := make(chan struct{})
+	var runErr error
+	go func() {
+		defer close(finished)
+		agg := ""
+		runErr = s.Run(ctx, func(_ pglogrepl.LSN, data []byte) error {
+			switch {
+			case len(data) > 0 && data[0] == 'I': // pgoutput's Insert: note whose
+				agg = "new"
+				if strings.Contains(string(data), "old") {
+					agg = "old"
+				}
+			case len(data) > 0 && data[0] == 'C':
+				commits <- committed{agg, wal.Batching(s), time.Now()}
+			}
+			return nil
+		}, acks)
+	}()
+	next = func() committed {
+		t.Helper()
+		select {
+		case c := <-commits:
+			return c
+		case <-finished:
+			t.Fatalf("Run returned %v", runErr)
+		case <-time.After(time.Minute):
+			t.Fatal("no transaction streamed")
+		}
+		return committed{}
+	}
+	wait = func() error {
+		<-finished
+		return runErr
+	}
+	return next, wait
 }
