@@ -197,11 +197,16 @@ func TestYoungBacklogReadAsBacklog(t *testing.T) {
 	}
 	// Flushed at once, so that the walsender has it all from the start
 	// and does not wait (and send a keepalive) in the middle.
+	// One connection, each insert its own transaction. The check below
+	// times the youngest (the last): were it read under a second after it
+	// committed, the old rule would have turned the stream live on it.
 	const backlog = 20
-	written := time.Now()
+	stmts := []string{"SET synchronous_commit = on"}
 	for range backlog {
-		testenv.Exec(t, db, "SET synchronous_commit = on", `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
+		stmts = append(stmts, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
 	}
+	testenv.Exec(t, db, stmts...)
+	written := time.Now()
 	c := cfg(db)
 	c.ReadBatch = time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
@@ -222,7 +227,7 @@ func TestYoungBacklogReadAsBacklog(t *testing.T) {
 			t.Fatalf("the backlog's transaction %d: %+v, want it read unbatched", i, got)
 		}
 		if i == backlog-1 && got.at.Sub(written) >= time.Second {
-			t.Fatalf("the backlog was read %s after it was written: too old to tell a young backlog from an old one", got.at.Sub(written))
+			t.Fatalf("the backlog's last transaction was read %s after it committed: too old to tell a young backlog from an old one", got.at.Sub(written))
 		}
 	}
 	testenv.Exec(t, db, "SET synchronous_commit = on", `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('new', 'b', 'c')`)
