@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/route"
@@ -50,17 +53,51 @@ func statusBackfill(t *testing.T, config string) (backfillState, bool) {
 // 50,000 rows committed before its slot; the connector is killed with
 // SIGKILL half-way and started again. It resumes from the checkpoint: every
 // row arrives, and only the chunks in flight at the kill are sent twice.
+//
+// Half-way is by construction, not by timing: the backfill's condition
+// calls a gate that makes a chunk read wait on an advisory lock the test
+// holds once it reaches the upper half of the keys, and the test lets go
+// only after the kill. (On a loaded box a 50,000-row backfill once finished
+// between two polls of cdc status.)
 func TestBackfillKilledResumes(t *testing.T) {
 	const rows, chunk = 50000, 200
+	const gateLock = 7_212_027
 	p := testenv.Require(t, pg)
 	db := p.NewDatabase(t)
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`,
 		fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
-		SELECT 'order', 'a-' || (s %% 100), 'E', jsonb_build_object('seq', s) FROM generate_series(1, %d) s`, rows))
+		SELECT 'order', 'a-' || (s %% 100), 'E', jsonb_build_object('seq', s) FROM generate_series(1, %d) s`, rows),
+		// Only chunk reads wait: they alone end in LIMIT <chunk_size>. The
+		// count and the last key read every row, or the highest first, and
+		// would wait before the backfill began.
+		fmt.Sprintf(`CREATE FUNCTION public.backfill_gate(id uuid) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+		BEGIN
+			IF id >= '80000000-0000-0000-0000-000000000000' AND current_query() LIKE '%%LIMIT %d' THEN
+				PERFORM pg_advisory_xact_lock_shared(%d);
+			END IF;
+			RETURN true;
+		END $$`, chunk, gateLock))
+	gate, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Close(context.Background())
+	if _, err := gate.Exec(context.Background(), fmt.Sprintf("SELECT pg_advisory_lock(%d)", gateLock)); err != nil {
+		t.Fatal(err)
+	}
 	kafka := testenv.NewKafka(t)
 	// As the least-privileged role: the connector and cdc backfill.
 	role := testenv.LeastPrivileged(t, db, "outbox", false)
+	// The gate stops a chunk at the first key of the upper half only if the
+	// read scans in key order: a sort would call it on every row first.
+	u, err := url.Parse(role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Exec(t, db, "ANALYZE outbox", fmt.Sprintf(`ALTER ROLE %s SET enable_seqscan = off`, u.User.Username()),
+		fmt.Sprintf(`ALTER ROLE %s SET enable_bitmapscan = off`, u.User.Username()),
+		fmt.Sprintf(`ALTER ROLE %s SET enable_sort = off`, u.User.Username()))
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
 	keyFile := filepath.Join(t.TempDir(), "signing.key")
 	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
@@ -103,14 +140,22 @@ log:
 	second := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 
-	req := startCmd(t, "backfill", "--config", config, "--table", "outbox", "--no-wait")
+	const where = "public.backfill_gate(id)"
+	req := startCmd(t, "backfill", "--config", config, "--table", "outbox", "--where", where, "--no-wait")
 	if err := req.cmd.Wait(); err != nil {
 		t.Fatalf("cdc backfill: %v: %s", err, req.out)
 	}
-	if !strings.Contains(req.out.String(), fmt.Sprintf("%d rows match (every row)", rows)) {
+	if !strings.Contains(req.out.String(), fmt.Sprintf("%d rows match %s", rows, where)) {
 		t.Errorf("cdc backfill said:\n%s\nwant it to count %d rows", req.out, rows)
 	}
-	testenv.Eventually(t, time.Minute, "the backfill to be half-way", func() bool {
+	testenv.Eventually(t, time.Minute, "a chunk read to wait at the gate", func() bool {
+		var waiting int
+		testenv.QueryRow(t, db, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted`, nil, &waiting)
+		return waiting > 0
+	})
+
+	testenv.Eventually(t, time.Minute, "the checkpoint to hold the rows before the gate", func() bool {
 		b, ok := statusBackfill(t, config)
 		return ok && b.Rows >= rows/5
 	})
@@ -120,7 +165,12 @@ log:
 	second.cmd.Wait()
 	atKill, _ := statusBackfill(t, config)
 	if atKill.Finished != nil || atKill.Rows >= rows {
-		t.Fatalf("the backfill had finished before the kill (%+v); the test did not kill half-way", atKill)
+		t.Fatalf("the backfill had finished before the kill (%+v): it did not wait at the gate", atKill)
+	}
+	// The killed connector's read goes on waiting in its backend; letting
+	// go ends it (its client is gone) and lets the restart pass the gate.
+	if _, err := gate.Exec(context.Background(), fmt.Sprintf("SELECT pg_advisory_unlock(%d)", gateLock)); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("killed with %d of %d rows in the checkpoint", atKill.Rows, atKill.Total)
 
