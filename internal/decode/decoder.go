@@ -37,6 +37,11 @@ const (
 	// connector's own prefix (ControlPrefix): a backfill's request or
 	// watermark. Message.Control holds its content.
 	KindControl
+	// KindUnmapped is an INSERT into a relation of the publication that
+	// no configured table maps (Message.Relation names it): a publication
+	// broader than the outbox tables, or a table renamed while streaming.
+	// It is not an event; the pipeline counts and reports it.
+	KindUnmapped
 )
 
 // ControlPrefix is the pg_logical_emit_message prefix of the connector's
@@ -55,6 +60,14 @@ type Message struct {
 	CommitTime time.Time
 	// Control is a KindControl message's content; it aliases the input.
 	Control []byte
+	// Relation names the relation of a KindUnmapped insert.
+	Relation string
+	// Fresh marks an event (KindEvent, KindInvalid) of a relation that is
+	// not the one Known says the connector streamed for its table: the
+	// table was dropped and created again, or added back to the
+	// publication, since. The pipeline notes such events until it has
+	// sent what the new table received before it was published.
+	Fresh bool
 }
 
 // Type OIDs the decoder reads specially (pg_type.dat).
@@ -96,10 +109,17 @@ type column struct {
 	kind outbox.Kind
 }
 
-// relation is a cached Relation message of a configured table, reduced to
-// what decoding an INSERT needs.
+// relation is a cached Relation message, reduced to what decoding an
+// INSERT needs: for a configured table (or a partition of one) its
+// columns, for any other relation its name.
 type relation struct {
-	table  *outbox.Table
+	table *outbox.Table // nil: no configured table maps it
+	name  string        // the relation's qualified name, for an unmapped one
+	// id is the configured table's relation id: the relation's own, or
+	// its root's for a partition; fresh is whether that differs from the
+	// one Known gave for the table.
+	id     uint32
+	fresh  bool
 	fields [outbox.NumFields]column
 	extra  []column
 	// used lists the tuple index of every field and extra read, once per
@@ -112,10 +132,43 @@ type relation struct {
 type Decoder struct {
 	tables   map[outbox.TableName]*outbox.Table
 	messages map[string]*outbox.Table
-	rels     map[uint32]*relation // nil entry: a table we do not stream
+	rels     map[uint32]*relation
+	known    map[*outbox.Table]uint32
 	begin    Begin
 	inTx     bool
 	vals     []tupleValue
+
+	// Partition, when set, finds the configured table that a relation
+	// whose name is not configured is a partition of, at any depth, and
+	// that table's relation id: a publication without
+	// publish_via_partition_root names the leaf partition that took a
+	// row, not the partitioned table (docs/design.md, "Table changes").
+	// ok is false for a relation that is no partition of a configured
+	// table. An error ends the session, which retries (a *LookupError).
+	Partition func(rel Relation) (t *outbox.Table, root uint32, ok bool, err error)
+}
+
+// LookupError is a failed Partition lookup: the catalog could not be read,
+// which a new session retries. It is not a malformed message.
+type LookupError struct{ Err error }
+
+func (e *LookupError) Error() string { return "look up relation's partition root: " + e.Err.Error() }
+func (e *LookupError) Unwrap() error { return e.Err }
+
+// Know records id as the relation the connector streamed for table t:
+// events of another relation of t (a table recreated since) are Fresh
+// from here on. 0 forgets: no event of t is fresh.
+func (d *Decoder) Know(t *outbox.Table, id uint32) {
+	if id == 0 {
+		delete(d.known, t)
+	} else {
+		d.known[t] = id
+	}
+	for _, rel := range d.rels {
+		if rel.table == t {
+			rel.fresh = id != 0 && rel.id != id
+		}
+	}
 }
 
 // New returns a Decoder for the given sources.
@@ -124,6 +177,7 @@ func New(sources []*outbox.Table) *Decoder {
 		tables:   map[outbox.TableName]*outbox.Table{},
 		messages: map[string]*outbox.Table{},
 		rels:     map[uint32]*relation{},
+		known:    map[*outbox.Table]uint32{},
 	}
 	for _, t := range sources {
 		if t.IsMessage() {
@@ -191,9 +245,16 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 }
 
 func (d *Decoder) cacheRelation(rel Relation) error {
+	id := rel.ID
 	t, ok := d.tables[outbox.TableName{Schema: rel.Namespace, Name: rel.Name}]
+	if !ok && d.Partition != nil {
+		var err error
+		if t, id, ok, err = d.Partition(rel); err != nil {
+			return &LookupError{Err: err}
+		}
+	}
 	if !ok {
-		d.rels[rel.ID] = nil
+		d.rels[rel.ID] = &relation{name: pgident.Qualified(rel.Namespace, rel.Name)}
 		return nil
 	}
 	find := func(name string) (column, error) {
@@ -204,7 +265,10 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 		}
 		return column{}, fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix the config or the table", t.Name, pgident.Quote(name))
 	}
-	c := &relation{table: t, extra: make([]column, len(t.Extra))}
+	c := &relation{table: t, id: id, extra: make([]column, len(t.Extra))}
+	if k, ok := d.known[t]; ok {
+		c.fresh = k != id
+	}
 	for f, name := range t.Columns {
 		c.fields[f] = column{idx: -1}
 		if name == "" {
@@ -264,17 +328,19 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	if !known {
 		return Message{}, fmt.Errorf("INSERT for relation %d before its Relation message", relID)
 	}
-	if rel == nil {
-		return Message{}, nil // not an outbox table
-	}
 	if !d.inTx {
 		return Message{}, fmt.Errorf("INSERT outside a transaction")
+	}
+	if rel.table == nil {
+		return Message{Kind: KindUnmapped, Relation: rel.name, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil
 	}
 	d.vals = parseTuple(r, d.vals)
 	if r.err != nil {
 		return Message{}, nil
 	}
-	return d.row(rel, d.newEvent(rel.table))
+	m, err := d.row(rel, d.newEvent(rel.table))
+	m.Fresh = rel.fresh
+	return m, err
 }
 
 // row builds the event of one row of rel, from the values in d.vals.

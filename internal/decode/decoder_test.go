@@ -3,6 +3,7 @@ package decode
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -191,8 +192,10 @@ func TestDecodeMappingAndTables(t *testing.T) {
 		field(ev, outbox.FieldPayload) != "{}" || field(ev, outbox.FieldTenant) != "t1" || len(ev.Extra) != 1 || string(ev.Extra[0].B) != "pending" {
 		t.Fatalf("event = %+v", ev)
 	}
-	if m := mustDecode(t, d, insertMsg(3, s("x"))); m.Kind != KindOther {
-		t.Fatalf("insert into a table that is not an outbox: kind %v, want KindOther", m.Kind)
+	// An insert into a published relation that no table maps is
+	// reported, never silently passed over (docs/design.md, "Table changes").
+	if m := mustDecode(t, d, insertMsg(3, s("x"))); m.Kind != KindUnmapped || m.Relation != "public.orders" {
+		t.Fatalf("insert into a table that is not an outbox: kind %v relation %q, want KindUnmapped public.orders", m.Kind, m.Relation)
 	}
 	// Updates and deletes are never events.
 	upd := append([]byte{'U'}, insertMsg(2, s("a"))[1:]...)
@@ -201,6 +204,73 @@ func TestDecodeMappingAndTables(t *testing.T) {
 		if m := mustDecode(t, d, b); m.Kind != KindOther {
 			t.Fatalf("%q: kind %v, want KindOther", b[0], m.Kind)
 		}
+	}
+}
+
+// TestDecodePartitions: a publication without publish_via_partition_root
+// names the leaf partition that took a row; Partition maps it to its
+// configured root, so the event is the root's, and a relation that is no
+// partition of a configured table is reported as unmapped. A failed
+// lookup is a LookupError (retried), not a malformed message.
+func TestDecodePartitions(t *testing.T) {
+	root := testTable()
+	d := New([]*outbox.Table{root})
+	var asked []string
+	var fail error
+	d.Partition = func(rel Relation) (*outbox.Table, uint32, bool, error) {
+		asked = append(asked, rel.Name)
+		if fail != nil {
+			return nil, 0, false, fail
+		}
+		if strings.HasPrefix(rel.Name, "outbox_") {
+			return root, 1, true, nil
+		}
+		return nil, 0, false, nil
+	}
+	mustDecode(t, d, beginMsg(1, 1, pgEpoch))
+	mustDecode(t, d, relationMsg(11, "public", "outbox_2026_01", outboxCols...))
+	mustDecode(t, d, relationMsg(12, "public", "orders", col{"id", oidText}))
+	m := mustDecode(t, d, insertMsg(11, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
+	if m.Kind != KindEvent || m.Event.Table != root || field(m.Event, outbox.FieldID) != "i" {
+		t.Fatalf("insert into a leaf partition: kind %v table %v", m.Kind, m.Event.Table)
+	}
+	if m := mustDecode(t, d, insertMsg(12, s("x"))); m.Kind != KindUnmapped || m.Relation != "public.orders" {
+		t.Fatalf("insert into another table: kind %v relation %q", m.Kind, m.Relation)
+	}
+	if strings.Join(asked, ",") != "outbox_2026_01,orders" {
+		t.Fatalf("looked up %v: each relation once, never the configured one", asked)
+	}
+	fail = errors.New("connection reset")
+	_, err := d.Decode(relationMsg(13, "public", "outbox_2026_02", outboxCols...))
+	if !errors.As(err, new(*LookupError)) {
+		t.Fatalf("a failed lookup: %v, want a *LookupError", err)
+	}
+}
+
+// TestDecodeFresh: once Know names the relation streamed for a table,
+// events of another relation of that table (a table recreated since) are
+// Fresh; Know with the new relation makes them ordinary again.
+func TestDecodeFresh(t *testing.T) {
+	tbl := testTable()
+	d := New([]*outbox.Table{tbl})
+	insert := func(rel uint32) Message {
+		mustDecode(t, d, beginMsg(1, 1, pgEpoch))
+		m := mustDecode(t, d, insertMsg(rel, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
+		mustDecode(t, d, commitMsg(1, 2, pgEpoch))
+		return m
+	}
+	mustDecode(t, d, relationMsg(1, "public", "outbox", outboxCols...))
+	if insert(1).Fresh {
+		t.Fatal("fresh before Know")
+	}
+	d.Know(tbl, 1)
+	mustDecode(t, d, relationMsg(2, "public", "outbox", outboxCols...)) // recreated: a new OID
+	if insert(1).Fresh || !insert(2).Fresh {
+		t.Fatal("want the old relation's events ordinary and the new one's fresh")
+	}
+	d.Know(tbl, 2)
+	if !insert(1).Fresh || insert(2).Fresh {
+		t.Fatal("after Know(2), want relation 1's events fresh and relation 2's ordinary")
 	}
 }
 

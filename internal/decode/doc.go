@@ -13,7 +13,13 @@
 //     DELETE and TRUNCATE are never events; the publication only publishes
 //     inserts, and a row deleted later in the same transaction is still
 //     delivered because its INSERT is in the WAL. Other messages are
-//     reported as ignored, never silently.
+//     reported as ignored, never silently; an INSERT into a relation no
+//     table maps is KindUnmapped, for the pipeline to count and report.
+//   - A leaf partition's INSERT (a publication without
+//     publish_via_partition_root) is its configured root's event, found
+//     through Decoder.Partition; a relation of a configured table other
+//     than the one the connector streamed (Decoder.Know) marks its events
+//     Fresh: the table was recreated.
 //   - A value that cannot be read as configured (a bad bytea, a message that
 //     is not a JSON object) is a KindInvalid message for the source's
 //     on_invalid policy, not a stream error and never a dropped event.
