@@ -90,6 +90,9 @@ func (p *Progress) next(pos Position, now time.Time) Record {
 	if pos.Backfills != nil {
 		r.Backfills = *pos.Backfills
 	}
+	if pos.Tables != nil {
+		r.Tables = pos.Tables
+	}
 	return r
 }
 

@@ -49,6 +49,13 @@ type Record struct {
 	// Backfills are the backfill jobs: unfinished ones in the order they
 	// run, and the newest finished ones (docs/migrating-from-polling.md).
 	Backfills []Backfill
+	// Tables maps each configured outbox table (as SQL names it) to the
+	// relation id the connector streamed for it up to Confirmed. A table
+	// found with another id was dropped and created again since: the
+	// rows it received before it was published are sent (docs/design.md,
+	// "Table changes"). nil in records written before it was kept. The
+	// map is never changed once in a record: a change makes a new one.
+	Tables map[string]uint32
 }
 
 // Backfill is one backfill job's durable progress. A running pipeline
@@ -203,19 +210,20 @@ type jsonEvent struct {
 }
 
 type jsonRecord struct {
-	Slot         string         `json:"slot"`
-	SystemID     string         `json:"system_identifier"`
-	Timeline     int32          `json:"timeline"`
-	Address      string         `json:"address,omitempty"`
-	Confirmed    string         `json:"confirmed_lsn"`
-	CommitLSN    string         `json:"commit_lsn"`
-	CommitTime   *time.Time     `json:"commit_time,omitempty"`
-	Version      string         `json:"connector_version"`
-	UpdatedAt    time.Time      `json:"updated_at"`
-	ReplayWindow *jsonMark      `json:"replay_window,omitempty"`
-	Marks        []jsonMark     `json:"replay_marks,omitempty"`
-	History      []jsonEvent    `json:"history,omitempty"`
-	Backfills    []jsonBackfill `json:"backfills,omitempty"`
+	Slot         string            `json:"slot"`
+	SystemID     string            `json:"system_identifier"`
+	Timeline     int32             `json:"timeline"`
+	Address      string            `json:"address,omitempty"`
+	Confirmed    string            `json:"confirmed_lsn"`
+	CommitLSN    string            `json:"commit_lsn"`
+	CommitTime   *time.Time        `json:"commit_time,omitempty"`
+	Version      string            `json:"connector_version"`
+	UpdatedAt    time.Time         `json:"updated_at"`
+	ReplayWindow *jsonMark         `json:"replay_window,omitempty"`
+	Marks        []jsonMark        `json:"replay_marks,omitempty"`
+	History      []jsonEvent       `json:"history,omitempty"`
+	Backfills    []jsonBackfill    `json:"backfills,omitempty"`
+	Tables       map[string]uint32 `json:"tables,omitempty"`
 }
 
 type jsonBackfill struct {
@@ -237,7 +245,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	j := jsonRecord{
 		Slot: r.Slot, SystemID: r.SystemID, Timeline: r.Timeline, Address: r.Address,
 		Confirmed: r.Confirmed.String(), CommitLSN: r.CommitLSN.String(),
-		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(),
+		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(), Tables: r.Tables,
 	}
 	if !r.CommitTime.IsZero() {
 		t := r.CommitTime.UTC()
@@ -272,7 +280,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		return l, nil
 	}
 	var err error
-	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt}
+	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt, Tables: j.Tables}
 	if r.Confirmed, err = lsn("confirmed_lsn", j.Confirmed); err != nil {
 		return err
 	}

@@ -18,8 +18,9 @@ type Txn struct {
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
 	// backfills, when set, is the backfill jobs' state once this
-	// transaction is delivered.
+	// transaction is delivered; tables, the tables' relation ids.
 	backfills *[]Backfill
+	tables    map[string]uint32
 }
 
 // Position is the watermark and where it came from.
@@ -36,8 +37,10 @@ type Position struct {
 	CommitLSN  pglogrepl.LSN
 	CommitTime time.Time
 	// Backfills, when set, is the backfill jobs' state at LSN: that of the
-	// last resolved transaction that carried one (Tracker.Note).
+	// last resolved transaction that carried one (Tracker.Note). Tables,
+	// when set, is the tables' relation ids there (Tracker.NoteTables).
 	Backfills *[]Backfill
+	Tables    map[string]uint32
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -136,6 +139,15 @@ func (t *Tracker) Note(tx *Txn, jobs []Backfill) {
 	t.mu.Unlock()
 }
 
+// NoteTables attaches the tables' relation ids to tx (Record.Tables): once
+// tx is delivered, and the watermark passes it, checkpoints record them.
+// tables must not change afterwards.
+func (t *Tracker) NoteTables(tx *Txn, tables map[string]uint32) {
+	t.mu.Lock()
+	tx.tables = tables
+	t.mu.Unlock()
+}
+
 // Commit closes tx: commit is the LSN of its commit record (pgoutput's
 // Begin.FinalLSN), end the end of that record, at the commit time. No Track
 // may follow for tx.
@@ -155,6 +167,9 @@ func (t *Tracker) Commit(tx *Txn, commit, end pglogrepl.LSN, at time.Time) {
 		if tx.backfills != nil {
 			prev.backfills = tx.backfills
 		}
+		if tx.tables != nil {
+			prev.tables = tx.tables
+		}
 		t.txns[n-1] = nil
 		t.txns = t.txns[:n-1]
 	}
@@ -170,10 +185,13 @@ func (t *Tracker) resolveLocked() bool {
 	n := 0
 	for n < len(t.txns) && t.txns[n].committed && t.txns[n].pending == 0 {
 		if tx := t.txns[n]; tx.end > t.pos.LSN {
-			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills}
+			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills, Tables: t.pos.Tables}
 		}
 		if tx := t.txns[n]; tx.backfills != nil {
 			t.pos.Backfills = tx.backfills
+		}
+		if tx := t.txns[n]; tx.tables != nil {
+			t.pos.Tables = tx.tables
 		}
 		t.txns[n] = nil
 		n++
@@ -309,7 +327,19 @@ func (t *Tracker) Acked() uint64 {
 	return t.acked
 }
 
-// Err returns the first produce error, or nil.
+// Fail makes Err return err (unless it already returns an error), so that
+// the replication loop ends the session at its next turn: for a problem
+// found beside the stream, such as a table that left the publication.
+func (t *Tracker) Fail(err error) {
+	t.mu.Lock()
+	if t.err == nil {
+		t.err = err
+	}
+	t.mu.Unlock()
+	t.notify()
+}
+
+// Err returns the first produce error (or Fail's), or nil.
 func (t *Tracker) Err() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -34,6 +34,7 @@ type fileConfig struct {
 		StatusInterval  time.Duration  `yaml:"status_interval"`
 		ConfirmInterval time.Duration  `yaml:"confirm_interval"`
 		ReadBatch       *time.Duration `yaml:"read_batch"`
+		CatalogCheck    time.Duration  `yaml:"catalog_check_interval"`
 	} `yaml:"postgres"`
 	Kafka struct {
 		Brokers                []string `yaml:"brokers"`
@@ -296,13 +297,14 @@ func Load(path string, env Environ) (Config, Log, error) {
 	}
 	cfg := Config{
 		Postgres: wal.Config{
-			URL:             fc.Postgres.URL,
-			PasswordFile:    fc.Postgres.PasswordFile,
-			Slot:            fc.Postgres.Slot,
-			Publication:     fc.Postgres.Publication,
-			StatusInterval:  fc.Postgres.StatusInterval,
-			ConfirmInterval: fc.Postgres.ConfirmInterval,
-			ReadBatch:       batchDelay(fc.Postgres.ReadBatch),
+			URL:                  fc.Postgres.URL,
+			PasswordFile:         fc.Postgres.PasswordFile,
+			Slot:                 fc.Postgres.Slot,
+			Publication:          fc.Postgres.Publication,
+			StatusInterval:       fc.Postgres.StatusInterval,
+			ConfirmInterval:      fc.Postgres.ConfirmInterval,
+			ReadBatch:            batchDelay(fc.Postgres.ReadBatch),
+			CatalogCheckInterval: fc.Postgres.CatalogCheck,
 		},
 		Kafka: sink.Config{
 			Brokers:                fc.Kafka.Brokers,

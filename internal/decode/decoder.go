@@ -62,11 +62,11 @@ type Message struct {
 	Control []byte
 	// Relation names the relation of a KindUnmapped insert.
 	Relation string
-	// Fresh marks an event (KindEvent, KindInvalid) of a relation that is
-	// not the one Known says the connector streamed for its table: the
-	// table was dropped and created again, or added back to the
-	// publication, since. The pipeline notes such events until it has
-	// sent what the new table received before it was published.
+	// Fresh marks an event (KindEvent, KindInvalid) of a relation that
+	// Decoder.Fresh says the connector has not streamed for its table
+	// before: the table was dropped and created again, or added back to
+	// the publication. The pipeline notes such events until it has sent
+	// what the new table received before it was published.
 	Fresh bool
 }
 
@@ -133,7 +133,6 @@ type Decoder struct {
 	tables   map[outbox.TableName]*outbox.Table
 	messages map[string]*outbox.Table
 	rels     map[uint32]*relation
-	known    map[*outbox.Table]uint32
 	begin    Begin
 	inTx     bool
 	vals     []tupleValue
@@ -146,6 +145,12 @@ type Decoder struct {
 	// ok is false for a relation that is no partition of a configured
 	// table. An error ends the session, which retries (a *LookupError).
 	Partition func(rel Relation) (t *outbox.Table, root uint32, ok bool, err error)
+	// Fresh, when set, tells whether relation id of table t is one the
+	// connector has not streamed for t before (the table was dropped and
+	// created again, or added back to the publication): its events are
+	// marked Message.Fresh. It is asked when a Relation message arrives
+	// and on Refresh.
+	Fresh func(t *outbox.Table, id uint32) bool
 }
 
 // LookupError is a failed Partition lookup: the catalog could not be read,
@@ -155,18 +160,12 @@ type LookupError struct{ Err error }
 func (e *LookupError) Error() string { return "look up relation's partition root: " + e.Err.Error() }
 func (e *LookupError) Unwrap() error { return e.Err }
 
-// Know records id as the relation the connector streamed for table t:
-// events of another relation of t (a table recreated since) are Fresh
-// from here on. 0 forgets: no event of t is fresh.
-func (d *Decoder) Know(t *outbox.Table, id uint32) {
-	if id == 0 {
-		delete(d.known, t)
-	} else {
-		d.known[t] = id
-	}
+// Refresh asks Fresh again for every cached relation: call it when the
+// answer may have changed (the pipeline took a recreated table's rows).
+func (d *Decoder) Refresh() {
 	for _, rel := range d.rels {
-		if rel.table == t {
-			rel.fresh = id != 0 && rel.id != id
+		if rel.table != nil {
+			rel.fresh = d.Fresh != nil && d.Fresh(rel.table, rel.id)
 		}
 	}
 }
@@ -177,7 +176,6 @@ func New(sources []*outbox.Table) *Decoder {
 		tables:   map[outbox.TableName]*outbox.Table{},
 		messages: map[string]*outbox.Table{},
 		rels:     map[uint32]*relation{},
-		known:    map[*outbox.Table]uint32{},
 	}
 	for _, t := range sources {
 		if t.IsMessage() {
@@ -266,9 +264,7 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 		return column{}, fmt.Errorf("table %s has no column %s, which the configuration maps; was it renamed or dropped? fix the config or the table", t.Name, pgident.Quote(name))
 	}
 	c := &relation{table: t, id: id, extra: make([]column, len(t.Extra))}
-	if k, ok := d.known[t]; ok {
-		c.fresh = k != id
-	}
+	c.fresh = d.Fresh != nil && d.Fresh(t, id)
 	for f, name := range t.Columns {
 		c.fields[f] = column{idx: -1}
 		if name == "" {

@@ -247,12 +247,13 @@ func TestDecodePartitions(t *testing.T) {
 	}
 }
 
-// TestDecodeFresh: once Know names the relation streamed for a table,
-// events of another relation of that table (a table recreated since) are
-// Fresh; Know with the new relation makes them ordinary again.
+// TestDecodeFresh: events of a relation Fresh names are marked, from its
+// Relation message on, and Refresh asks again for the cached relations.
 func TestDecodeFresh(t *testing.T) {
 	tbl := testTable()
 	d := New([]*outbox.Table{tbl})
+	streamed := uint32(1)
+	d.Fresh = func(t *outbox.Table, id uint32) bool { return t == tbl && id != streamed }
 	insert := func(rel uint32) Message {
 		mustDecode(t, d, beginMsg(1, 1, pgEpoch))
 		m := mustDecode(t, d, insertMsg(rel, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
@@ -260,17 +261,14 @@ func TestDecodeFresh(t *testing.T) {
 		return m
 	}
 	mustDecode(t, d, relationMsg(1, "public", "outbox", outboxCols...))
-	if insert(1).Fresh {
-		t.Fatal("fresh before Know")
-	}
-	d.Know(tbl, 1)
 	mustDecode(t, d, relationMsg(2, "public", "outbox", outboxCols...)) // recreated: a new OID
 	if insert(1).Fresh || !insert(2).Fresh {
 		t.Fatal("want the old relation's events ordinary and the new one's fresh")
 	}
-	d.Know(tbl, 2)
+	streamed = 2
+	d.Refresh()
 	if !insert(1).Fresh || insert(2).Fresh {
-		t.Fatal("after Know(2), want relation 1's events fresh and relation 2's ordinary")
+		t.Fatal("after Refresh, want relation 1's events fresh and relation 2's ordinary")
 	}
 }
 

@@ -18,7 +18,7 @@
 //   - A leaf partition's INSERT (a publication without
 //     publish_via_partition_root) is its configured root's event, found
 //     through Decoder.Partition; a relation of a configured table other
-//     than the one the connector streamed (Decoder.Know) marks its events
+//     than the one the connector streamed (Decoder.Fresh) marks its events
 //     Fresh: the table was recreated.
 //   - A value that cannot be read as configured (a bad bytea, a message that
 //     is not a JSON object) is a KindInvalid message for the source's

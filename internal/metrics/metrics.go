@@ -56,6 +56,13 @@ type Metrics struct {
 	// schemaInvalid events that did not match their schema, by source.
 	SchemaLookups *prometheus.CounterVec
 	schemaInvalid *prometheus.CounterVec
+	// The outbox tables' lives (docs/design.md, "Table changes"):
+	// inserts into published relations no table maps, by relation;
+	// repairs of a table recreated or added back to the publication; and
+	// configured tables that do not exist at the moment.
+	unmapped     *prometheus.CounterVec
+	tableRepairs *prometheus.CounterVec
+	tableMissing *prometheus.GaugeVec
 }
 
 // SchemaResults are the values of cdc_schema_lookups_total's result label:
@@ -129,7 +136,13 @@ func New(pipeline string) *Metrics {
 		Help: "Schema lookups for tables with a registry schema, by result: cached, fetched, registered, not_found, error."}, []string{"result"})
 	m.schemaInvalid = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_schema_invalid_total",
 		Help: "Events whose payload did not match their schema (dead-lettered, or stopping the connector), by source."}, []string{"source"})
-	for _, c := range []prometheus.Collector{m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	m.unmapped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_unmapped_relation_changes_total",
+		Help: "Inserts into a relation of the publication that no configured table maps (not events; the log names the first of each relation), by relation."}, []string{"relation"})
+	m.tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_table_repairs_total",
+		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
+	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
+		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
+	for _, c := range []prometheus.Collector{m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -165,6 +178,8 @@ func (m *Metrics) Init(sources []Source) {
 		}
 		if s.Table {
 			m.backfillRows.WithLabelValues(s.Name)
+			m.tableRepairs.WithLabelValues(s.Name)
+			m.tableMissing.WithLabelValues(s.Name)
 		}
 	}
 }
@@ -211,6 +226,21 @@ func (m *Metrics) SchemaInvalid(source string) { m.schemaInvalid.WithLabelValues
 
 // DeadLetter counts one dead-lettered event of source.
 func (m *Metrics) DeadLetter(source string) { m.deadLetters.WithLabelValues(source).Inc() }
+
+// Unmapped counts one insert into relation, which no table maps.
+func (m *Metrics) Unmapped(relation string) { m.unmapped.WithLabelValues(relation).Inc() }
+
+// TableRepaired counts one repair of table.
+func (m *Metrics) TableRepaired(table string) { m.tableRepairs.WithLabelValues(table).Inc() }
+
+// TableMissing sets cdc_table_missing for table.
+func (m *Metrics) TableMissing(table string, missing bool) {
+	v := 0.0
+	if missing {
+		v = 1
+	}
+	m.tableMissing.WithLabelValues(table).Set(v)
+}
 
 // SetWALStatus sets cdc_slot_wal_status to status.
 func (m *Metrics) SetWALStatus(status string) {

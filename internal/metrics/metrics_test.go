@@ -20,6 +20,9 @@ func names(t *testing.T) map[string]bool {
 	m.BackfillRows("t").Inc()
 	m.SchemaInvalid("s")
 	m.SchemaLookups.WithLabelValues("cached").Inc()
+	m.Unmapped("r")
+	m.TableRepaired("t")
+	m.TableMissing("t", false)
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {

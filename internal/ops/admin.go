@@ -113,7 +113,7 @@ type Accepted struct {
 // creating the slot when it is missing or lost, so that the next cdc run
 // streams from the slot. Without a gap it changes nothing.
 func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
-	slot, err := wal.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
+	slot, _, err := wal.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
 	lost := errors.Is(err, wal.ErrSlotLost)
 	if err != nil && !lost {
 		return Accepted{}, err

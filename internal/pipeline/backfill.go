@@ -61,6 +61,10 @@ func (s *session) control(m *decode.Message) error {
 		if jobs, ok := bf.Fail(c); ok {
 			s.tracker.Note(s.tx, jobs)
 		}
+	case backfill.ControlRepair:
+		if s.tables != nil {
+			return s.repairAt(c, m)
+		}
 	}
 	return nil
 }

@@ -131,7 +131,15 @@ func (e *env) start(t *testing.T) *running {
 	r := e.launch(t, out)
 	// Events committed before the slot exists are not streamed: wait until
 	// the first session is streaming.
-	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
+	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool {
+		select {
+		case err := <-r.done:
+			close(r.done)
+			t.Fatalf("the pipeline stopped before it streamed: %v", err)
+		default:
+		}
+		return r.tracker.Load() != nil
+	})
 	return r
 }
 

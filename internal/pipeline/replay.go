@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -53,7 +52,10 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	if err != nil {
 		return replay.Summary{}, err
 	}
-	s := &session{p: p, kafka: k, tracker: p.newTracker(start), dec: decode.New(p.cfg.Tables), replay: f, ctx: ctx}
+	s := &session{p: p, kafka: k, tracker: p.newTracker(start), replay: f, ctx: ctx}
+	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
+	defer pt.close(ctx)
+	s.dec = s.newDecoder(pt, nil)
 	acks := replay.NewAcks(s.tracker, f, k)
 
 	report := func() replay.Progress { return f.Progress(start, s.tracker.Acked()) }

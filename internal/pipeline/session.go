@@ -64,7 +64,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		return err
 	}
 	defer lock.Release(ctx)
-	conn, from, err := p.start(ctx, connected)
+	conn, from, cat, err := p.start(ctx, connected)
 	if err != nil {
 		return err
 	}
@@ -72,10 +72,13 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		p:       p,
 		kafka:   k,
 		tracker: p.newTracker(from),
-		dec:     decode.New(p.cfg.Tables),
 		ctx:     ctx,
 		skipTo:  p.progress.Saved().CommitLSN,
+		tables:  newTableWatch(p, p.progress.Saved(), cat),
 	}
+	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
+	defer pt.close(ctx)
+	s.dec = s.newDecoder(pt, s.tables)
 	if s.skipTo >= from {
 		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
 			"slot_lsn", from.String(), "through_commit_lsn", s.skipTo.String())
@@ -146,6 +149,16 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		go func() { defer close(windowDone); p.window().Keep(wctx) }()
 		defer func() { stopWindow(); <-windowDone }()
 	}
+
+	// The tables' lives are watched beside the stream; what must stop the
+	// session ends it at the loop's next turn.
+	tctx, stopWatch := context.WithCancel(ctx)
+	watchTablesDone := make(chan struct{})
+	go func() {
+		defer close(watchTablesDone)
+		s.tables.run(tctx, func(err error) { s.tracker.Fail(err); stream.Wake() })
+	}()
+	defer func() { stopWatch(); <-watchTablesDone }()
 
 	// Backfills run beside the stream, from the saved checkpoint's state.
 	p.bf.Reset(p.progress.Saved().Backfills)
@@ -235,6 +248,9 @@ type session struct {
 	stream *wal.Stream
 	// requests follows the backfill requests in the checkpoint topic.
 	requests *checkpoint.Requests
+	// tables watches the outbox tables' lives (tables.go); nil in a
+	// replay.
+	tables *tableWatch
 	// skipTo is the commit LSN of the last transaction the checkpoint
 	// says Kafka holds, in this WAL history (sameHistory); skipping is set
 	// between the BEGIN and COMMIT of a transaction at or below it. A
@@ -258,6 +274,9 @@ func (s *session) blocking(fn func() error) error {
 func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 	m, err := s.dec.Decode(data)
 	if err != nil {
+		if errors.As(err, new(*decode.LookupError)) {
+			return err // the catalog did not answer: a new session asks again
+		}
 		return &decodeError{err}
 	}
 	switch m.Kind {
@@ -278,6 +297,11 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		}
 		s.tx = s.tracker.Begin(m.CommitTime)
 	case decode.KindEvent, decode.KindInvalid:
+		if m.Fresh && s.tables != nil {
+			// Before the skip: a row Kafka holds is not for a repair
+			// to send again either.
+			s.tables.noteFresh(&m.Event)
+		}
 		if s.skipping {
 			return nil
 		}
@@ -288,6 +312,10 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		return s.event(&m)
 	case decode.KindIgnoredMessage:
 		s.p.IgnoredMessages.Add(1)
+	case decode.KindUnmapped:
+		if s.tables != nil {
+			s.tables.unmappedInsert(m.Relation)
+		}
 	case decode.KindControl:
 		if s.replay == nil && !s.skipping {
 			return s.control(&m)

@@ -23,14 +23,14 @@ import (
 // 21): until the slot and its checkpoint exist, every session is one,
 // whatever ended the sessions before it (Kafka or Postgres not up yet, a
 // fence, a topic); once this process has streamed, a missing slot is a gap.
-func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, error) {
-	slot, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
+func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, wal.Catalog, error) {
+	slot, cat, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, cat, err
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, cat, err
 	}
 	p.log.Debug("postgres: replication connection open", "slot_exists", slot.Exists)
 	if slot.Active {
@@ -38,24 +38,24 @@ func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) 
 		// Postgres has not ended yet): wait as a standby, without
 		// touching the checkpoint or, in exactly-once mode, fencing it.
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, 0, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+		return nil, 0, cat, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
 	}
 	if connected != nil {
 		if err := connected(conn.System()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
-			return nil, 0, err
+			return nil, 0, cat, err
 		}
 	}
-	from, err := p.position(ctx, conn, slot)
+	from, err := p.position(ctx, conn, slot, cat)
 	if err != nil {
 		p.snapshot = "" // it ends with the connection
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, 0, err
+		return nil, 0, cat, err
 	}
-	return conn, from, nil
+	return conn, from, cat, nil
 }
 
-func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState) (pglogrepl.LSN, error) {
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, cat wal.Catalog) (pglogrepl.LSN, error) {
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
@@ -92,6 +92,11 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			}
 		}
 		rec = p.newRecord(conn, 0)
+		// Every table in the publication before the slot exists: its
+		// consistent point is where the stream starts.
+		if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
+			return 0, err
+		}
 		if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
 			// A condition or order that does not work stops the first
 			// start before anything exists.
@@ -114,6 +119,9 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	case checkpoint.StartAdopt:
 		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
 		rec = p.newRecord(conn, from)
+		if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
+			return 0, err
+		}
 		// The slot was made by someone else, or by a first start that
 		// stopped before its checkpoint: the rows before it can only be
 		// backfilled beside the stream now.
@@ -125,6 +133,9 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			return 0, err
 		}
 		if err := p.sameHistory(ctx, conn, rec); err != nil {
+			return 0, err
+		}
+		if err := p.tableBaseline(ctx, rec, cat, false); err != nil {
 			return 0, err
 		}
 		rec.Address = conn.Address()

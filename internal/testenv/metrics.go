@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Counter is the value of the counter name whose label is value, as g
-// exports it; 0 when there is no such series.
+// Counter is the value of the counter (or gauge) name whose label is
+// value, as g exports it; 0 when there is no such series.
 func Counter(t testing.TB, g prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
 	fams, err := g.Gather()
@@ -21,7 +21,10 @@ func Counter(t testing.TB, g prometheus.Gatherer, name, label, value string) flo
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
 				}
 			}
 		}

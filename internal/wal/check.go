@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/pgident"
@@ -111,7 +110,33 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 		return fmt.Errorf("read publication %s: %w", name, err)
 	}
 	if exists {
-		return ensurePublication(ctx, conn, name, present, true, false, hclog.NewNullLogger())
+		// What cdc run would change itself (it owns the publication, and
+		// the table it adds) is no problem.
+		cat, err := ReadCatalog(ctx, conn, name, present)
+		if err != nil {
+			return err
+		}
+		pub := cat.Publication
+		var probs []string
+		if !pub.Inserts {
+			probs = append(probs, fmt.Sprintf("publication %s does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert')", name, name))
+		}
+		if p := viaRootProblem(cat); p != "" && !pub.Owned {
+			probs = append(probs, p)
+		}
+		for _, t := range cat.Tables {
+			if t.OID != 0 && !t.Published && !(pub.Owned && t.Owned) {
+				why := "it does not own the table"
+				if !pub.Owned {
+					why = "it does not own the publication"
+				}
+				probs = append(probs, NotPublished(name, t.Table, why, cat.Role).Error())
+			}
+		}
+		if len(probs) == 0 {
+			return nil
+		}
+		return setupErrorf("%s", strings.Join(probs, "; "))
 	}
 	if super {
 		return nil
@@ -120,7 +145,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 	for i, t := range tables {
 		names[i] = t.String()
 	}
-	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", name, strings.Join(names, ", "))
+	create := createStatement(name, tables)
 	var why []string
 	var createDB bool
 	if err := conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&createDB); err != nil {

@@ -47,6 +47,11 @@ type Config struct {
 	// the config file's: cdc run sets its GOMAXPROCS with it. Read
 	// batching off (ReadBatch -1) turns it off too.
 	OnLive func(live bool)
+	// CatalogCheckInterval is how often a session looks in the catalog
+	// for a configured table that was dropped and created again, left
+	// the publication or vanished (docs/design.md, "Table changes").
+	// Default DefaultCatalogCheckInterval.
+	CatalogCheckInterval time.Duration
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
 	Messages bool
@@ -59,6 +64,10 @@ type Config struct {
 // drain ends at Kafka's pace, long enough that a busy stream confirms (and
 // writes checkpoints) at most 50 times a second.
 const DefaultConfirmInterval = 20 * time.Millisecond
+
+// DefaultCatalogCheckInterval is CatalogCheckInterval's default: a
+// recreated table is published again within seconds, for one cheap query.
+const DefaultCatalogCheckInterval = 5 * time.Second
 
 // DefaultReadBatch is ReadBatch's default: a small part of a busy
 // stream's latency, and reads of tens of messages instead of one each.
@@ -97,6 +106,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ConfirmInterval < time.Millisecond || c.ConfirmInterval > c.StatusInterval {
 		return fmt.Errorf("postgres.confirm_interval %s: use a value from 1ms to postgres.status_interval (%s)", c.ConfirmInterval, c.StatusInterval)
+	}
+	if c.CatalogCheckInterval == 0 {
+		c.CatalogCheckInterval = DefaultCatalogCheckInterval
+	}
+	if c.CatalogCheckInterval < 10*time.Millisecond || c.CatalogCheckInterval > 5*time.Minute {
+		return fmt.Errorf("postgres.catalog_check_interval %s: use a value from 10ms to 5m", c.CatalogCheckInterval)
 	}
 	if c.ReadBatch == 0 {
 		c.ReadBatch = DefaultReadBatch

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -57,63 +58,65 @@ func (s SlotState) Retained() int64 {
 }
 
 // Setup checks every precondition of streaming the tables, creates the
-// publication when it is missing, and reports on cfg.Slot. It never creates
+// publication when it is missing (or makes it fit, where the role owns
+// it: ensurePublication), and reports on cfg.Slot and on the catalog. It never creates
 // a slot: the pipeline decides that against its checkpoint. Every failure a
 // user must fix is a *SetupError that says how; a lost slot is one. Logical
 // decoding message sources need no table: cfg.Messages covers them.
-func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, error) {
+func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, Catalog, error) {
 	conn, err := ConnectSQL(ctx, cfg)
 	if err != nil {
-		return SlotState{}, err
+		return SlotState{}, Catalog{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
-		return SlotState{}, fmt.Errorf("read wal_level: %w", err)
+		return SlotState{}, Catalog{}, fmt.Errorf("read wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return SlotState{}, setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
+		return SlotState{}, Catalog{}, setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
 	}
 
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
+		return SlotState{}, Catalog{}, fmt.Errorf("read server_version_num: %w", err)
 	}
 	if version < 140000 {
 		// pgoutput's messages option, which carries logical decoding
 		// message sources and the connector's own backfill watermarks.
-		return SlotState{}, setupErrorf("PostgreSQL %d is older than 14, the oldest the connector supports; upgrade", version/10000)
+		return SlotState{}, Catalog{}, setupErrorf("PostgreSQL %d is older than 14, the oldest the connector supports; upgrade", version/10000)
 	}
 
 	var user, db string
 	var replication bool
 	err = conn.QueryRow(ctx, `SELECT current_user, current_database(), rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &db, &replication)
 	if err != nil {
-		return SlotState{}, fmt.Errorf("read role attributes: %w", err)
+		return SlotState{}, Catalog{}, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !replication {
-		return SlotState{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
+		return SlotState{}, Catalog{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
 	}
 
 	for _, t := range tables {
 		if err := checkTable(ctx, conn, db, t); err != nil {
-			return SlotState{}, err
+			return SlotState{}, Catalog{}, err
 		}
 	}
-	if err := ensurePublication(ctx, conn, cfg.Publication, tables, false, false, log); err != nil {
-		return SlotState{}, err
+	cat, err := ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
+	if err != nil {
+		return SlotState{}, Catalog{}, err
 	}
 	st, err := InspectSlot(ctx, conn, cfg.Slot)
 	if err != nil {
-		return SlotState{}, err
+		return SlotState{}, Catalog{}, err
 	}
 	if st.WALStatus == "lost" {
-		return SlotState{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
+		return SlotState{}, Catalog{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
 				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
 	}
-	return st, nil
+	return st, cat, nil
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
@@ -148,69 +151,107 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 	return nil
 }
 
-// ensurePublication creates the publication when it is missing, and checks
-// that it publishes the tables' inserts. retried: a create already lost a
-// race with another connector.
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []Table, dryRun, retried bool, log hclog.Logger) error {
-	var insert bool
-	err := conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, name).Scan(&insert)
-	if errors.Is(err, pgx.ErrNoRows) && dryRun {
-		return nil
+// ensurePublication creates the publication when it is missing, with
+// publish_via_partition_root so that a partitioned table's rows arrive
+// under its own name, and makes an existing one fit where the connector's
+// role owns it: it must publish inserts, and partitioned tables via their
+// root. What it may not change is a *SetupError with the statement to run.
+// A table missing from an existing publication is left to the caller,
+// which knows from its checkpoint whether the table is new, recreated or
+// removed (TableState.Published; AddToPublication). retried: a create
+// already lost a race with another connector. It returns the catalog as it
+// left it.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables []Table, retried bool, log hclog.Logger) (Catalog, error) {
+	cat, err := ReadCatalog(ctx, conn, name, tables)
+	if err != nil {
+		return Catalog{}, err
 	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		names := make([]string, len(tables))
-		for i, t := range tables {
-			names[i] = t.String()
-		}
-		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", name, strings.Join(names, ", "))
-		if len(names) == 0 {
-			// Only logical decoding messages: they need a publication
-			// to stream, but not any table in it.
-			sql = fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", name)
-		}
+	pub := cat.Publication
+	if !pub.Exists {
+		sql := createStatement(name, tables)
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && (pe.Code == "42710" || pe.Code == "23505") && !retried {
 				// Another connector created it a moment ago (duplicate_object,
 				// or the catalog's unique index when both inserted at once):
 				// use it, if it is what this one needs (docs/design.md, rule 20).
-				return ensurePublication(ctx, conn, name, tables, dryRun, true, log)
+				return ensurePublication(ctx, conn, name, tables, true, log)
 			}
-			return setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
+			return Catalog{}, setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
 		}
-		log.Info("created publication", "publication", name, "tables", strings.Join(names, ", "))
-		return nil
+		log.Info("created publication", "publication", name, "tables", tableList(tables))
+		return ReadCatalog(ctx, conn, name, tables)
 	}
-	if err != nil {
-		return fmt.Errorf("read publication %s: %w", name, err)
+	if !pub.Inserts {
+		return Catalog{}, setupErrorf("publication %s does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert')", name, name)
 	}
-	if !insert {
-		return setupErrorf("publication %s does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert')", name, name)
-	}
-	rows, err := conn.Query(ctx, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1`, name)
-	if err != nil {
-		return fmt.Errorf("read tables of publication %s: %w", name, err)
-	}
-	published, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Table, error) {
-		var t Table
-		return t, r.Scan(&t.Schema, &t.Name)
-	})
-	if err != nil {
-		return fmt.Errorf("read tables of publication %s: %w", name, err)
-	}
-	for _, t := range tables {
-		found := false
-		for _, p := range published {
-			if p.Schema == t.Schema && p.Name == t.Name {
-				found = true
-				break
-			}
+	if p := viaRootProblem(cat); p != "" {
+		if !pub.Owned {
+			return Catalog{}, setupErrorf("%s", p)
 		}
-		if !found {
-			return setupErrorf("publication %s exists but does not include outbox table %s; run: ALTER PUBLICATION %s ADD TABLE %s", name, t, name, t)
+		// The role owns the publication: the connector made it, or was
+		// given it to manage. Rows of leaf partitions already in the WAL
+		// still arrive under the leaves' names; Decoder.Partition maps
+		// them.
+		if _, err := conn.Exec(ctx, ViaRootStatement(name)); err != nil {
+			return Catalog{}, setupErrorf("set publish_via_partition_root on publication %s: %v; run: %s", name, err, ViaRootStatement(name))
+		}
+		log.Info("set publish_via_partition_root on the publication, so that partitioned tables' rows arrive under their own name", "publication", name)
+		return ReadCatalog(ctx, conn, name, tables)
+	}
+	return cat, nil
+}
+
+// viaRootProblem is the problem of a publication that names a partitioned
+// table's leaf partitions, or "".
+func viaRootProblem(cat Catalog) string {
+	pub := cat.Publication
+	if pub.ViaRoot || !partitioned(cat) {
+		return ""
+	}
+	var names []string
+	for _, t := range cat.Tables {
+		if t.Partitioned {
+			names = append(names, t.String())
 		}
 	}
-	return nil
+	return fmt.Sprintf("publication %s publishes partitioned outbox table %s under its leaf partitions' names (publish_via_partition_root is off); as the publication's owner run: %s",
+		pub.Name, strings.Join(names, ", "), ViaRootStatement(pub.Name))
+}
+
+// NotPublished is the error for table t, whose inserts do not reach the
+// publication; why, when set, says why the connector's role does not add
+// it, role is that role.
+func NotPublished(publication string, t Table, why, role string) error {
+	if why != "" {
+		why = " (the connector's role may not add it: " + why + ")"
+	}
+	return setupErrorf("publication %s does not include outbox table %s, so its inserts do not reach the connector%s; as the owner of the publication and the table run: %s; %s; "+
+		"then start the connector again: if the table was dropped and created again after the connector streamed it, it sends the rows the new table holds that were not streamed",
+		publication, t, why, AddStatement(publication, t), GrantStatement(t, role))
+}
+
+func partitioned(cat Catalog) bool {
+	return slices.ContainsFunc(cat.Tables, func(t TableState) bool { return t.Partitioned })
+}
+
+// createStatement creates the publication for tables: inserts only, and
+// partitioned tables' rows under their own name.
+func createStatement(name string, tables []Table) string {
+	if len(tables) == 0 {
+		// Only logical decoding messages: they need a publication to
+		// stream, but not any table in it.
+		return fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", name)
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", name, tableList(tables))
+}
+
+func tableList(tables []Table) string {
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = t.String()
+	}
+	return strings.Join(names, ", ")
 }
 
 // InspectSlot reads slot from pg_replication_slots. A missing slot is

@@ -3,6 +3,7 @@ package wal_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	neturl "net/url"
 	"slices"
 	"strings"
@@ -37,7 +38,7 @@ func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotS
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := wal.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
+	st, _, err := wal.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
 	if err != nil || st.Exists || !create {
 		return st, err
 	}
@@ -93,8 +94,10 @@ func TestSetupPreconditions(t *testing.T) {
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
-		{name: "publication without the table", sql: []string{outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`},
-			want: "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox"},
+		{name: "partitioned table, a publication the role does not own", sql: []string{partitionedDDL, `CREATE ROLE pub_owner`,
+			`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`, `ALTER PUBLICATION outbox_cdc OWNER TO pub_owner`,
+			`CREATE ROLE lp LOGIN REPLICATION`, `GRANT SELECT ON outbox TO lp`},
+			user: "lp", want: "publication outbox_cdc publishes partitioned outbox table public.outbox under its leaf partitions' names (publish_via_partition_root is off); as the publication's owner run: ALTER PUBLICATION outbox_cdc SET (publish_via_partition_root = true)"},
 		{name: "publication without inserts", sql: []string{outboxDDL, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'update')`},
 			want: "does not publish inserts"},
 		{name: "slot with another plugin", sql: []string{outboxDDL, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'test_decoding')`},
@@ -121,6 +124,69 @@ func TestSetupPreconditions(t *testing.T) {
 			wantSetupError(t, err, tt.want)
 		})
 	}
+}
+
+// partitionedDDL is the outbox table partitioned by range, one partition
+// of which is partitioned again.
+const partitionedDDL = `CREATE TABLE outbox (id uuid NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), aggregatetype text, aggregateid text, type text, payload jsonb,
+	PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at);
+CREATE TABLE outbox_a PARTITION OF outbox FOR VALUES FROM ('2026-01-01') TO ('2026-02-01') PARTITION BY HASH (id);
+CREATE TABLE outbox_a0 PARTITION OF outbox_a FOR VALUES WITH (MODULUS 1, REMAINDER 0);`
+
+// TestSetupPublication: the publication Setup creates publishes inserts
+// only, and a partitioned table's rows under its own name; an existing
+// one the role owns is made to (publish_via_partition_root); a table
+// missing from it is reported in the catalog, for the pipeline to decide
+// against its checkpoint, never added or refused here.
+func TestSetupPublication(t *testing.T) {
+	p := testenv.Require(t, pg)
+	ctx := context.Background()
+	read := func(t *testing.T, db string) (viaRoot bool) {
+		testenv.QueryRow(t, db, `SELECT pubviaroot FROM pg_publication WHERE pubname = 'outbox_cdc'`, nil, &viaRoot)
+		return viaRoot
+	}
+	t.Run("created", func(t *testing.T) {
+		db := p.NewDatabase(t)
+		testenv.Exec(t, db, partitionedDDL)
+		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		if err != nil || !read(t, db) {
+			t.Fatalf("Setup: %v; via root %v, want a publication with publish_via_partition_root", err, read(t, db))
+		}
+		if st := cat.Tables[0]; !st.Partitioned || !st.Published || st.AutoPublished || st.OID == 0 {
+			t.Fatalf("catalog %+v: want the partitioned table published", st)
+		}
+	})
+	t.Run("owned, made to publish via the root", func(t *testing.T) {
+		db := p.NewDatabase(t)
+		testenv.Exec(t, db, partitionedDDL, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
+		if _, _, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger()); err != nil || !read(t, db) {
+			t.Fatalf("Setup: %v; via root %v", err, read(t, db))
+		}
+	})
+	t.Run("a table missing is reported", func(t *testing.T) {
+		db := p.NewDatabase(t)
+		testenv.Exec(t, db, outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`)
+		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := cat.Tables[0]; st.Published || st.OID == 0 || !st.Owned || !cat.Publication.Owned {
+			t.Fatalf("catalog %+v, publication %+v: want the table unpublished, both owned", st, cat.Publication)
+		}
+		var n int
+		testenv.QueryRow(t, db, `SELECT count(*) FROM pg_publication_tables WHERE tablename = 'outbox'`, nil, &n)
+		if n != 0 {
+			t.Fatal("Setup added the table itself")
+		}
+	})
+	t.Run("for all tables", func(t *testing.T) {
+		db := p.NewDatabase(t)
+		testenv.Exec(t, db, outboxDDL, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
+		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		if st := cat.Tables[0]; err != nil || !st.Published || !st.AutoPublished {
+			t.Fatalf("Setup: %v; catalog %+v: want the table published, automatically", err, st)
+		}
+	})
 }
 
 // TestSetupNeverCreatesTheSlot: a missing slot is reported, not created;
@@ -306,5 +372,41 @@ func TestCheckListsEveryProblem(t *testing.T) {
 		`SELECT pg_drop_replication_slot('other_a')`)
 	if err := wal.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
 		t.Fatalf("after the grants: %v", err)
+	}
+}
+
+// TestCheckPublication: check reports what would keep cdc run from
+// carrying every insert, each with the statement that fixes it: a
+// partitioned table published under its leaves' names and a table missing
+// from a publication the role does not own. What cdc run would fix itself
+// (a publication it owns) is no problem.
+func TestCheckPublication(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, partitionedDDL, `CREATE TABLE plain (id text, aggregatetype text, aggregateid text, type text, payload jsonb)`,
+		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
+	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "plain", Columns: []string{"id"}})
+	if err := wal.Check(context.Background(), cfg(db), tables); err != nil {
+		t.Fatalf("a publication the role owns, which cdc run fixes: %v", err)
+	}
+	role := fmt.Sprintf("cdc_check_%d", time.Now().UnixNano())
+	testenv.Exec(t, db, `CREATE ROLE `+role+` LOGIN REPLICATION`, `GRANT SELECT ON outbox, plain TO `+role)
+	u, err := neturl.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User(role)
+	err = wal.Check(context.Background(), cfg(u.String()), tables)
+	var ce *wal.CheckError
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v; want a CheckError", err)
+	}
+	for _, want := range []string{
+		`as the publication's owner run: ALTER PUBLICATION outbox_cdc SET (publish_via_partition_root = true)`,
+		`publication outbox_cdc does not include outbox table public.plain`,
+		`ALTER PUBLICATION outbox_cdc ADD TABLE public.plain; GRANT SELECT ON public.plain TO ` + role,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("no problem says %q; got:\n%s", want, strings.Join(ce.Problems, "\n"))
+		}
 	}
 }
