@@ -201,9 +201,13 @@ func TestPartitionedOutbox(t *testing.T) {
 		`DROP TABLE outbox_2026_01`)
 	write("2026-03", 50)
 	write("2026-02", 50)
-	// A row of the detached table is no outbox event any more.
-	testenv.Exec(t, e.db, `INSERT INTO outbox_default (created_at, aggregatetype, aggregateid, type) VALUES ('2030-01-01', 'order', 'detached', 'X')`)
+	// A row of the detached table is no outbox event any more; PostgreSQL
+	// 14 may still publish one inserted right after the detach under the
+	// root (its relation cache), so it is allowed, not required.
+	var detached string
+	testenv.QueryRow(t, e.db, `INSERT INTO outbox_default (created_at, aggregatetype, aggregateid, type) VALUES ('2030-01-01', 'order', 'detached', 'X') RETURNING id::text`, nil, &detached)
 	want := outboxRows(t, e.db)
+	delete(want, detached)
 	for _, rec := range c.Records {
 		id := testenv.Header(rec, route.HeaderID)
 		if _, ok := want[id]; !ok {
@@ -213,7 +217,21 @@ func TestPartitionedOutbox(t *testing.T) {
 	if len(want) != 400 {
 		t.Fatalf("%d events in the ground truth, want 400", len(want))
 	}
-	expectEvents(t, c, want, 0)
+	c.WaitFor(t, 2*time.Minute, "400 events", func(recs []*kgo.Record) bool {
+		got := ids(recs)
+		for id := range want {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	c.Settle(500 * time.Millisecond)
+	for id, n := range ids(c.Records) {
+		if _, ok := want[id]; (!ok && id != detached) || n > 1 {
+			t.Errorf("event %s delivered %d times (in the table: %v)", id, n, ok)
+		}
+	}
 }
 
 // TestPartitionedOutboxBackfill: a first start's backfill of a
