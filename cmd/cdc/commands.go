@@ -107,7 +107,7 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	cfg := p.Config()
 	log.Info("starting", "version", version, "slot", cfg.Postgres.Slot, "tables", len(cfg.Tables))
-	for _, w := range p.Weaknesses() {
+	for _, w := range append(p.Weaknesses(), c.weak...) {
 		log.Warn("insecure setting: " + w)
 	}
 	if limit, percent := gcSettings(cfg.MaxInFlightBytes, os.Getenv); limit > 0 {
@@ -171,7 +171,7 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 // printWeaknesses lists insecure settings after cdc check's verdict: they
 // do not stop cdc run, but an attacker on the network could use them.
 func printWeaknesses(c *cli, p *pipeline.Pipeline) {
-	if ws := p.Weaknesses(); len(ws) > 0 {
+	if ws := append(p.Weaknesses(), c.weak...); len(ws) > 0 {
 		fmt.Fprintf(c.stdout, "insecure settings (cdc run works, but the network can read or tamper):\n")
 		for _, w := range ws {
 			fmt.Fprintf(c.stdout, "  - %s\n", w)

@@ -229,6 +229,7 @@ func forgetDemoCheckpoint(ctx context.Context, conn *pgx.Conn, cfg config.Config
 	if err != nil {
 		return err
 	}
+	store.SignWith(cfg.Checkpoint.SigningKeys)
 	return store.Delete(ctx, checkpoint.Key(cfg.Postgres.Slot, sysid))
 }
 

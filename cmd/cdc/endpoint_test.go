@@ -108,7 +108,7 @@ func TestMetricsAndProbes(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tokenFile, []byte("metrics-secret\n"), 0o600)
-	topic := kafka.Prefix + "outbox.event.order"
+	topic := kafka.Prefix + "outbox.event.{aggregate_type}" // a template labels its events (issue 37)
 	config := filepath.Join(t.TempDir(), "cdc.yaml")
 	os.WriteFile(config, []byte(fmt.Sprintf(`
 postgres: {url: %q, status_interval: 50ms}

@@ -37,6 +37,9 @@ type cli struct {
 	env            config.Environ
 	stdout, stderr io.Writer
 	http           endpoint.Config // set by pipeline, from the config
+	// weak lists what the config leaves open beyond the pipeline's own
+	// settings (config.Log.Weaknesses): the endpoint, secret files.
+	weak []string
 }
 
 // command is one subcommand.
@@ -186,6 +189,7 @@ func (c *cli) pipeline(path string, adjust ...func(*config.Config)) (p *pipeline
 		f(&cfg)
 	}
 	c.http = lc.HTTP
+	c.weak = lc.Weaknesses()
 	log = hclog.New(&hclog.LoggerOptions{
 		Name:       "cdc",
 		Level:      hclog.LevelFromString(lc.Level),

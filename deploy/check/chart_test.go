@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +42,7 @@ type release struct {
 	service        *corev1.Service
 	serviceAccount *corev1.ServiceAccount
 	pdb            *policyv1.PodDisruptionBudget
+	netpol         *networkingv1.NetworkPolicy
 	serviceMonitor *monitoringv1.ServiceMonitor
 	rule           *monitoringv1.PrometheusRule
 	objects        []metav1.Object
@@ -106,6 +108,9 @@ func render(t *testing.T, name string, vals map[string]any) (*release, error) {
 			case "PodDisruptionBudget":
 				r.pdb = &policyv1.PodDisruptionBudget{}
 				obj = r.pdb
+			case "NetworkPolicy":
+				r.netpol = &networkingv1.NetworkPolicy{}
+				obj = r.netpol
 			case "ServiceMonitor":
 				r.serviceMonitor = &monitoringv1.ServiceMonitor{}
 				obj = r.serviceMonitor
@@ -290,6 +295,13 @@ func TestChartDefaults(t *testing.T) {
 	}
 	if !selects(r.service.Spec.Selector, labels) || len(r.service.Spec.Ports) != 1 || r.service.Spec.Ports[0].Port != 9187 {
 		t.Errorf("service %+v", r.service.Spec)
+	}
+	// The endpoint is reachable only from the peers the NetworkPolicy
+	// names: by default the release's namespace (issue 37).
+	if np := r.netpol; np == nil || !selects(np.Spec.PodSelector.MatchLabels, labels) || len(np.Spec.Ingress) != 1 ||
+		len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].PodSelector == nil || np.Spec.Ingress[0].From[0].NamespaceSelector != nil ||
+		np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9187 || !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("network policy %+v", np)
 	}
 	if labels["outbox-cdc/pipeline"] != "orders-cdc" {
 		t.Errorf("pod labels %v", labels)

@@ -28,6 +28,7 @@ type Plan struct {
 	Columns []decode.Column
 	keyAt   int // index of the first key column in a row
 	chunk   int
+	role    string // backfill.reader_role: what the condition runs as
 }
 
 // Error is a problem with a backfill's configuration or condition that the
@@ -160,7 +161,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 // Count counts the matching rows, for the progress's estimate.
 func (p *Plan) Count(ctx context.Context, conn *pgx.Conn) (int64, error) {
 	var n int64
-	err := readOnly(ctx, conn, func() error {
+	err := p.readOnly(ctx, conn, func() error {
 		return conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", p.from(), p.condition())).Scan(&n)
 	})
 	if err != nil {
@@ -185,7 +186,7 @@ type Chunk struct {
 // sends the rows committed after it started.
 func (p *Plan) Last(ctx context.Context, conn *pgx.Conn) ([]string, error) {
 	var last []string
-	err := readOnly(ctx, conn, func() error {
+	err := p.readOnly(ctx, conn, func() error {
 		rr := conn.PgConn().ExecParams(ctx, p.last, nil, nil, nil, nil)
 		for rr.NextRow() {
 			for _, v := range rr.Values() {
@@ -257,21 +258,44 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 }
 
 // readOnly runs fn in a read-only transaction, unless conn is in a
-// transaction already (a snapshot's, or a chunk's, both read-only): a
-// condition can then write nothing.
-func readOnly(ctx context.Context, conn *pgx.Conn, fn func() error) error {
+// transaction already (a snapshot's, both read-only): a condition can then
+// write nothing. The transaction runs as backfill.reader_role, when set,
+// and what a condition may have set for the session (set_config with
+// is_local false is refused by CheckCondition, but the session outlives
+// it) is reset after it: conn serves the next chunk too.
+func (p *Plan) readOnly(ctx context.Context, conn *pgx.Conn, fn func() error) error {
 	if conn.PgConn().TxStatus() != 'I' {
 		return fn()
 	}
 	if _, err := conn.Exec(ctx, "BEGIN READ ONLY"); err != nil {
 		return err
 	}
-	if err := fn(); err != nil {
+	err := setRole(ctx, conn, p.role)
+	if err == nil {
+		err = fn()
+	}
+	if err != nil {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "RESET ALL")
 		return err
 	}
-	_, err := conn.Exec(ctx, "COMMIT")
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "RESET ALL")
 	return err
+}
+
+// setRole makes the transaction on conn run as role (SET LOCAL ROLE),
+// when one is set: backfill.reader_role.
+func setRole(ctx context.Context, conn *pgx.Conn, role string) error {
+	if role == "" {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "SET LOCAL ROLE "+pgident.Ident(role)); err != nil {
+		return &Error{Msg: fmt.Sprintf("backfill.reader_role %s: %s; create it, grant it SELECT on the outbox tables, and make the connector's role a member: GRANT %s TO <the connector's role>", pgident.Quote(role), pgMessage(err), pgident.Quote(role))}
+	}
+	return nil
 }
 
 // condition is the WHERE clause's condition: the operator's, on lines of
@@ -286,77 +310,6 @@ func (p *Plan) condition() string {
 
 // from is the table, as a statement names it: always quoted.
 func (p *Plan) from() string { return pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name) }
-
-// CheckCondition refuses a backfill condition that could change the
-// statement it is placed in rather than filter its rows: one that closes
-// more parentheses than it opens, ends the statement (;), or starts a
-// comment (-- or /*), outside string literals and quoted identifiers. A
-// condition comes from the config or from cdc backfill, and reaches a
-// connection of a role that can read every table (rule 23): whatever it
-// says runs in a read-only transaction with a statement timeout, and this
-// keeps it inside its WHERE.
-func CheckCondition(where string) error {
-	depth := 0
-	for i := 0; i < len(where); i++ {
-		switch c := where[i]; {
-		case c == '\'':
-			// A string literal, '' inside it a quote. An E'' string may
-			// escape a quote with a backslash.
-			escapes := i > 0 && (where[i-1] == 'E' || where[i-1] == 'e')
-			for i++; ; i++ {
-				if i >= len(where) {
-					return fmt.Errorf("backfill condition %q: a string literal is not closed", where)
-				}
-				if escapes && where[i] == '\\' {
-					i++
-					continue
-				}
-				if where[i] == '\'' {
-					if i+1 < len(where) && where[i+1] == '\'' {
-						i++
-						continue
-					}
-					break
-				}
-			}
-		case c == '"':
-			j := strings.IndexByte(where[i+1:], '"')
-			if j < 0 {
-				return fmt.Errorf("backfill condition %q: a quoted identifier is not closed", where)
-			}
-			i += j + 1
-		case c == '$':
-			// A dollar-quoted string: $$...$$ or $tag$...$tag$.
-			j := strings.IndexByte(where[i+1:], '$')
-			tag := ""
-			if j >= 0 {
-				tag = where[i : i+j+2]
-			}
-			if j < 0 || strings.ContainsAny(tag[1:len(tag)-1], " ()'\";-") {
-				continue // a parameter such as $1, or a name with $ in it
-			}
-			k := strings.Index(where[i+len(tag):], tag)
-			if k < 0 {
-				return fmt.Errorf("backfill condition %q: a dollar-quoted string is not closed", where)
-			}
-			i += len(tag) + k + len(tag) - 1
-		case c == '(':
-			depth++
-		case c == ')':
-			if depth--; depth < 0 {
-				return fmt.Errorf("backfill condition %q closes a parenthesis it did not open; write a condition, such as published_at IS NULL", where)
-			}
-		case c == ';':
-			return fmt.Errorf("backfill condition %q contains ';'; write one condition, not statements", where)
-		case c == '-' && i+1 < len(where) && where[i+1] == '-', c == '/' && i+1 < len(where) && where[i+1] == '*':
-			return fmt.Errorf("backfill condition %q contains a comment; remove it", where)
-		}
-	}
-	if depth != 0 {
-		return fmt.Errorf("backfill condition %q leaves a parenthesis open", where)
-	}
-	return nil
-}
 
 // ChunkSize is how many rows a full chunk holds.
 func (p *Plan) ChunkSize() int { return p.chunk }

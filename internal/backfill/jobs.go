@@ -296,14 +296,18 @@ type Refused struct {
 
 func (r *Refused) Error() string { return r.Msg }
 
-// Admit checks backfill request req, announced in the stream, against the
-// signing keys (the first signs, all verify; none: every request is
-// refused) and the configured tables, and adds it as a job that starts at
-// this point of the stream. key is the checkpoint's key the request is
-// signed for; found is false when cdc backfill did not write it to the
-// checkpoint topic. It returns the jobs, for the checkpoint note, or a
-// *Refused.
-func (b *Jobs) Admit(req checkpoint.BackfillRequest, found bool, keys [][]byte, key string, tables []*outbox.Table) ([]checkpoint.Backfill, error) {
+// Admit checks backfill request req, announced in the stream by a message
+// committed at at, against the signing keys (the first signs, all verify;
+// none: every request is refused), its age and the configured tables, and
+// adds it as a job that starts at this point of the stream. key is the
+// checkpoint's key the request is signed for; found is false when cdc
+// backfill did not write it to the checkpoint topic. A request announced
+// more than checkpoint.RequestMaxAge away from its requested_at is one
+// announced again (any role may write the message): refused, as is one
+// whose job the checkpoint still holds (finished jobs are kept that long).
+// It returns the jobs, for the checkpoint note, or a *Refused.
+func (b *Jobs) Admit(req checkpoint.BackfillRequest, found bool, keys [][]byte, key string, tables []*outbox.Table, at time.Time) ([]checkpoint.Backfill, error) {
+	age := at.Sub(req.RequestedAt)
 	switch {
 	case !found:
 		return nil, &Refused{Msg: "ignored a backfill request that cdc backfill did not write to the checkpoint topic"}
@@ -311,17 +315,44 @@ func (b *Jobs) Admit(req checkpoint.BackfillRequest, found bool, keys [][]byte, 
 		return nil, &Refused{Msg: "ignored a backfill request: cdc run has no checkpoint.signing_key_file to check it was cdc backfill's; set the same file for both"}
 	case !req.Verify(keys, key):
 		return nil, &Refused{Msg: "ignored a backfill request whose signature does not verify: written by someone without checkpoint.signing_key_file's key, or with another key", Forged: true}
+	case age > checkpoint.RequestMaxAge || -age > checkpoint.RequestMaxAge:
+		return nil, &Refused{Msg: fmt.Sprintf("ignored a backfill request announced %s after it was made: an old request announced again, or clocks more than %s apart; run cdc backfill again", age.Round(time.Second), checkpoint.RequestMaxAge), Forged: true}
 	case Table(tables, req.Table) == nil:
 		return nil, &Refused{Msg: "ignored a backfill request for a table that is not configured"}
 	}
 	jobs := b.update(req.ID, func(j *checkpoint.Backfill) {
-		*j = checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now()}
+		*j = checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now(), RequestedAt: req.RequestedAt, MAC: req.MAC}
 	})
 	select {
 	case b.wake <- struct{}{}:
 	default:
 	}
 	return jobs, nil
+}
+
+// Trusted splits the jobs of a checkpoint read back from the topic into
+// those that may run and those refused: anyone who may produce to the
+// topic could have written a job, and a job's condition runs as the
+// connector's role (docs/security.md). A first start's job runs when its
+// condition is the configuration's; any other when the signed request that
+// started it verifies with keys for the checkpoint's key. Finished jobs run
+// nothing, and are kept.
+func Trusted(jobs []checkpoint.Backfill, keys [][]byte, key string, tables []*outbox.Table) (kept, refused []checkpoint.Backfill) {
+	for _, j := range jobs {
+		ok := j.Done()
+		if name, first := strings.CutPrefix(j.ID, firstStartPrefix); first && !ok {
+			t := Table(tables, name)
+			ok = t != nil && t.Backfill != nil && j.Table == name && j.Where == t.Backfill.Where
+		} else if !ok {
+			ok = len(keys) > 0 && j.Request().Verify(keys, key)
+		}
+		if ok {
+			kept = append(kept, j)
+		} else {
+			refused = append(refused, j)
+		}
+	}
+	return kept, refused
 }
 
 // Table returns the configured table SQL names name.
@@ -334,13 +365,16 @@ func Table(tables []*outbox.Table, name string) *outbox.Table {
 	return nil
 }
 
+// firstStartPrefix begins the ID of a first start's job.
+const firstStartPrefix = "first-start:"
+
 // InitialJobs are the first start's backfills: one per table with
 // backfill set.
 func InitialJobs(tables []*outbox.Table, initial bool) []checkpoint.Backfill {
 	var jobs []checkpoint.Backfill
 	for _, t := range tables {
 		if t.Backfill != nil {
-			jobs = append(jobs, checkpoint.Backfill{ID: "first-start:" + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
+			jobs = append(jobs, checkpoint.Backfill{ID: firstStartPrefix + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
 		}
 	}
 	return jobs
@@ -360,9 +394,11 @@ func jobEnding(err error) bool {
 }
 
 // storedError is what the checkpoint keeps of why a job ended: the
-// SQLSTATE of a server error and, for a statement the server refused or
-// cancelled, its message; never a message that may quote row data (a bad
-// value's text). The log has the whole error.
+// SQLSTATE of a server error and what its class means, never the server's
+// message, which may quote data the condition read (a value cast to
+// regclass is named in "relation ... does not exist"), and the checkpoint
+// topic is readable by principals the database is not. The log has the
+// whole error.
 func storedError(err error) string {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
@@ -372,10 +408,20 @@ func storedError(err error) string {
 		}
 		return "the backfill failed (the connector's log has the error)"
 	}
-	if strings.HasPrefix(pe.Code, "42") || pe.Code == "57014" || pe.Code == "25006" {
-		return fmt.Sprintf("SQLSTATE %s: %s", pe.Code, pe.Message)
+	what := "the statement failed"
+	switch {
+	case pe.Code == "57014":
+		what = "cancelled after backfill.statement_timeout"
+	case pe.Code == "25006":
+		what = "the condition tried to write in its read-only transaction"
+	case pe.Code == "42501":
+		what = "permission denied"
+	case strings.HasPrefix(pe.Code, "42"):
+		what = "the condition does not work (a name or a type in it)"
+	case strings.HasPrefix(pe.Code, "22"):
+		what = "a value the condition met does not convert"
 	}
-	return fmt.Sprintf("SQLSTATE %s (the connector's log has the message)", pe.Code)
+	return fmt.Sprintf("SQLSTATE %s: %s (the connector's log has the message)", pe.Code, what)
 }
 
 // newID is a random identifier for a job or a run.

@@ -125,12 +125,56 @@ func TestWatermarksFail(t *testing.T) {
 	}
 }
 
+// TestTrustedJobs (issue 37): a checkpoint read back from the topic runs
+// only the jobs that the configuration or a signed request started; a job
+// someone wrote into a record (a copy of the latest with a condition of
+// theirs) is refused, whatever it claims.
+func TestTrustedJobs(t *testing.T) {
+	tbl := testTable()
+	tbl.Backfill = &outbox.Backfill{Where: "published_at IS NULL"}
+	key := []byte("0123456789abcdef0123456789abcdef")
+	req := checkpoint.BackfillRequest{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
+	req.Sign(key, "slot/1")
+	signedJob := checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
+	first := InitialJobs([]*outbox.Table{tbl}, true)[0]
+	tampered := signedJob
+	tampered.Where = "public.seen()"
+	forgedFirst := first
+	forgedFirst.Where = "public.seen()"
+	done := checkpoint.Backfill{ID: "old", Table: tbl.String(), Finished: time.Now()}
+	for _, tc := range []struct {
+		name string
+		job  checkpoint.Backfill
+		keys [][]byte
+		ok   bool
+	}{
+		{"a signed request's", signedJob, [][]byte{key}, true},
+		{"the first start's, as configured", first, nil, true},
+		{"a finished one (runs nothing)", done, nil, true},
+		{"a signed request's, condition changed", tampered, [][]byte{key}, false},
+		{"unsigned", checkpoint.Backfill{ID: "f00df00df00df00d", Table: tbl.String(), Where: "public.seen()"}, [][]byte{key}, false},
+		{"a signed request's, no key to check it", signedJob, nil, false},
+		{"the first start's, another condition", forgedFirst, [][]byte{key}, false},
+		{"the first start's, of a table without backfill", checkpoint.Backfill{ID: "first-start:public.other", Table: "public.other"}, nil, false},
+	} {
+		kept, refused := Trusted([]checkpoint.Backfill{tc.job}, tc.keys, "slot/1", []*outbox.Table{tbl})
+		if got := len(kept) == 1 && len(refused) == 0; got != tc.ok {
+			t.Errorf("%s: kept %v refused %v; want kept %v", tc.name, kept, refused, tc.ok)
+		}
+	}
+}
+
 func TestAdmitChecksTheSignature(t *testing.T) {
 	tbl := testTable()
 	key := []byte("0123456789abcdef0123456789abcdef")
 	signed := func(table string, k []byte) checkpoint.BackfillRequest {
 		r := checkpoint.BackfillRequest{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
 		r.Sign(k, "slot/1")
+		return r
+	}
+	old := func(r checkpoint.BackfillRequest) checkpoint.BackfillRequest {
+		r.RequestedAt = r.RequestedAt.Add(-checkpoint.RequestMaxAge - time.Minute)
+		r.Sign(key, "slot/1")
 		return r
 	}
 	for _, tc := range []struct {
@@ -145,10 +189,11 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 		{"another key", signed(tbl.String(), []byte("fedcba9876543210fedcba9876543210")), true, [][]byte{key}, true},
 		{"unsigned", checkpoint.BackfillRequest{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
 		{"a table not configured", signed("public.secrets", key), true, [][]byte{key}, false},
+		{"announced again later (replayed)", old(signed(tbl.String(), key)), true, [][]byte{key}, true},
 	} {
 		b := NewJobs()
 		b.Reset(nil)
-		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Table{tbl})
+		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Table{tbl}, time.Now())
 		var refused *Refused
 		if !errors.As(err, &refused) || refused.Forged != tc.forged {
 			t.Errorf("%s: Admit = %v; want refused, forged %v", tc.name, err, tc.forged)
@@ -160,9 +205,14 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 	// Signed with a key being rotated out: every key of the file verifies.
 	b := NewJobs()
 	b.Reset(nil)
-	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Table{tbl})
+	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Table{tbl}, time.Now())
 	if err != nil || len(jobs) != 1 || jobs[0].Table != tbl.String() || jobs[0].Where != "true" {
 		t.Fatalf("Admit = %+v, %v", jobs, err)
+	}
+	// The job keeps its request's signature, so that read back from the
+	// checkpoint it still verifies (Trusted).
+	if kept, refused := Trusted(jobs, [][]byte{key}, "slot/1", []*outbox.Table{tbl}); len(kept) != 1 || len(refused) != 0 {
+		t.Fatalf("Trusted(the admitted job) = %v, %v", kept, refused)
 	}
 	select {
 	case <-b.wake:

@@ -25,7 +25,9 @@ import (
 type Runner struct {
 	Postgres         wal.Config
 	StatementTimeout time.Duration // backfill.statement_timeout
-	Tables           []*outbox.Table
+	// ReaderRole is backfill.reader_role: what a condition runs as.
+	ReaderRole string
+	Tables     []*outbox.Table
 	// MaxInFlight bounds the first start's unacknowledged events; the
 	// progress is saved once every StatusInterval.
 	MaxInFlight    int
@@ -54,6 +56,7 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Backfi
 	if err != nil {
 		return nil, nil, err
 	}
+	plan.role = r.ReaderRole
 	dec, err := decode.NewRowDecoder(t, plan.Columns)
 	if err != nil {
 		return nil, nil, err
@@ -126,6 +129,9 @@ func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Bac
 	}
 	if _, err := conn.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", snapshot)); err != nil {
 		return fmt.Errorf("backfill: import the slot's snapshot %s: %w", snapshot, err)
+	}
+	if err := setRole(ctx, conn, r.ReaderRole); err != nil {
+		return err
 	}
 	for _, job := range jobs {
 		if job.Done() || !job.Initial {
@@ -347,18 +353,12 @@ func readChunk(ctx context.Context, conn *pgx.Conn, plan *Plan, after, until []s
 	if until == nil {
 		return Chunk{Final: true}, nil
 	}
-	if _, err := conn.Exec(ctx, "BEGIN READ ONLY"); err != nil {
-		return Chunk{}, err
-	}
-	c, err := plan.Read(ctx, conn, after, until)
-	if err != nil {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		return Chunk{}, err
-	}
-	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-		return Chunk{}, err
-	}
-	return c, nil
+	var c Chunk
+	err := plan.readOnly(ctx, conn, func() (err error) {
+		c, err = plan.Read(ctx, conn, after, until)
+		return err
+	})
+	return c, err
 }
 
 // emit writes c as a transactional logical decoding message, in a

@@ -52,6 +52,10 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Table) (*Snapshot, 
 		s.Close(ctx)
 		return nil, err
 	}
+	if err := setRole(ctx, conn, r.ReaderRole); err != nil {
+		s.Close(ctx)
+		return nil, err
+	}
 	// The first query takes the transaction's snapshot.
 	if s.Total, err = s.plan.Count(ctx, conn); err != nil {
 		s.Close(ctx)

@@ -81,10 +81,26 @@ type Backfill struct {
 	Finished time.Time // zero while it runs
 	// Error says why a finished job stopped before its last row.
 	Error string
+	// RequestedAt and MAC are those of the signed request that started
+	// the job (BackfillRequest), kept so that a job read back from the
+	// checkpoint topic runs only when its request verifies: the topic is
+	// not proof enough (VerifyJob).
+	RequestedAt time.Time
+	MAC         string
+}
+
+// Request is the signed request that started job b, as far as the job
+// keeps it.
+func (b Backfill) Request() BackfillRequest {
+	return BackfillRequest{ID: b.ID, Table: b.Table, Where: b.Where, RequestedAt: b.RequestedAt, MAC: b.MAC}
 }
 
 func (b Backfill) toJSON() jsonBackfill {
-	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error}
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
+	if !b.RequestedAt.IsZero() {
+		t := b.RequestedAt.UTC()
+		jb.RequestedAt = &t
+	}
 	if b.Done() {
 		t := b.Finished.UTC()
 		jb.Finished = &t
@@ -98,8 +114,22 @@ func (b Backfill) MarshalJSON() ([]byte, error) { return json.Marshal(b.toJSON()
 // Done reports whether the job finished.
 func (b *Backfill) Done() bool { return !b.Finished.IsZero() }
 
-// maxFinishedBackfills is how many finished jobs a record keeps.
-const maxFinishedBackfills = 10
+// maxFinishedBackfills is how many finished jobs a record keeps at least;
+// it keeps more while they are younger than keepFinished, so that a
+// request announced again within RequestMaxAge finds its job (Jobs.Admit),
+// up to maxKeptBackfills.
+const (
+	maxFinishedBackfills = 10
+	keepFinished         = 2 * RequestMaxAge
+	maxKeptBackfills     = 1000
+)
+
+// RequestMaxAge is how far apart a backfill request's requested_at and
+// the commit of the WAL message that announces it may be: cdc backfill
+// writes one and then the other, so more is a request announced again
+// (replayed by any role that can write a logical decoding message, which
+// every role can), or clocks far apart.
+const RequestMaxAge = 10 * time.Minute
 
 // ActiveBackfill returns the first unfinished job, or nil.
 func (r *Record) ActiveBackfill() *Backfill {
@@ -122,8 +152,10 @@ func (r *Record) FindBackfill(id string) *Backfill {
 }
 
 // SetBackfill records b, replacing the job with its id or adding it, and
-// keeps the newest maxFinishedBackfills finished jobs. It copies the list:
-// a record's slices may be shared with the one last saved.
+// keeps the newest maxFinishedBackfills finished jobs, and any finished
+// job started within keepFinished of the newest job (at most
+// maxKeptBackfills in all). It copies the list: a record's slices may be
+// shared with the one last saved.
 func (r *Record) SetBackfill(b Backfill) {
 	jobs := make([]Backfill, 0, len(r.Backfills)+1)
 	found := false
@@ -137,14 +169,19 @@ func (r *Record) SetBackfill(b Backfill) {
 		jobs = append(jobs, b)
 	}
 	finished := 0
+	var newest time.Time
 	for _, j := range jobs {
 		if j.Done() {
 			finished++
 		}
+		if j.Started.After(newest) {
+			newest = j.Started
+		}
 	}
 	out := jobs[:0]
-	for _, j := range jobs {
-		if j.Done() && finished > maxFinishedBackfills {
+	for i, j := range jobs {
+		young := newest.Sub(j.Started) < keepFinished && len(jobs)-i <= maxKeptBackfills
+		if j.Done() && finished > maxFinishedBackfills && !young {
 			finished--
 			continue
 		}
@@ -238,6 +275,9 @@ type jsonBackfill struct {
 	Started  time.Time  `json:"started_at"`
 	Finished *time.Time `json:"finished_at,omitempty"`
 	Error    string     `json:"error,omitempty"`
+	// The request's, for a job cdc backfill started.
+	RequestedAt *time.Time `json:"requested_at,omitempty"`
+	MAC         string     `json:"mac,omitempty"`
 }
 
 // MarshalJSON writes the documented JSON shape.
@@ -315,7 +355,10 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
 	}
 	for _, b := range j.Backfills {
-		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error}
+		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		if b.RequestedAt != nil {
+			rb.RequestedAt = *b.RequestedAt
+		}
 		if b.Finished != nil {
 			rb.Finished = *b.Finished
 		}

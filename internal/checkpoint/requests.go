@@ -79,6 +79,15 @@ func (r *Requests) run(ctx context.Context) {
 	}
 }
 
+// Read reports whether request id has been read already: Get then
+// returns at once, without asking the brokers where the topic ends.
+func (r *Requests) Read(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.got[id]
+	return ok
+}
+
 // Get returns request id once read; ok is false when the topic has been
 // read to the end it had when Get was called, without it (a WAL message
 // that names a request nobody wrote: cdc backfill writes the request

@@ -37,6 +37,55 @@ type Store struct {
 	// OnForeign, if set, is called for each record Load skips as not a
 	// checkpoint (cdc_checkpoint_foreign_records_total).
 	OnForeign func()
+	// keys sign the records NewRecord makes (the first) and verify those
+	// Load reads (any): SignWith.
+	keys [][]byte
+}
+
+// MACHeader is the header of a checkpoint record that holds its HMAC.
+const MACHeader = "outbox-cdc-mac"
+
+// SignWith makes the store sign every record it makes with keys[0] (an
+// HMAC-SHA256 of its key and value, in the MACHeader header), and Load
+// take only records that verify with one of keys: anyone who may produce
+// to the checkpoint topic could otherwise write a record with a position,
+// a backfill job or a table's relation of their choosing, which the next
+// start would act on (docs/security.md). keys are checkpoint.signing_key_file's
+// lines; none: records are neither signed nor checked.
+func (s *Store) SignWith(keys [][]byte) { s.keys = keys }
+
+// recordMAC is the HMAC of a checkpoint record with key and value.
+func recordMAC(secret []byte, key string, value []byte) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte("outbox-cdc checkpoint v1"))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write(value)
+	return h.Sum(nil)
+}
+
+// signed reports whether r carries a MAC that one of the store's keys
+// made; true when the store has no keys.
+func (s *Store) signed(r *kgo.Record) bool {
+	if len(s.keys) == 0 {
+		return true
+	}
+	for _, h := range r.Headers {
+		if h.Key != MACHeader {
+			continue
+		}
+		got, err := hex.DecodeString(string(h.Value))
+		if err != nil {
+			return false
+		}
+		for _, k := range s.keys {
+			if hmac.Equal(got, recordMAC(k, string(r.Key), r.Value)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Reader returns a Store that only reads, and does not create the topic:
@@ -144,7 +193,11 @@ func (s *Store) NewRecord(rec Record) (*kgo.Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	return &kgo.Record{Topic: s.topic, Key: []byte(rec.Key()), Value: v, Timestamp: rec.UpdatedAt}, nil
+	r := &kgo.Record{Topic: s.topic, Key: []byte(rec.Key()), Value: v, Timestamp: rec.UpdatedAt}
+	if len(s.keys) > 0 {
+		r.Headers = []kgo.RecordHeader{{Key: MACHeader, Value: []byte(hex.EncodeToString(recordMAC(s.keys[0], rec.Key(), v)))}}
+	}
+	return r, nil
 }
 
 // Save writes rec and waits for Kafka's acknowledgement. The operator
@@ -175,7 +228,11 @@ func (s *Store) produce(ctx context.Context, r *kgo.Record) error {
 // as if it never ran. The demo uses it; an operator would rather use a new
 // checkpoint topic or slot name.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := s.produce(ctx, &kgo.Record{Topic: s.topic, Key: []byte(key)}); err != nil {
+	r := &kgo.Record{Topic: s.topic, Key: []byte(key)}
+	if len(s.keys) > 0 {
+		r.Headers = []kgo.RecordHeader{{Key: MACHeader, Value: []byte(hex.EncodeToString(recordMAC(s.keys[0], key, nil)))}}
+	}
+	if err := s.produce(ctx, r); err != nil {
 		return fmt.Errorf("delete checkpoint %q from topic %q: %w", key, s.topic, err)
 	}
 	return nil
@@ -327,6 +384,19 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 			if r.Attrs.IsControl() {
 				return
 			}
+			checkpoint := strings.Count(string(r.Key), "/") == 1
+			if checkpoint && !s.signed(r) {
+				// Not signed with checkpoint.signing_key_file's key: not
+				// the connector's or the operator's. Skipped like any
+				// foreign record: the key's last genuine record stands.
+				if s.log != nil {
+					s.log.Warn("skipped a record in the checkpoint topic that is not signed with checkpoint.signing_key_file's key; only the connector and the operator should write this topic", "topic", s.topic, "key", string(r.Key), "partition", r.Partition, "offset", r.Offset)
+				}
+				if s.OnForeign != nil {
+					s.OnForeign()
+				}
+				return
+			}
 			if r.Value == nil { // a tombstone deletes the key
 				delete(out, string(r.Key))
 				return
@@ -334,8 +404,8 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 			if raw != nil {
 				raw[string(r.Key)] = r.Value
 			}
-			if strings.Count(string(r.Key), "/") != 1 {
-				return // not a checkpoint: a backfill request, a fence
+			if !checkpoint {
+				return // a backfill request, a fence
 			}
 			var rec Record
 			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.Key() != string(r.Key) {

@@ -104,6 +104,13 @@ type BackfillConfig struct {
 	// that runs longer: a condition is the operator's, and runs as a role
 	// that can read every table. Default 5m (backfill.statement_timeout).
 	StatementTimeout time.Duration
+	// ReaderRole, when set, is the role every statement that carries a
+	// condition runs as (SET LOCAL ROLE): one that may only read the
+	// outbox tables, without REPLICATION, so that a condition can neither
+	// read other tables nor touch slots or other sessions
+	// (backfill.reader_role; docs/security.md). The connector's role must
+	// be a member of it. Default none: the connector's role.
+	ReaderRole string
 }
 
 // ReplayConfig configures the replay window.

@@ -499,3 +499,29 @@ func TestExactlyOnceLinger(t *testing.T) {
 		t.Errorf("at-least-once: linger %v; want 0 (Send paces)", cfg.Kafka.Linger)
 	}
 }
+
+// TestSecretFileWeaknesses (issue 37): a secret file any user of the host
+// may read is named a weakness (cdc run logs it, cdc check lists it); one
+// readable by its owner and group (a Kubernetes Secret with fsGroup) is
+// not.
+func TestSecretFileWeaknesses(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "signing.key")
+	if err := os.WriteFile(key, []byte("0123456789abcdef0123456789abcdef\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(key, 0o644) // whatever the umask
+	path := filepath.Join(dir, "cdc.yaml")
+	os.WriteFile(path, []byte("postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\ncheckpoint: {signing_key_file: "+key+"}\n"), 0o600)
+	_, lc, err := Load(path, Map())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws := lc.Weaknesses(); len(ws) != 1 || !strings.Contains(ws[0], "chmod o-rwx "+key) {
+		t.Fatalf("weaknesses %q; want the world-readable key named", ws)
+	}
+	os.Chmod(key, 0o440)
+	if ws := lc.Weaknesses(); len(ws) != 0 {
+		t.Fatalf("weaknesses %q with mode 0440", ws)
+	}
+}

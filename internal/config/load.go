@@ -78,6 +78,7 @@ type fileConfig struct {
 	} `yaml:"standby"`
 	Backfill struct {
 		StatementTimeout time.Duration `yaml:"statement_timeout"`
+		ReaderRole       string        `yaml:"reader_role"`
 	} `yaml:"backfill"`
 	Name        string `yaml:"name"`
 	Delivery    string `yaml:"delivery"`
@@ -141,6 +142,7 @@ type fileTable struct {
 	Topic                   string            `yaml:"topic"`
 	TopicNormalize          []string          `yaml:"topic_normalize"`
 	TopicReplacement        string            `yaml:"topic_replacement"`
+	MaxTopics               int               `yaml:"max_topics"`
 	Key                     string            `yaml:"key"`
 	Format                  string            `yaml:"format"`
 	Headers                 map[string]string `yaml:"headers"`
@@ -201,6 +203,21 @@ type Log struct {
 	Level string // trace, debug, info (default), warn, error
 	JSON  bool
 	HTTP  endpoint.Config
+	// SecretFiles are the files the config names that hold secrets: the
+	// password, token, key and signing key files (FileWeaknesses).
+	SecretFiles []string
+}
+
+// Weaknesses lists what leaves the endpoint, or a secret file, open to
+// others: cdc run logs each at start, cdc check lists them.
+func (l Log) Weaknesses() []string {
+	ws := l.HTTP.Weaknesses()
+	for _, f := range l.SecretFiles {
+		if st, err := os.Stat(f); err == nil && st.Mode().Perm()&0o004 != 0 {
+			ws = append(ws, fmt.Sprintf("%s holds a secret and every user of this host may read it (mode %04o): chmod o-rwx %s", f, st.Mode().Perm(), f))
+		}
+	}
+	return ws
 }
 
 // Load reads the YAML file at path ("" for none) and applies the
@@ -263,6 +280,12 @@ func Load(path string, env Environ) (Config, Log, error) {
 			return Config{}, Log{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
 		}
 		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
+	}
+	for _, f := range []string{fc.Postgres.PasswordFile, fc.Kafka.TLS.KeyFile, fc.Kafka.SASL.PasswordFile, fc.Kafka.SASL.TokenFile,
+		fc.Checkpoint.SigningKeyFile, fc.SchemaRegistry.BasicAuth.PasswordFile, fc.SchemaRegistry.TokenFile, fc.SchemaRegistry.TLS.KeyFile, fc.HTTP.TokenFile} {
+		if f != "" {
+			lc.SecretFiles = append(lc.SecretFiles, f)
+		}
 	}
 	var signingKeys [][]byte
 	if f := fc.Checkpoint.SigningKeyFile; f != "" {
@@ -339,7 +362,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 		Name:                      fc.Name,
 		Delivery:                  fc.Delivery,
 		Standby:                   StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
-		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout},
+		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout, ReaderRole: fc.Backfill.ReaderRole},
 		ExactlyOnce: ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
 			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
 	}
@@ -368,6 +391,7 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		Tombstone:         ft.TombstoneOnEmptyPayload,
 		OnInvalid:         ft.OnInvalid,
 		DeadLetterTopic:   ft.DeadLetterTopic,
+		MaxTopics:         ft.MaxTopics,
 	}
 	var err error
 	if t.Schema, err = ft.Schema.schema(); err != nil {

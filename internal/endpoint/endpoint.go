@@ -51,6 +51,24 @@ type Config struct {
 	TokenFile string
 }
 
+// Weaknesses lists what leaves the endpoint open to the network: a
+// listen address that is not loopback, without a token, serves /metrics
+// (which names the tables and topics) and the reasons /readyz gives to
+// anyone who can reach it.
+func (c Config) Weaknesses() []string {
+	if c.Listen == "" || c.Token != "" || c.TokenFile != "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return nil
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return []string{fmt.Sprintf("http.listen %s serves /metrics (which names tables and topics) beyond this host without a token: set http.token_file, or restrict who reaches the port (the Helm chart's NetworkPolicy does)", c.Listen)}
+}
+
 // Server is a running endpoint.
 type Server struct {
 	srv  *http.Server

@@ -86,3 +86,25 @@ func TestTokenFileAndReadyz(t *testing.T) {
 		}
 	}
 }
+
+// TestWeaknesses (issue 37): an endpoint bound beyond loopback without a
+// token is named a weakness; on loopback, or with a token, it is not.
+func TestWeaknesses(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		weak bool
+	}{
+		{Config{Listen: "0.0.0.0:9187"}, true},
+		{Config{Listen: ":9187"}, true},
+		{Config{Listen: "10.0.0.5:9187"}, true},
+		{Config{Listen: "0.0.0.0:9187", TokenFile: "/etc/cdc/token"}, false},
+		{Config{Listen: "127.0.0.1:9187"}, false},
+		{Config{Listen: "[::1]:9187"}, false},
+		{Config{Listen: "localhost:9187"}, false},
+		{Config{Listen: ""}, false},
+	} {
+		if got := len(tc.cfg.Weaknesses()) > 0; got != tc.weak {
+			t.Errorf("%+v: weak %v, want %v", tc.cfg, got, tc.weak)
+		}
+	}
+}

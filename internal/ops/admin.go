@@ -37,6 +37,13 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
 	main, err := wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	// A connector stopped a moment ago: its walsender lets the slot go
+	// as it exits, just after the connection closed. A running one still
+	// holds it after this.
+	for deadline := time.Now().Add(2 * time.Second); err == nil && main.Active && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		main, err = wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	}
 	if err != nil {
 		return Rewound{}, err
 	}
@@ -131,6 +138,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	if err != nil {
 		return Accepted{}, err
 	}
+	store.SignWith(o.Config.Checkpoint.SigningKeys)
 	records, err := store.Load(ctx, false)
 	if err != nil {
 		return Accepted{}, err

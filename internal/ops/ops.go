@@ -33,7 +33,7 @@ type Ops struct {
 
 // backfills is the backfill runner for the config, for Check.
 func (o *Ops) backfills() *backfill.Runner {
-	return &backfill.Runner{Postgres: o.Config.Postgres, StatementTimeout: o.Config.Backfill.StatementTimeout, Tables: o.Config.Tables, Log: o.Log}
+	return &backfill.Runner{Postgres: o.Config.Postgres, StatementTimeout: o.Config.Backfill.StatementTimeout, ReaderRole: o.Config.Backfill.ReaderRole, Tables: o.Config.Tables, Log: o.Log}
 }
 
 // Check checks Postgres' and Kafka's preconditions without creating or
@@ -112,6 +112,7 @@ func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record
 	if err != nil {
 		return checkpoint.Record{}, nil, err
 	}
+	store.SignWith(o.Config.Checkpoint.SigningKeys)
 	o.store = store
 	recs, err := store.Load(ctx, false)
 	if err != nil {

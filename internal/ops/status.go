@@ -151,6 +151,7 @@ func (o *Ops) readCheckpoint(ctx context.Context, sysid string) (checkpoint.Reco
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	store := checkpoint.Reader(o.Config.Checkpoint.Topic, sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), o.Log.Named("checkpoint"))
+	store.SignWith(o.Config.Checkpoint.SigningKeys)
 	recs, err := store.Load(ctx, false)
 	if err != nil {
 		return checkpoint.Record{}, false, err

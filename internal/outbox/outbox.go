@@ -153,7 +153,12 @@ type Table struct {
 	// default: a topic is never rewritten unless asked.
 	TopicLowercase      bool
 	TopicReplaceIllegal string
-	Key                 string // template; DefaultKey
+	// MaxTopics bounds the distinct topics a templated Topic may expand
+	// to: past it an event's new topic makes it invalid (on_invalid), so
+	// a role that may insert rows cannot create topics without bound.
+	// DefaultMaxTopics; it does not apply to a static topic.
+	MaxTopics int
+	Key       string // template; DefaultKey
 	// Format is one of the Format constants; FormatPayload by default.
 	Format string
 	// Headers renames (or with "" turns off) the metadata headers, by
@@ -199,6 +204,10 @@ type Backfill struct {
 	// ChunkSize is how many rows one query reads; DefaultChunkSize.
 	ChunkSize int
 }
+
+// DefaultMaxTopics is Table.MaxTopics' default: room for the aggregate
+// types of a large domain, and a bound on what rows can create.
+const DefaultMaxTopics = 100
 
 // DefaultChunkSize is Backfill.ChunkSize's default.
 const DefaultChunkSize = 1000
@@ -280,6 +289,12 @@ func (t *Table) Validate() error {
 	case OnInvalidFail, OnInvalidDeadLetter:
 	default:
 		return fmt.Errorf("%s: on_invalid %q: use fail or dead-letter", t, t.OnInvalid)
+	}
+	if t.MaxTopics == 0 {
+		t.MaxTopics = DefaultMaxTopics
+	}
+	if t.MaxTopics < 1 || t.MaxTopics > 100000 {
+		return fmt.Errorf("%s: max_topics %d: use 1 to 100000", t, t.MaxTopics)
 	}
 	for _, c := range t.TopicReplaceIllegal {
 		if !LegalTopicChar(c) {

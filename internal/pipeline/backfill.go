@@ -21,7 +21,7 @@ import (
 // backfills is the runner for this pipeline's config.
 func (p *Pipeline) backfills() *backfill.Runner {
 	return &backfill.Runner{
-		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, Tables: p.cfg.Tables,
+		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, Tables: p.cfg.Tables,
 		MaxInFlight: p.cfg.MaxInFlight, StatusInterval: p.cfg.Postgres.StatusInterval,
 		Backoff: p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax, Jitter: jitter,
 		Log: p.log, Metrics: p.m,
@@ -38,7 +38,7 @@ func (s *session) control(m *decode.Message) error {
 	bf := s.p.bf
 	switch c.Type {
 	case backfill.ControlRequest:
-		return s.request(c.ID)
+		return s.request(c.ID, m.CommitTime)
 	case backfill.ControlLow:
 		bf.Low(c, m.Commit)
 	case backfill.ControlHigh:
@@ -71,9 +71,30 @@ func (s *session) control(m *decode.Message) error {
 
 // request takes backfill request id, if cdc backfill wrote and signed it,
 // as a job that starts at this point of the stream.
-func (s *session) request(id string) error {
+func (s *session) request(id string, at time.Time) error {
 	if id == "" || s.p.bf.Has(id) {
 		return nil // read again after a restart
+	}
+	a := &s.p.announced
+	if _, ok := a.refused[id]; ok {
+		return nil // refused before: said once
+	}
+	refuse := func(msg string) {
+		if len(a.refused) >= maxRefusedRequests {
+			clear(a.refused) // bounded: any role may announce ids at will
+		}
+		if a.refused == nil {
+			a.refused = map[string]struct{}{}
+		}
+		a.refused[id] = struct{}{}
+		s.p.log.Warn(msg, "id", id)
+	}
+	if !s.requests.Read(id) && !a.allow(time.Now()) {
+		// An id the follower has not read costs a look at the topic's
+		// end, on the replication loop: a role announcing ids at will
+		// gets a few a second, not the loop.
+		refuse("ignored a backfill request announced while many unknown ones were: too many to look up; if it is yours, run cdc backfill again")
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
 	defer cancel()
@@ -89,9 +110,9 @@ func (s *session) request(id string) error {
 		return fmt.Errorf("read backfill request %s: %w", id, err)
 	}
 	saved := s.p.progress.Saved()
-	jobs, err := s.p.bf.Admit(req, found, s.p.cfg.Checkpoint.SigningKeys, saved.Key(), s.p.cfg.Tables)
+	jobs, err := s.p.bf.Admit(req, found, s.p.cfg.Checkpoint.SigningKeys, saved.Key(), s.p.cfg.Tables, at)
 	if refused, ok := err.(*backfill.Refused); ok {
-		s.p.log.Warn(refused.Msg, "id", id, "table", req.Table)
+		refuse(refused.Msg)
 		if refused.Forged {
 			s.p.m.ForgedRequests.Inc()
 		}
@@ -100,6 +121,33 @@ func (s *session) request(id string) error {
 	s.tracker.Note(s.tx, jobs)
 	s.p.log.Info("backfill requested", "id", id, "table", req.Table, "where", req.Where)
 	return nil
+}
+
+// maxRefusedRequests bounds the ids of refused requests a pipeline
+// remembers, so as to pass over each at once when it is announced again.
+const maxRefusedRequests = 1024
+
+// announcements is what a pipeline keeps of the backfill requests the
+// stream announced, on the replication loop: those it refused, and a
+// budget of look-ups of ids the follower has not read (lookupsPerSecond,
+// as a token bucket).
+type announcements struct {
+	refused map[string]struct{}
+	tokens  float64
+	at      time.Time
+}
+
+const lookupsPerSecond = 5
+
+// allow takes a look-up from the budget, if one is left at now.
+func (a *announcements) allow(now time.Time) bool {
+	a.tokens = min(lookupsPerSecond, a.tokens+now.Sub(a.at).Seconds()*lookupsPerSecond)
+	a.at = now
+	if a.tokens < 1 {
+		return false
+	}
+	a.tokens--
+	return true
 }
 
 // The session is the first start's backfill.Sender.

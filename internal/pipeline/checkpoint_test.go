@@ -186,6 +186,7 @@ func TestAnotherSystemAtTheSameAddressIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	store.SignWith(e.cfg.Checkpoint.SigningKeys) // the operator's record, as cdc reset writes one
 	const oldSystem = "7000000000000000001"
 	if err := store.Save(ctx, checkpoint.Record{Slot: "outbox_cdc", SystemID: oldSystem, Timeline: 1, Address: address,
 		Confirmed: 0x5000000, UpdatedAt: time.Now()}); err != nil {

@@ -96,6 +96,9 @@ type Pipeline struct {
 	bf       *backfill.Jobs
 	ops      *ops.Ops // the operator commands for cfg
 	snapshot string
+	// announced is what the stream made of the backfill requests it met
+	// (session.request), across sessions.
+	announced announcements
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session checkpoints it first.
 	carry *checkpoint.Position

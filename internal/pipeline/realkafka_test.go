@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -379,10 +380,13 @@ func TestRealNewTopicsOnAFreshBroker(t *testing.T) {
 }
 
 // TestRealDeadLetterTooLarge: an event too large for its topic, whose dead
-// letter is too large too, stops the connector with an error naming
-// kafka.dead_letter_max_message_bytes: caught before sending when the
-// setting is lower, refused by the broker when the dead-letter topic's
-// max.message.bytes is. Nothing past it is confirmed.
+// letter is too large too. Over kafka.dead_letter_max_message_bytes, the
+// dead letter is cut to fit, keeping the reason, and marked so (issue 37:
+// a row's problem is the row's, not the stream's). Refused by the broker
+// because the dead-letter topic's max.message.bytes is lower than the
+// setting (a configuration that contradicts itself), the connector stops
+// naming kafka.dead_letter_max_message_bytes, and nothing past it is
+// confirmed.
 func TestRealDeadLetterTooLarge(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -408,9 +412,21 @@ func TestRealDeadLetterTooLarge(t *testing.T) {
 			e.cfg.Tables[0].DeadLetterTopic = dlq
 			r := e.start(t)
 			before := testenv.CurrentWAL(t, e.db)
-			_, xid := insertEventTx(t, connect(t, e.db), "order", "big-1", "Huge",
+			big, xid := insertEventTx(t, connect(t, e.db), "order", "big-1", "Huge",
 				`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
 			commit := testenv.CommitLSN(t, e.db, xid, before)
+			if tc.dlqBroker == "" {
+				c := k.NewConsumer(t, "^"+regexp.QuoteMeta(dlq)+"$")
+				c.WaitCount(t, time.Minute, 1)
+				rec := c.Records[0]
+				if testenv.Header(rec, route.HeaderDeadLetterID) != big || testenv.Header(rec, route.HeaderDeadLetterTruncated) == "" ||
+					!strings.Contains(testenv.Header(rec, route.HeaderDeadLetterError), "kafka.max_message_bytes") || len(rec.Value) >= 20000 {
+					t.Fatalf("dead letter %d bytes, headers %v; want the event's, cut and marked, with its reason", len(rec.Value), rec.Headers)
+				}
+				after := insertEvent(t, connect(t, e.db), "agg-1", "After")
+				k.NewConsumer(t, k.AllTopics()).WaitFor(t, time.Minute, "the event after", func(recs []*kgo.Record) bool { return ids(recs)[after] == 1 })
+				return
+			}
 			err := waitFatal(t, r)
 			if !pipeline.Permanent(err) || !strings.Contains(err.Error(), "kafka.dead_letter_max_message_bytes") {
 				t.Fatalf("Run returned %v; want a permanent error naming kafka.dead_letter_max_message_bytes", err)

@@ -365,7 +365,20 @@ func (s *session) event(m *decode.Message) error {
 		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 	}
 	if !s.kafka.TopicKnown(rec.Topic) {
-		if err := s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) }); err != nil {
+		err := s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) })
+		var refused *sink.TopicRefusedError
+		if errors.As(err, &refused) && rec.Topic != ev.Table.DeadLetterTopic {
+			// The row's fields chose a name the brokers refuse: the
+			// event's problem, for on_invalid, not the stream's.
+			cause := outbox.Invalid(ev, "%v; fix the row's routing fields or the table's topic template", err)
+			if rec, err = s.deadLetter(ev, cause); err != nil {
+				return err
+			}
+			if !s.kafka.TopicKnown(rec.Topic) {
+				err = s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) })
+			}
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -403,12 +416,26 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 	}
 	rec := s.p.router.DeadLetter(ev, cause.Error())
 	if n, limit := sink.RecordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
-		return nil, outbox.Invalid(ev, "it cannot be dead-lettered either: the dead-letter record is %d bytes, more than kafka.dead_letter_max_message_bytes (%d); raise it together with the dead-letter topic's max.message.bytes (it was invalid because: %v)", n, limit, cause)
+		// Too large for the dead-letter topic too: the row's problem
+		// still, so its dead letter keeps the reason and what fits.
+		route.TruncateDeadLetter(rec, limit, sink.RecordSize)
+		s.p.log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Table.String(), "id", ev.ID(), "bytes", n, "limit", limit)
 	}
 	s.p.DeadLettered.Add(1)
 	s.p.m.DeadLetter(ev.Table.String())
 	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
 	return rec, nil
+}
+
+// metricTopic is cdc_events_total's topic label for a record of t to
+// topic: the topic itself when it is static (or a dead letter), the
+// template when a row's fields choose it, so that rows cannot make series
+// without bound.
+func metricTopic(t *outbox.Table, topic string) string {
+	if parts := t.TopicTemplate.Parts; (len(parts) == 1 && parts[0].Kind == outbox.PartLiteral) || topic == t.DeadLetterTopic {
+		return topic
+	}
+	return t.Topic
 }
 
 // produce counts rec in flight in the open transaction and sends it; the
@@ -417,7 +444,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 // here, so the ack does no lookups.
 func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	tx, onDelivered, m := s.tx, s.p.opts.OnDelivered, s.p.m
-	events := s.counters.Get(s.p.m, ev.Table, rec.Topic)
+	events := s.counters.Get(s.p.m, ev.Table, metricTopic(ev.Table, rec.Topic))
 	var stamped time.Time
 	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
 		stamped, _ = route.ParseTimestamp(string(v.B))

@@ -140,6 +140,16 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		}
 		rec.Address = conn.Address()
 	}
+	// The jobs a checkpoint read back carries run only when they are the
+	// configuration's or a signed request's: anyone who may produce to
+	// the topic could have written them.
+	kept, refused := backfill.Trusted(rec.Backfills, p.cfg.Checkpoint.SigningKeys, rec.Key(), p.cfg.Tables)
+	for _, j := range refused {
+		p.m.ForgedRequests.Inc()
+		p.log.Warn("ignored a backfill job in the checkpoint that no signed request started (written to the checkpoint topic by someone else, or before the connector kept requests' signatures); run cdc backfill again if it is yours",
+			"job", j.ID, "table", j.Table)
+	}
+	rec.Backfills = kept
 	if start != checkpoint.StartResume {
 		// Saved before streaming: from now on a missing slot is a gap.
 		if err := p.store.Save(ctx, *rec); err != nil {
@@ -170,6 +180,7 @@ func (p *Pipeline) openStore(ctx context.Context) error {
 	}
 	p.log.Debug("checkpoint topic ready", "topic", p.cfg.Checkpoint.Topic)
 	store.OnForeign = p.m.ForeignRecords.Inc
+	store.SignWith(p.cfg.Checkpoint.SigningKeys)
 	p.store = store
 	return nil
 }

@@ -386,10 +386,13 @@ func expectRecreated(t *testing.T, c *testenv.Consumer, want map[string]string, 
 }
 
 // TestRecreatedWhileStopped: the table is recreated while the connector is
-// stopped, and the new one receives events: the next start publishes it
-// (the connector created the publication) and sends them, each once.
+// stopped, and the new one receives 3,000 events, more than max_in_flight:
+// the next start publishes it (the connector created the publication) and
+// sends them, each once, in batches it waits on (a repair that waited on
+// its first batch without letting it go once hung here).
 func TestRecreatedWhileStopped(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.MaxInFlight = 256
 	r := e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	conn := connect(t, e.db)
@@ -402,9 +405,7 @@ func TestRecreatedWhileStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Exec(t, e.db, recreateSQL)
-	for i := 0; i < 30; i++ {
-		insertEvent(t, conn, "new", "Created")
-	}
+	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'new-' || (i % 10), 'Created', '{}' FROM generate_series(1, 3000) i`)
 	e.start(t)
 	for i := 0; i < 10; i++ {
 		insertEvent(t, conn, "after", "Created")
@@ -412,7 +413,7 @@ func TestRecreatedWhileStopped(t *testing.T) {
 	for id, agg := range outboxRows(t, e.db) {
 		want[id] = agg
 	}
-	expectRecreated(t, c, want, 60)
+	expectRecreated(t, c, want, 3030)
 }
 
 // TestTableLeftPublication: the table streamed before is removed from the

@@ -432,6 +432,9 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 				}
 				sent++
 			}
+			// The held batch goes now: the loop that lets batches go is
+			// this goroutine, which waits below for their acks.
+			s.kafka.Release(time.Time{})
 			if err := s.blocking(func() error { return s.tracker.WaitInFlight(s.ctx, limit) }); err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,13 +13,16 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -256,5 +260,263 @@ func TestBackfillDataErrorEndsTheJob(t *testing.T) {
 	}
 	if !strings.Contains(job.Error, "SQLSTATE 22P02") || strings.Contains(job.Error, "secret-value") {
 		t.Errorf("the checkpoint keeps %q; want the SQLSTATE and not the row's value", job.Error)
+	}
+}
+
+// forgeJob writes a copy of the pipeline's latest checkpoint record with an
+// unfinished job of the forger's added, under the same key, as a principal
+// that may produce to the checkpoint topic can, while the connector is
+// stopped.
+func forgeJob(t *testing.T, e *env, where string) {
+	t.Helper()
+	rec, ok := loadCheckpoint(t, e)
+	if !ok {
+		t.Fatal("no checkpoint to copy")
+	}
+	rec.Backfills = append(rec.Backfills, checkpoint.Backfill{ID: "f00df00df00df00d", Table: "public.outbox", Where: where, Started: time.Now()})
+	v, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.kafka.Client(t).ProduceSync(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(rec.Key()), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForgedCheckpointRecordRunsNothing (issue 37): a principal that may
+// produce to the checkpoint topic copies the latest record, adds an
+// unfinished job with a condition of its own (which would fail loudly,
+// and would store its message in the checkpoint), and writes it under the
+// same key while the connector is stopped. With
+// checkpoint.signing_key_file, the record is not signed: it is skipped
+// and counted, and the last genuine record stands. Without a key, the
+// record is taken, but the job is no signed request's: refused and
+// counted. Either way the condition never runs, and the stream goes on.
+func TestForgedCheckpointRecordRunsNothing(t *testing.T) {
+	for _, signed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "records signed", false: "no signing key"}[signed], func(t *testing.T) {
+			kafka := testenv.NewKafka(t)
+			e := newEnv(t, kafka)
+			if !signed {
+				e.cfg.Checkpoint.SigningKeys = nil
+			}
+			testenv.Exec(t, e.db, `CREATE FUNCTION public.spy() RETURNS bool LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the forged condition ran'; END $$`)
+			r := e.start(t)
+			insertEvent(t, connect(t, e.db), "agg-1", "Before")
+			kafka.NewConsumer(t, kafka.AllTopics()).WaitCount(t, 30*time.Second, 1)
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			forgeJob(t, e, "public.spy()")
+
+			var logs lockedLog
+			r = e.launch(t, &logs)
+			testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
+			id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+			c := kafka.NewConsumer(t, kafka.AllTopics())
+			c.WaitFor(t, 30*time.Second, "the event after the forged record", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+			if signed {
+				testenv.Eventually(t, 10*time.Second, "the record counted as foreign", func() bool { return counterValue(r.p.Metrics().ForeignRecords) >= 1 })
+			} else {
+				testenv.Eventually(t, 10*time.Second, "the job counted as refused", func() bool { return counterValue(r.p.Metrics().ForgedRequests) == 1 })
+			}
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			out := logs.String()
+			if strings.Contains(out, "the forged condition ran") || strings.Contains(out, "backfill starting") {
+				t.Errorf("log:\n%s\nwant the forged job never started", out)
+			}
+			rec, _ := loadCheckpoint(t, e)
+			for _, j := range rec.Backfills {
+				if j.ID == "f00df00df00df00d" && (signed || !strings.Contains(out, "ignored a backfill job in the checkpoint")) {
+					t.Errorf("the checkpoint %s the forged job %+v", map[bool]string{true: "took", false: "kept, without refusing,"}[signed], j)
+				}
+			}
+		})
+	}
+}
+
+// TestReplayedBackfillRequestRunsNothing (issue 37): any role may write a
+// logical decoding message, and so announce again the id of a request cdc
+// backfill wrote long ago (the request stays in the checkpoint topic).
+// Announced within checkpoint.RequestMaxAge, the job is still in the
+// checkpoint (finished jobs are kept that long, however many ran since):
+// passed over. A request older than that, signed and all, is refused when
+// announced. Either way no row is sent again.
+func TestReplayedBackfillRequestRunsNothing(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || (i % 3), 'old', '{}' FROM generate_series(1, 5) i`)
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, nil)}
+	r := e.start(t)
+	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// Twelve backfills: more than the ten finished jobs a checkpoint
+	// used to keep, so the first one's job would be forgotten.
+	var first backfill.Requested
+	for i := 0; i < 12; i++ {
+		req, err := admin.Ops().RequestBackfill(ctx, e.cfg.Tables[0], "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = req
+		}
+	}
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 60)
+	announce := func(id string) {
+		sql, args := backfill.ControlMessage(id)
+		testenv.Exec(t, db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
+	}
+	announce(first.ID)
+
+	// A request made long ago, written and signed with the real key: as
+	// if it had been announced then, and its job forgotten since.
+	key := checkpoint.Key("outbox_cdc", systemID(t, db))
+	stale := checkpoint.BackfillRequest{ID: "stale-request", Table: e.cfg.Tables[0].String(), RequestedAt: time.Now().Add(-time.Hour)}
+	stale.Sign(e.cfg.Checkpoint.SigningKeys[0], key)
+	v, _ := json.Marshal(stale)
+	if err := kafka.Client(t).ProduceSync(ctx, &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(checkpoint.RequestKey(key, stale.ID)), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	announce(stale.ID)
+	testenv.Eventually(t, 30*time.Second, "the stale request refused", func() bool { return counterValue(r.p.Metrics().ForgedRequests) == 1 })
+	var id string
+	testenv.QueryRow(t, db, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'After', '{}') RETURNING id::text`, nil, &id)
+	c.WaitFor(t, 30*time.Second, "the event after the announcements", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+	c.Settle(time.Second)
+	if len(c.Records) != 61 {
+		t.Fatalf("%d records; want the 60 the twelve backfills sent and the one event, nothing sent again", len(c.Records))
+	}
+}
+
+// TestAnnouncementFloodDoesNotStallTheStream (issue 37): any role may
+// announce backfill request ids at will; thousands of unknown ones in one
+// transaction cost the replication loop a few look-ups of the checkpoint
+// topic a second (counted at the broker), not one each: the event
+// committed after them arrives promptly.
+func TestAnnouncementFloodDoesNotStallTheStream(t *testing.T) {
+	kafka := testenv.NewFakeKafka(t)
+	e := newEnv(t, kafka)
+	r := e.start(t)
+	var lookups atomic.Int64
+	kafka.Fake.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		lookups.Add(1)
+		return nil, nil, false
+	})
+	testenv.Exec(t, e.db, `SELECT pg_logical_emit_message(true, '`+decode.ControlPrefix+`', json_build_object('type', 'backfill-request', 'id', 'flood-' || i)::text) FROM generate_series(1, 3000) i`)
+	start := time.Now()
+	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 20*time.Second, "the event after the flood", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the event after 3,000 unknown announcements took %s", d)
+	}
+	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
+		t.Errorf("%v sessions restarted", n)
+	}
+	if n := lookups.Load(); n > 100 {
+		t.Errorf("%d look-ups of the checkpoint topic's end for 3,000 unknown announcements; want a few a second", n)
+	}
+}
+
+// TestRowProblemsAreDeadLettered (issue 37): with on_invalid: dead-letter,
+// whatever a row's content causes is that row's problem, and the stream
+// goes on: a topic name the brokers refuse (a collision), a dead letter
+// larger than kafka.dead_letter_max_message_bytes (cut and marked), and
+// 10,000 distinct aggregate types past tables[].max_topics, which create
+// no topic and no metric series beyond the bound.
+func TestRowProblemsAreDeadLettered(t *testing.T) {
+	kafka := testenv.NewFakeKafka(t)
+	e := newEnv(t, kafka)
+	tbl := e.cfg.Tables[0]
+	tbl.Topic = kafka.Prefix + "{aggregate_type}"
+	tbl.MaxTopics = 3
+	tbl.OnInvalid = outbox.OnInvalidDeadLetter
+	tbl.DeadLetterTopic = kafka.Prefix + "dead-letters"
+	e.cfg.Kafka.MaxMessageBytes = 10000
+	e.cfg.DeadLetterMaxMessageBytes = 20000
+	refused := kafka.Prefix + "col.lides"
+	kafka.Fake.ControlKey(int16(kmsg.CreateTopics), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		req := kr.(*kmsg.CreateTopicsRequest)
+		if len(req.Topics) != 1 || req.Topics[0].Topic != refused {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		rt := kmsg.NewCreateTopicsResponseTopic()
+		rt.Topic, rt.ErrorCode = refused, kerr.InvalidTopicException.Code
+		msg := "Topic '" + refused + "' collides with existing topic: " + kafka.Prefix + "col_lides"
+		rt.ErrorMessage = &msg
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
+	})
+	r := e.start(t)
+	conn := connect(t, e.db)
+	insertEventTx(t, conn, "order", "a-1", "Created", `'{}'`) // a topic of its own: 1 of 3
+	collided, _ := insertEventTx(t, conn, "col.lides", "a-2", "Created", `'{}'`)
+	huge, _ := insertEventTx(t, conn, "order", "a-3", "Huge",
+		`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
+	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'type' || i, 'a-' || i, 'Created', '{}' FROM generate_series(1, 10000) i`)
+	after, _ := insertEventTx(t, conn, "order", "a-4", "After", `'{}'`)
+
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitFor(t, 2*time.Minute, "the event after the problems, and 10,001 dead letters", func(recs []*kgo.Record) bool {
+		dead := 0
+		for _, rec := range recs {
+			if rec.Topic == tbl.DeadLetterTopic {
+				dead++
+			}
+		}
+		return ids(recs)[after] == 1 && dead >= 10001
+	})
+	c.Settle(500 * time.Millisecond)
+	dead := map[string]*kgo.Record{}
+	topics := map[string]bool{}
+	for _, rec := range c.Records {
+		topics[rec.Topic] = true
+		if rec.Topic == tbl.DeadLetterTopic {
+			dead[testenv.Header(rec, route.HeaderDeadLetterID)] = rec
+		}
+	}
+	if rec := dead[collided]; rec == nil || !strings.Contains(testenv.Header(rec, route.HeaderDeadLetterError), "the brokers refuse topic") {
+		t.Errorf("the event whose topic the brokers refuse: %v; want it dead-lettered with the broker's reason", rec)
+	}
+	if rec := dead[huge]; rec == nil || testenv.Header(rec, route.HeaderDeadLetterTruncated) == "" || sink.RecordSize(rec) > 20000 {
+		t.Errorf("the event too large even to dead-letter: %v; want a dead letter cut to fit and marked", rec)
+	}
+	// One of the 10,000 types fits under max_topics: "order" and the
+	// refused name took the others.
+	if over := len(dead) - 2; over != 9999 {
+		t.Errorf("%d events dead-lettered past max_topics, want 9,999", over)
+	}
+	if n := len(topics); n > 4 {
+		t.Errorf("records in %d topics: %v; want at most max_topics (3) and the dead-letter topic", n, topics)
+	}
+	series := 0
+	fams, _ := r.p.Metrics().Registry.Gather()
+	for _, f := range fams {
+		if f.GetName() == "cdc_events_total" {
+			series = len(f.GetMetric())
+		}
+	}
+	if series > 3 {
+		t.Errorf("%d series of cdc_events_total; want one per template and dead-letter topic", series)
+	}
+	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
+		t.Errorf("%v sessions restarted: a row's problem stopped the stream", n)
 	}
 }

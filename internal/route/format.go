@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -36,7 +35,7 @@ func envelope(tr *tableRoute, ev *outbox.Event) ([]byte, error) {
 			b = append(b, ',')
 		}
 		first = false
-		b = strconv.AppendQuote(b, name)
+		b = appendJSONString(b, name)
 		b = append(b, ':')
 		b = appendJSON(b, v)
 	}
@@ -130,24 +129,24 @@ func cloudEventsStructured(ev *outbox.Event, rec *kgo.Record) error {
 	}
 	payload := ev.Fields[outbox.FieldPayload]
 	b := []byte(`{"specversion":"1.0","id":`)
-	b = strconv.AppendQuote(b, id)
+	b = appendJSONString(b, id)
 	b = append(b, `,"source":`...)
-	b = strconv.AppendQuote(b, source)
+	b = appendJSONString(b, source)
 	b = append(b, `,"type":`...)
-	b = strconv.AppendQuote(b, typ)
+	b = appendJSONString(b, typ)
 	if subject != "" {
 		b = append(b, `,"subject":`...)
-		b = strconv.AppendQuote(b, subject)
+		b = appendJSONString(b, subject)
 	}
 	b = append(b, `,"time":`...)
-	b = strconv.AppendQuote(b, tm)
+	b = appendJSONString(b, tm)
 	b = append(b, `,"datacontenttype":`...)
-	b = strconv.AppendQuote(b, contentType(payload.Kind))
+	b = appendJSONString(b, contentType(payload.Kind))
 	switch {
 	case payload.Null():
 	case payload.Kind == outbox.KindBytes:
 		b = append(b, `,"data_base64":`...)
-		b = strconv.AppendQuote(b, base64.StdEncoding.EncodeToString(payload.B))
+		b = appendJSONString(b, base64.StdEncoding.EncodeToString(payload.B))
 	default:
 		b = append(b, `,"data":`...)
 		b = appendJSON(b, payload)
@@ -183,14 +182,30 @@ func appendJSON(b []byte, v outbox.Value) []byte {
 			return append(b, "false"...)
 		}
 	case outbox.KindBytes:
-		return strconv.AppendQuote(b, base64.StdEncoding.EncodeToString(v.B))
+		return appendJSONString(b, base64.StdEncoding.EncodeToString(v.B))
 	case outbox.KindTimestamp:
 		if t, ok := ParseTimestamp(string(v.B)); ok {
-			return strconv.AppendQuote(b, t.UTC().Format(time.RFC3339Nano))
+			return appendJSONString(b, t.UTC().Format(time.RFC3339Nano))
 		}
 	}
-	s, _ := json.Marshal(string(v.B)) // valid UTF-8 escaping, unlike AppendQuote
-	return append(b, s...)
+	return appendJSONString(b, string(v.B))
+}
+
+// appendJSONString appends s as a JSON string. strconv.AppendQuote is Go
+// syntax, not JSON: it writes a control byte as \x01, which no JSON parser
+// reads, so an event_type with one made a valid event invalid. Plain
+// printable ASCII is appended as it is; anything else goes through
+// encoding/json (control characters as \u00XX, invalid UTF-8 as U+FFFD).
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // ParseTimestamp reads Postgres' ISO timestamp output ("2026-11-22

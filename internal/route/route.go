@@ -48,6 +48,10 @@ const (
 	HeaderDeadLetterLSN    = "dead_letter_commit_lsn"
 	HeaderDeadLetterID     = "dead_letter_event_id"
 	HeaderDeadLetterTopic  = "dead_letter_topic"
+	// HeaderDeadLetterTruncated, on a dead letter that was too large for
+	// kafka.dead_letter_max_message_bytes, holds the sizes cut: the
+	// value's and the key's and headers' original bytes.
+	HeaderDeadLetterTruncated = "dead_letter_truncated"
 )
 
 type metaHeader struct {
@@ -67,8 +71,10 @@ type tableRoute struct {
 	envelopeExtra []placed
 	// topics caches the checked topic of each expansion of the topic
 	// template: a stream has few topics, and a new string per event would
-	// be an allocation per event.
-	topics map[string]string
+	// be an allocation per event. distinct holds the topics the template
+	// has yielded, at most the table's MaxTopics.
+	topics   map[string]string
+	distinct map[string]struct{}
 }
 
 // maxCachedTopics bounds a source's topic cache; past it the cache starts
@@ -106,7 +112,7 @@ func (r *Router) commitLSN(ev *outbox.Event) []byte {
 func New(tables []*outbox.Table) (*Router, error) {
 	r := &Router{routes: make(map[*outbox.Table]*tableRoute, len(tables))}
 	for _, t := range tables {
-		tr := &tableRoute{topics: map[string]string{}}
+		tr := &tableRoute{topics: map[string]string{}, distinct: map[string]struct{}{}}
 		for k := range t.Headers {
 			known := false
 			for _, h := range defaultHeaders {
@@ -196,6 +202,14 @@ func (r *Router) topic(tr *tableRoute, ev *outbox.Event) (string, error) {
 	topic := normalize(string(r.scratch), ev.Table)
 	if err := ValidTopic(topic); err != nil {
 		return "", outbox.Invalid(ev, "%v", err)
+	}
+	if _, ok := tr.distinct[topic]; !ok {
+		// A row's fields choose its topic: bound what rows can create
+		// (topics, and what the connector keeps per topic).
+		if len(tr.distinct) >= ev.Table.MaxTopics {
+			return "", outbox.Invalid(ev, "its topic %q would be the topic template's %d-th distinct topic, past tables[].max_topics (%d); raise it if the domain has that many, or fix the row's routing fields", topic, len(tr.distinct)+1, ev.Table.MaxTopics)
+		}
+		tr.distinct[topic] = struct{}{}
 	}
 	if len(tr.topics) >= maxCachedTopics {
 		clear(tr.topics)
@@ -306,4 +320,48 @@ func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderDeadLetterID, Value: []byte(ev.ID())},
 	)
 	return dl
+}
+
+// TruncateDeadLetter makes dead letter dl fit in limit bytes (as size
+// counts them): its value is cut first, then its key and the longest
+// header values, and a HeaderDeadLetterTruncated header says by how much.
+// The reason, source, LSN and id headers are kept whole where they fit: a
+// dead letter is a record that something went wrong, and a row that is too
+// large for it must not stop the stream instead (docs/design.md, rule 14).
+func TruncateDeadLetter(dl *kgo.Record, limit int, size func(*kgo.Record) int) {
+	over := size(dl) - limit
+	if over <= 0 {
+		return
+	}
+	note := fmt.Sprintf("value %d of %d bytes kept", 0, len(dl.Value))
+	over += len(HeaderDeadLetterTruncated) + len(note) + 32 // the note itself, and its digits
+	cut := func(b []byte) []byte {
+		n := min(over, len(b))
+		over -= n
+		return b[:len(b)-n]
+	}
+	orig := len(dl.Value)
+	dl.Value = cut(dl.Value)
+	keyOrig := len(dl.Key)
+	if over > 0 {
+		dl.Key = cut(dl.Key)
+	}
+	keep := map[string]bool{HeaderDeadLetterError: true, HeaderDeadLetterSource: true, HeaderDeadLetterLSN: true}
+	for over > 0 {
+		longest := -1
+		for i, h := range dl.Headers {
+			if !keep[h.Key] && len(h.Value) > 0 && (longest < 0 || len(h.Value) > len(dl.Headers[longest].Value)) {
+				longest = i
+			}
+		}
+		if longest < 0 {
+			break // only the kept headers are left: size what they are
+		}
+		dl.Headers[longest].Value = cut(dl.Headers[longest].Value)
+	}
+	note = fmt.Sprintf("value %d of %d bytes kept", len(dl.Value), orig)
+	if len(dl.Key) < keyOrig {
+		note += fmt.Sprintf(", key %d of %d", len(dl.Key), keyOrig)
+	}
+	dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTruncated, Value: []byte(note)})
 }

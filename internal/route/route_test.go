@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -365,11 +366,45 @@ func TestParseTimestamp(t *testing.T) {
 	}
 }
 
+// TestMaxTopics (issue 37): a templated topic yields at most max_topics
+// distinct topics; an event whose row would make another is invalid, for
+// on_invalid, and the topics already made stay open to later events.
+func TestMaxTopics(t *testing.T) {
+	tbl := table(func(t *outbox.Table) { t.Topic = "events.{aggregate_type}"; t.MaxTopics = 3 })
+	r, err := New([]*outbox.Table{tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := func(typ string) error {
+		ev := event(tbl)
+		ev.Fields[outbox.FieldAggregateType] = text(typ)
+		_, err := r.Record(ev)
+		return err
+	}
+	for i := 0; i < 10000; i++ {
+		err := route("t" + strconv.Itoa(i))
+		var ee *outbox.EventError
+		if i < 3 && err != nil || i >= 3 && (!errors.As(err, &ee) || !strings.Contains(err.Error(), "tables[].max_topics (3)")) {
+			t.Fatalf("type %d: %v", i, err)
+		}
+	}
+	if err := route("t1"); err != nil {
+		t.Fatalf("a topic made before the bound: %v", err)
+	}
+	if n := len(r.routes[tbl].distinct); n != 3 {
+		t.Fatalf("%d distinct topics kept, want 3", n)
+	}
+}
+
 // TestTopicCache: the topic cache returns each expansion's own topic, with
 // the source's normalisation, also once it has filled and started over, and
 // an illegal expansion is never cached as legal.
 func TestTopicCache(t *testing.T) {
-	tbl := table(func(t *outbox.Table) { t.Topic = "events.{aggregate_type}"; t.TopicLowercase = true })
+	tbl := table(func(t *outbox.Table) {
+		t.Topic = "events.{aggregate_type}"
+		t.TopicLowercase = true
+		t.MaxTopics = 2 * (maxCachedTopics + 10)
+	})
 	r, err := New([]*outbox.Table{tbl})
 	if err != nil {
 		t.Fatal(err)
@@ -394,6 +429,79 @@ func TestTopicCache(t *testing.T) {
 		var ee *outbox.EventError
 		if _, err := r.Record(ev); !errors.As(err, &ee) {
 			t.Fatalf("try %d: an illegal topic gave %v, want an EventError", i, err)
+		}
+	}
+}
+
+// TestStructuredJSONWithControlBytes (issue 37): an event type holding a
+// control byte (and one with invalid UTF-8) still makes a JSON document
+// with cloudevents-structured: the attribute is escaped as JSON, never in
+// Go's syntax (\x01), so the event is delivered, not judged invalid.
+func TestStructuredJSONWithControlBytes(t *testing.T) {
+	tbl := table(func(t *outbox.Table) { t.Format = outbox.FormatCloudEventsStructured })
+	r, err := New([]*outbox.Table{tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{"Order\x01Created", "Order\xffCreated", `Order"Created\`} {
+		ev := event(tbl)
+		ev.Fields[outbox.FieldEventType] = text(typ)
+		rec, err := r.Record(ev)
+		if err != nil {
+			t.Fatalf("event type %q: %v", typ, err)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(rec.Value, &doc); err != nil {
+			t.Fatalf("event type %q: the value is not JSON (%v): %s", typ, err, rec.Value)
+		}
+		if want := strings.ToValidUTF8(typ, "\uFFFD"); doc["type"] != want {
+			t.Errorf("type %q, want %q", doc["type"], want)
+		}
+	}
+}
+
+// TestTruncateDeadLetter (issue 37): a dead letter larger than its limit
+// keeps the reason, source and LSN headers, loses what it must of its
+// value (then key and other headers), and says so.
+func TestTruncateDeadLetter(t *testing.T) {
+	size := func(r *kgo.Record) int {
+		n := len(r.Key) + len(r.Value) + 128
+		for _, h := range r.Headers {
+			n += len(h.Key) + len(h.Value) + 8
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name       string
+		value, key int
+		limit      int
+	}{
+		{"value cut", 100000, 10, 2000},
+		{"key cut too", 10, 50000, 2000},
+		{"fits", 10, 10, 2000},
+	} {
+		dl := &kgo.Record{Value: bytes.Repeat([]byte("v"), tc.value), Key: bytes.Repeat([]byte("k"), tc.key), Headers: []kgo.RecordHeader{
+			{Key: HeaderDeadLetterError, Value: []byte("it was invalid because")},
+			{Key: HeaderDeadLetterSource, Value: []byte("public.outbox")},
+			{Key: HeaderDeadLetterLSN, Value: []byte("0/16B3748")},
+			{Key: HeaderID, Value: bytes.Repeat([]byte("i"), 3000)},
+		}}
+		before := size(dl)
+		TruncateDeadLetter(dl, tc.limit, size)
+		if got := size(dl); got > tc.limit && before > tc.limit {
+			t.Errorf("%s: %d bytes after, limit %d", tc.name, got, tc.limit)
+		}
+		note := ""
+		for _, h := range dl.Headers {
+			if h.Key == HeaderDeadLetterTruncated {
+				note = string(h.Value)
+			}
+			if h.Key == HeaderDeadLetterError && string(h.Value) != "it was invalid because" {
+				t.Errorf("%s: the reason was cut", tc.name)
+			}
+		}
+		if (before > tc.limit) != (note != "") {
+			t.Errorf("%s: note %q (record was %d bytes, limit %d)", tc.name, note, before, tc.limit)
 		}
 	}
 }

@@ -118,6 +118,9 @@ func newJSONSchema(text string) (*jsonSchemaCodec, error) {
 		return nil, err
 	}
 	c := jsonschema.NewCompiler()
+	// The compiler would read a $ref to file:// from the local disk: a
+	// schema in the registry must not make the connector read files.
+	c.UseLoader(refusingLoader{})
 	if err := c.AddResource("registry.json", doc); err != nil {
 		return nil, err
 	}
@@ -126,6 +129,13 @@ func newJSONSchema(text string) (*jsonSchemaCodec, error) {
 		return nil, err
 	}
 	return &jsonSchemaCodec{s: s}, nil
+}
+
+// refusingLoader loads no schema from outside the one the registry gave.
+type refusingLoader struct{}
+
+func (refusingLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("the schema refers to %s: the connector loads no schema from outside the registry; inline it", url)
 }
 
 func (c *jsonSchemaCodec) check(doc []byte) error {

@@ -553,3 +553,17 @@ func TestWeaknesses(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONSchemaLoadsNoFile (issue 37): a schema in the registry that
+// refers to a local file is refused, and the file is never read.
+func TestJSONSchemaLoadsNoFile(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret.json")
+	if err := os.WriteFile(secret, []byte(`{"type": "string"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := newJSONSchema(`{"$ref": "file://` + secret + `"}`)
+	if err == nil || !strings.Contains(err.Error(), "loads no schema from outside the registry") {
+		t.Fatalf("a schema referring to a file: %v; want it refused", err)
+	}
+}

@@ -32,7 +32,23 @@ const (
 	topicUnknown topicState = iota
 	topicReady              // exists, or created by us
 	topicBroker             // may not create it ourselves; the broker may auto-create it
+	topicRefused            // the brokers refuse its name (TopicRefusedError)
 )
+
+// TopicRefusedError is a topic whose name the brokers refuse: one that
+// collides with an existing topic once '.' and '_' are taken as the same,
+// or that breaks a rule of theirs. A row's fields chose it (a template),
+// so it is that event's problem, not the stream's: the pipeline applies
+// the table's on_invalid policy to it.
+type TopicRefusedError struct {
+	Topic string
+	Err   error
+}
+
+func (e *TopicRefusedError) Error() string {
+	return fmt.Sprintf("the brokers refuse topic %q: %v", e.Topic, e.Err)
+}
+func (e *TopicRefusedError) Unwrap() error { return e.Err }
 
 // EnsureTopic makes sure topic exists before its first record is produced:
 // it creates it through the admin API with TopicDefaults, unless
@@ -45,12 +61,20 @@ const (
 // call, once per topic per session: bounded by a timeout, well inside
 // wal_sender_timeout.
 func (k *Kafka) EnsureTopic(ctx context.Context, topic string) error {
-	if k.topics[topic] != topicUnknown {
+	switch k.topics[topic] {
+	case topicUnknown:
+	case topicRefused:
+		return &TopicRefusedError{Topic: topic, Err: kerr.InvalidTopicException}
+	default:
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	state, err := k.ensureTopic(ctx, topic)
+	var refused *TopicRefusedError
+	if errors.As(err, &refused) {
+		k.topics[topic] = topicRefused // asked once, not at every event
+	}
 	if err != nil {
 		return err
 	}
@@ -89,7 +113,7 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 			return 0, &ProduceError{Topic: topic, Err: err, permanent: true,
 				advice: "the brokers refuse kafka.topic_defaults (partitions, replication_factor or configs) for a new topic: fix them"}
 		case errors.Is(err, kerr.InvalidTopicException):
-			return 0, &ProduceError{Topic: topic, Err: err, permanent: true, advice: "the broker rejects this topic name: check the table's topic template"}
+			return 0, &TopicRefusedError{Topic: topic, Err: err}
 		case errors.As(err, &refused):
 			// Not allowed to create (ACLs, a policy): the topic may exist
 			// anyway, or the broker may create it.
@@ -98,15 +122,25 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 			return 0, fmt.Errorf("create topic %q: %w", topic, err)
 		}
 	}
-	if k.cfg.AllowAutoTopicCreation {
-		return topicBroker, nil
-	}
 	listed, err := adm.ListTopics(ctx, topic)
 	if err != nil {
 		return 0, fmt.Errorf("look up topic %q: %w", topic, err)
 	}
 	if listed.Has(topic) && listed[topic].Err == nil {
 		return topicReady, nil
+	}
+	if k.cfg.AllowAutoTopicCreation {
+		// The broker creates it at the first record, and fails the
+		// record (and the stream with it) if it refuses the name: ask
+		// it now, so that a name it refuses is the event's problem.
+		resp, err := adm.ValidateCreateTopics(ctx, k.cfg.TopicDefaults.Partitions, k.cfg.TopicDefaults.ReplicationFactor, nil, topic)
+		if err == nil {
+			err = resp.Error()
+		}
+		if errors.Is(err, kerr.InvalidTopicException) {
+			return 0, &TopicRefusedError{Topic: topic, Err: err}
+		}
+		return topicBroker, nil
 	}
 	how := "set kafka.create_topics: true (and grant the connector CREATE on it)"
 	if k.cfg.CreateTopics {

@@ -174,6 +174,11 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		if pc.RuntimeParams["application_name"] == "" {
 			pc.RuntimeParams["application_name"] = "outbox-cdc-backfill"
 		}
+		// Names in a backfill's condition resolve in pg_catalog, not in
+		// a schema an application role may create functions in
+		// (CVE-2018-1058's lesson); a condition names its own objects
+		// with their schema.
+		pc.RuntimeParams["search_path"] = "pg_catalog, pg_temp"
 		// A backfill's watermarks must reach the walsender at once: it
 		// sends only flushed WAL, and with synchronous_commit off a
 		// commit waits for the WAL writer (up to wal_writer_delay).
