@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -518,5 +519,36 @@ func TestRowProblemsAreDeadLettered(t *testing.T) {
 	}
 	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
 		t.Errorf("%v sessions restarted: a row's problem stopped the stream", n)
+	}
+}
+
+// TestBackfillReaderRole (issue 37): with backfill.reader_role, a
+// condition runs as a role that may only read the outbox table: one that
+// reads another table is refused by Postgres (and the checkpoint keeps
+// only the SQLSTATE), while the first start's backfill, which reads in the
+// slot's snapshot as that role, sends every row.
+func TestBackfillReaderRole(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	reader := fmt.Sprintf("cdc_reader_%d", time.Now().UnixNano())
+	testenv.Exec(t, db, pollerSchema, `CREATE TABLE secrets (v text)`, `INSERT INTO secrets VALUES ('hunter2')`,
+		`INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) SELECT 'order', 'agg-' || (i % 3), 'old', '{}' FROM generate_series(1, 50) i`,
+		`CREATE ROLE `+reader+` NOLOGIN`, `GRANT SELECT ON event_outbox TO `+reader)
+	t.Cleanup(func() { testenv.Exec(t, db, `DROP OWNED BY `+reader, `DROP ROLE `+reader) })
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.Backfill.ReaderRole = reader
+	e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 50)
+	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = admin.Ops().RequestBackfill(ctx, e.cfg.Tables[0], "EXISTS (SELECT 1 FROM public.secrets WHERE v = 'hunter2')")
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("a condition reading another table as the reader role: %v; want permission denied", err)
 	}
 }
