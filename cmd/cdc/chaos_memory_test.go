@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -187,5 +188,39 @@ func TestChaosOutageBusyDatabase(t *testing.T) {
 	t.Logf("broker outage of %s with %d other transactions (%.0f/s): %d records, peak RSS %.1f MB", outage, others, float64(others)/outage.Seconds(), records, rss)
 	if rss > 64 {
 		t.Errorf("peak RSS %.1f MB during the outage; want at most 64 MB", rss)
+	}
+}
+
+// TestChaosBigRowBackfill (issue 38, item 1): a first start with 1,500
+// pending rows of 250 KB (seed 001's payloads) and backfill: {}, default
+// settings: every row arrives, and the connector's peak RSS stays at or
+// under 128 MB (549 MB when a chunk was 1,000 rows whatever their size,
+// an out-of-memory kill under the Helm chart's 192 Mi limit). A chunk is
+// bounded in bytes, and read only once what is in flight leaves room.
+func TestChaosBigRowBackfill(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`,
+		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'a-' || (i % 20), 'Large', jsonb_build_object('seq', i, 'blob', repeat(md5(i::text), 7800)) FROM generate_series(1, 1500) i`)
+	broker := testenv.StartBroker(t)
+	kafka := broker.Kafka()
+	config := filepath.Join(t.TempDir(), "cdc.yaml")
+	os.WriteFile(config, []byte(fmt.Sprintf(`
+postgres: {url: %q}
+kafka: {brokers: [%s]}
+tables: [{name: outbox, topic: %q, backfill: {}}]
+checkpoint: {topic: %s}
+http: {listen: ""}
+log: {level: info}
+`, db, strings.Join(kafka.Brokers, ", "), kafka.Prefix+"outbox.event.{aggregate_type}", kafka.CheckpointTopic())), 0o600)
+	proc := startProc(t, config)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, 3*time.Minute, 1500)
+	records := everyEventOnce(t, db, c)
+	rss := peakRSS(t, proc)
+	t.Logf("first-start backfill of 1,500 rows of 250 KB: %d records, peak RSS %.1f MB", records, rss)
+	if rss > 128 {
+		t.Errorf("peak RSS %.1f MB; want at most 128 MB", rss)
 	}
 }

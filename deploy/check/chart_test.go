@@ -241,7 +241,7 @@ func TestChartDefaults(t *testing.T) {
 
 	// The config: the connector's loader takes it, named after the release.
 	cfg, lc := connectorConfig(t, r)
-	if cfg.Name != "orders-cdc" || lc.HTTP.Listen != "0.0.0.0:9187" || cfg.Postgres.Slot != "outbox_cdc" || len(cfg.Tables) != 1 {
+	if cfg.Name != "orders-cdc" || lc.HTTP.Listen != "0.0.0.0:9187" || cfg.Postgres.Slot != "orders_cdc" || len(cfg.Tables) != 1 {
 		t.Errorf("config name %q, listen %q, slot %q, %d tables", cfg.Name, lc.HTTP.Listen, cfg.Postgres.Slot, len(cfg.Tables))
 	}
 	if got := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second; got <= cfg.ShutdownTimeout {
@@ -520,8 +520,13 @@ func TestChartReleasesSideBySide(t *testing.T) {
 			}
 			names[id] = name
 		}
-		if cfg, _ := connectorConfig(t, r); cfg.Name != name {
+		cfg, _ := connectorConfig(t, r)
+		if cfg.Name != name {
 			t.Errorf("release %s runs pipeline %q", name, cfg.Name)
+		}
+		// Releases on one server never share a slot (issue 38).
+		if want := strings.ReplaceAll(name, "-", "_"); cfg.Postgres.Slot != want {
+			t.Errorf("release %s streams slot %q, want %q", name, cfg.Postgres.Slot, want)
 		}
 		rules := r.rule.Spec.Groups[0].Rules
 		if len(rules) != len(want.Groups[0].Rules) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,29 @@ type Plan struct {
 	keyAt   int // index of the first key column in a row
 	chunk   int
 	role    string // backfill.reader_role: what the condition runs as
+	// budget bounds a chunk's bytes (SetBudget): rows are read until it
+	// is reached, and limit, the rows the next query asks for, follows
+	// the rows' size: it grows from firstLimit while chunks fit, up to
+	// chunk, and shrinks to what fit when one did not.
+	budget int64
+	limit  int
+}
+
+// firstLimit is the rows a plan's first chunk asks for, before it knows
+// how large rows are: small enough that a table of large rows does not
+// send much more than the budget for the reader to drop.
+const firstLimit = 64
+
+// SetBudget bounds each chunk Read returns to about n bytes of row values
+// (0: no bound); a single row larger than n is read alone. Memory then
+// holds a chunk of n bytes, however large the rows (docs/design.md, rule
+// 22).
+func (p *Plan) SetBudget(n int64) {
+	p.budget = n
+	p.limit = min(p.chunk, firstLimit)
+	if n == 0 {
+		p.limit = p.chunk
+	}
 }
 
 // Error is a problem with a backfill's configuration or condition that the
@@ -99,7 +123,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 		key = append(key, name)
 	}
 
-	p := &Plan{Table: t, Where: strings.TrimSpace(where), Key: key, chunk: chunk}
+	p := &Plan{Table: t, Where: strings.TrimSpace(where), Key: key, chunk: chunk, limit: chunk}
 	var sel []string
 	for _, c := range t.Needed() {
 		sel = append(sel, pgident.Ident(c))
@@ -133,8 +157,10 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string,
 			}
 			if until == 1 {
 				q += fmt.Sprintf(" AND %s <= (%s)", keys, params(n))
+				n += len(key)
 			}
-			p.queries[after][until] = q + fmt.Sprintf(" ORDER BY %s LIMIT %d", strings.Join(keyList, ", "), chunk)
+			// The limit is the last parameter: it follows the rows' size.
+			p.queries[after][until] = q + fmt.Sprintf(" ORDER BY %s LIMIT $%d", strings.Join(keyList, ", "), n)
 		}
 	}
 	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), from, cond, strings.Join(desc, ", "))
@@ -224,15 +250,23 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 		}
 	}
 	q := p.queries[a][u]
+	limit := max(p.limit, 1)
+	params = append(params, []byte(strconv.Itoa(limit)))
 	rr := conn.PgConn().ExecParams(ctx, q, params, nil, nil, nil)
 	var c Chunk
+	var bytes int64
+	cut := false
 	for rr.NextRow() {
+		if cut {
+			continue // past the budget: read off the wire, not kept
+		}
 		src := rr.Values()
 		row := make([][]byte, len(src))
 		size := 0
 		for _, v := range src {
 			size += len(v)
 		}
+		bytes += int64(size)
 		buf := make([]byte, 0, size) // one allocation for the row's values
 		for i, v := range src {
 			if v != nil {
@@ -242,9 +276,18 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 			}
 		}
 		c.Rows = append(c.Rows, row)
+		// A row larger than the budget is read alone; a chunk ends at
+		// the row that reaches it.
+		cut = p.budget > 0 && bytes >= p.budget && len(c.Rows) < limit
 	}
 	if _, err := rr.Close(); err != nil {
 		return Chunk{}, statementError(fmt.Sprintf("backfill of %s: read a chunk", p.Table), err)
+	}
+	switch {
+	case cut:
+		p.limit = len(c.Rows) // what fits
+	case p.budget > 0 && len(c.Rows) == limit && bytes*2 <= p.budget:
+		p.limit = min(2*limit, p.chunk) // room for more
 	}
 	if n := len(c.Rows); n > 0 {
 		last := c.Rows[n-1][p.keyAt:]
@@ -253,7 +296,7 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 			c.Last[i] = string(v)
 		}
 	}
-	c.Final = len(c.Rows) < p.chunk
+	c.Final = !cut && len(c.Rows) < limit
 	return c, nil
 }
 
@@ -311,7 +354,7 @@ func (p *Plan) condition() string {
 // from is the table, as a statement names it: always quoted.
 func (p *Plan) from() string { return pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name) }
 
-// ChunkSize is how many rows a full chunk holds.
+// ChunkSize is how many rows a full chunk holds at most.
 func (p *Plan) ChunkSize() int { return p.chunk }
 
 func quoteAll(names []string) string {

@@ -28,10 +28,19 @@ type Runner struct {
 	// ReaderRole is backfill.reader_role: what a condition runs as.
 	ReaderRole string
 	Tables     []*outbox.Table
-	// MaxInFlight bounds the first start's unacknowledged events; the
-	// progress is saved once every StatusInterval.
-	MaxInFlight    int
-	StatusInterval time.Duration
+	// MaxInFlight and MaxInFlightBytes bound the first start's
+	// unacknowledged events; the progress is saved once every
+	// StatusInterval.
+	MaxInFlight      int
+	MaxInFlightBytes int64
+	StatusInterval   time.Duration
+	// ChunkBytes bounds the bytes of a chunk's rows (Plan.SetBudget): a
+	// chunk is read only once the events in flight leave room for it, so
+	// memory holds at most ChunkBytes of rows besides what waits for Kafka.
+	ChunkBytes int64
+	// Room, when set, waits until the events in flight beside the stream
+	// leave room for a chunk of ChunkBytes: the session's tracker.
+	Room func(ctx context.Context) error
 	// A job that was interrupted is retried after Backoff, doubling up
 	// to BackoffMax, each wait spread by Jitter (the pipeline's, for its
 	// reconnects).
@@ -57,6 +66,7 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Backfi
 		return nil, nil, err
 	}
 	plan.role = r.ReaderRole
+	plan.SetBudget(r.ChunkBytes)
 	dec, err := decode.NewRowDecoder(t, plan.Columns)
 	if err != nil {
 		return nil, nil, err
@@ -106,8 +116,9 @@ type Sender interface {
 	// Commit closes the transaction at at, the slot's consistent point,
 	// and lets its records go.
 	Commit(at pglogrepl.LSN, now time.Time)
-	// WaitInFlight waits until at most n events are unacknowledged.
-	WaitInFlight(ctx context.Context, n int) error
+	// WaitRoom waits until at most n events, of at most bytes bytes (-1:
+	// any), are unacknowledged.
+	WaitRoom(ctx context.Context, n int, bytes int64) error
 	// Save writes the checkpoint with job's progress and waits for it.
 	Save(ctx context.Context, job checkpoint.Backfill) error
 }
@@ -156,7 +167,12 @@ func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, jo
 	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
 	started, saved, logged := time.Now(), time.Now(), time.Now()
 	rows0 := job.Rows
-	limit := max(r.MaxInFlight-plan.ChunkSize(), 1)
+	// Room for the next chunk: at most max_in_flight events, and
+	// max_in_flight_bytes, once it is sent.
+	limit, bytes := max(r.MaxInFlight-plan.ChunkSize(), 1), int64(-1)
+	if r.MaxInFlightBytes > 0 {
+		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
+	}
 	for {
 		c, err := plan.Read(ctx, conn, job.After, nil)
 		if err != nil {
@@ -184,13 +200,14 @@ func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, jo
 		if c.Final {
 			job.Finished = time.Now()
 		}
-		// Keep at most max_in_flight events unacknowledged; save the
-		// progress once every status interval, when all of it is acked.
-		if err := s.WaitInFlight(ctx, limit); err != nil {
+		// Keep at most max_in_flight events (and bytes) unacknowledged;
+		// save the progress once every status interval, when all of it
+		// is acked.
+		if err := s.WaitRoom(ctx, limit, bytes); err != nil {
 			return err
 		}
 		if c.Final || time.Since(saved) >= r.StatusInterval {
-			if err := s.WaitInFlight(ctx, 0); err != nil {
+			if err := s.WaitRoom(ctx, 0, -1); err != nil {
 				return err
 			}
 			if err := s.Save(ctx, job); err != nil {
@@ -312,6 +329,13 @@ func (r *Runner) runJob(ctx context.Context, conn *pgx.Conn, jobs *Jobs, run str
 	after := job.After
 	started, logged, rows0 := time.Now(), time.Now(), job.Rows
 	for n := 0; ; n++ {
+		// The chunk's rows go to Kafka at once, at its high watermark:
+		// read it once the events in flight leave room for it.
+		if r.Room != nil {
+			if err := r.Room(ctx); err != nil {
+				return err
+			}
+		}
 		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, until: until, done: make(chan struct{})}
 		jobs.setChunk(ch)
 		if err := emit(ctx, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {

@@ -353,11 +353,21 @@ func (t *Tracker) Changed() <-chan struct{} { return t.changed }
 // WaitInFlight waits until at most n events are unacknowledged; it
 // returns early on a failed delivery or when ctx ends.
 func (t *Tracker) WaitInFlight(ctx context.Context, n int) error {
+	return t.WaitRoom(ctx, n, -1)
+}
+
+// WaitRoom waits until at most n events, of at most bytes bytes (-1: any),
+// are unacknowledged: room for what the caller is about to read. It
+// returns early on a failed delivery or when ctx ends.
+func (t *Tracker) WaitRoom(ctx context.Context, n int, bytes int64) error {
 	for {
 		if err := t.Err(); err != nil {
 			return err
 		}
-		if t.InFlight() <= n {
+		t.mu.Lock()
+		room := t.inFlight <= n && (bytes < 0 || t.inFlightBytes <= bytes)
+		t.mu.Unlock()
+		if room {
 			return nil
 		}
 		select {

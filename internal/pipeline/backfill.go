@@ -22,8 +22,9 @@ import (
 func (p *Pipeline) backfills() *backfill.Runner {
 	return &backfill.Runner{
 		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, Tables: p.cfg.Tables,
-		MaxInFlight: p.cfg.MaxInFlight, StatusInterval: p.cfg.Postgres.StatusInterval,
-		Backoff: p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax, Jitter: jitter,
+		MaxInFlight: p.cfg.MaxInFlight, MaxInFlightBytes: p.cfg.MaxInFlightBytes, ChunkBytes: chunkBytes(p.cfg.MaxInFlightBytes),
+		StatusInterval: p.cfg.Postgres.StatusInterval,
+		Backoff:        p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax, Jitter: jitter,
 		Log: p.log, Metrics: p.m,
 	}
 }
@@ -168,11 +169,19 @@ func (s *session) Commit(at pglogrepl.LSN, now time.Time) {
 	s.tracker.Commit(s.tx, at, at, now)
 	s.tx = nil
 	s.kafka.Release(time.Time{})
+	// A chunk sent: the first start is busy, not stuck (Healthy).
+	s.p.idleSince.Store(now.UnixNano())
 }
 
-func (s *session) WaitInFlight(ctx context.Context, n int) error {
-	return s.tracker.WaitInFlight(ctx, n)
+func (s *session) WaitRoom(ctx context.Context, n int, bytes int64) error {
+	return s.tracker.WaitRoom(ctx, n, bytes)
 }
+
+// chunkBytes is a backfill chunk's byte budget for max_in_flight_bytes
+// inFlight: a sixteenth of it, at most 4 MiB. Memory holds a chunk's rows
+// besides what waits for Kafka; the Helm chart's memory limit counts both
+// (docs/kubernetes.md).
+func chunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
 
 // Save writes the checkpoint with job's progress, through the session's
 // producer (in exactly-once mode, in the transaction with the rows it

@@ -13,7 +13,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Seed 003's event_outbox: a poller marks rows published; pending ones have
@@ -596,5 +599,123 @@ func TestBackfillColumnNamedUser(t *testing.T) {
 	}
 	if len(keys) != 200 {
 		t.Errorf("%d distinct keys, want 200", len(keys))
+	}
+}
+
+// TestBackfillChunksBoundedInBytes (issue 38): a chunk holds about the
+// byte budget of rows, whatever their size: 1 MB rows come a few at a
+// time under a 2 MB budget; a chunk ends with the row that reaches the
+// budget, so a 5 MB row, larger than the budget, still goes, last in its
+// chunk; every row is read once, in key order, and the chunk's row count
+// follows the rows' size (small rows fill whole chunks again).
+func TestBackfillChunksBoundedInBytes(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || i, 'big', jsonb_build_object('blob', repeat('x', CASE WHEN i = 20 THEN 5000000 WHEN i <= 40 THEN 1000000 ELSE 100 END))
+		FROM generate_series(1, 3000) i`)
+	ctx := context.Background()
+	cfg := newEnvConfig(db, testenv.NewKafka(t))
+	if err := cfg.Postgres.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := wal.ConnectRows(ctx, cfg.Postgres, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tbl := pollerTable("", nil)
+	if err := tbl.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := backfill.NewPlan(ctx, conn, tbl, "", nil, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const budget = 2 << 20
+	plan.SetBudget(budget)
+	var after []string
+	next, maxRows := 1, 0
+	for {
+		c, err := plan.Read(ctx, conn, after, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size, last := 0, 0
+		for _, row := range c.Rows {
+			n := 0
+			for _, v := range row {
+				n += len(v)
+			}
+			size, last = size+n, n
+			var id int
+			fmt.Sscan(string(row[0]), &id)
+			if id != next {
+				t.Fatalf("row %d, want %d: skipped or read twice", id, next)
+			}
+			next++
+		}
+		if size-last >= budget {
+			t.Fatalf("a chunk of %d rows and %d bytes went on past the budget %d before its last row", len(c.Rows), size, budget)
+		}
+		maxRows = max(maxRows, len(c.Rows))
+		if c.Final {
+			break
+		}
+		after = c.Last
+	}
+	if next != 3001 {
+		t.Fatalf("read %d rows, want 3000", next-1)
+	}
+	if maxRows != 1000 {
+		t.Fatalf("the largest chunk of small rows held %d rows; want the chunk size, 1000", maxRows)
+	}
+}
+
+// TestHealthyThroughAFirstStartBackfill (issue 38): /healthz means stuck,
+// never busy. A first start's backfill that makes steady progress for
+// longer than http.unhealthy_after keeps the pipeline healthy; the same
+// backfill stuck (Kafka holds every produce request) turns it unhealthy
+// within about unhealthy_after.
+func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
+	kafka := testenv.NewFakeKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'agg-' || (i % 10), 'old', '{}' FROM generate_series(1, 2000) i`)
+	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.UnhealthyAfter = time.Second
+	e.cfg.MaxInFlight = 40 // each chunk waits for the one before: steady, slow progress
+	var stuck atomic.Bool
+	release := make(chan struct{})
+	kafka.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		if stuck.Load() {
+			kafka.Fake.SleepControl(func() { <-release })
+		} else {
+			kafka.Fake.SleepControl(func() { time.Sleep(50 * time.Millisecond) }) // slow but steady: the load, not a synchronisation
+		}
+		return nil, nil, false
+	})
+	r := e.launch(t, ioDiscard{})
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	deadline := time.Now().Add(time.Minute)
+	busyFor := time.Now()
+	for len(ids(c.Records)) < 1000 {
+		if err := r.p.Healthy(); err != nil {
+			t.Fatalf("unhealthy %s into a first-start backfill that makes progress: %v", time.Since(busyFor).Round(time.Millisecond), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the backfill did not get half-way")
+		}
+		c.Settle(100 * time.Millisecond)
+	}
+	if d := time.Since(busyFor); d < 2*e.cfg.UnhealthyAfter {
+		t.Fatalf("half the backfill took %s, less than twice unhealthy_after: the test proves nothing; slow Kafka down more", d)
+	}
+	stuck.Store(true)
+	defer close(release)
+	testenv.Eventually(t, 30*time.Second, "the stuck backfill to be unhealthy", func() bool { return r.p.Healthy() != nil })
+	if r.tracker.Load() != nil {
+		t.Fatal("the stream started: the backfill was not the step that stuck")
 	}
 }

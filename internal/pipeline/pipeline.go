@@ -74,7 +74,9 @@ type Pipeline struct {
 	state atomic.Pointer[State]
 	beat  atomic.Pointer[func() time.Time]
 	// idleSince is when this process last streamed or, as a standby, saw
-	// a live holder (unix nanoseconds), for Healthy.
+	// a live holder, or made progress on a long step before streaming (a
+	// first start's backfill sent a chunk): unix nanoseconds, for
+	// Healthy. Busy is not stuck.
 	idleSince atomic.Int64
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
@@ -191,7 +193,9 @@ func (p *Pipeline) Healthy() error {
 	beat := p.beat.Load()
 	if beat == nil {
 		// Between sessions: a standby waiting for a live holder is
-		// healthy; retrying for longer than UnhealthyAfter is stuck.
+		// healthy, and so is a first start whose backfill makes
+		// progress; retrying, or a backfill that sent nothing, for
+		// longer than UnhealthyAfter is stuck.
 		if d := time.Since(time.Unix(0, p.idleSince.Load())); d > p.cfg.UnhealthyAfter {
 			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), p.cfg.UnhealthyAfter, p.State().Detail)
 		}

@@ -164,7 +164,11 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	p.bf.Reset(p.progress.Saved().Backfills)
 	bctx, stopBackfills := context.WithCancel(ctx)
 	backfillsDone := make(chan struct{})
-	go func() { defer close(backfillsDone); p.backfills().Run(bctx, p.bf) }()
+	runner := p.backfills()
+	runner.Room = func(ctx context.Context) error {
+		return s.tracker.WaitRoom(ctx, max(p.cfg.MaxInFlight/2, 1), max(p.cfg.MaxInFlightBytes-runner.ChunkBytes, 0))
+	}
+	go func() { defer close(backfillsDone); runner.Run(bctx, p.bf) }()
 	defer func() { stopBackfills(); <-backfillsDone }()
 
 	runErr := stream.Run(ctx, s.handle, acks)

@@ -409,6 +409,7 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 		defer r.snap.Close(s.ctx)
 		dec, seen := r.snap.Decoder(), w.fresh[r.table]
 		limit := max(s.p.cfg.MaxInFlight/2, 1)
+		bytes := max(s.p.cfg.MaxInFlightBytes-chunkBytes(s.p.cfg.MaxInFlightBytes), 0)
 		for final := false; !final; {
 			var rows [][][]byte
 			err := s.blocking(func() (err error) {
@@ -435,7 +436,7 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 			// The held batch goes now: the loop that lets batches go is
 			// this goroutine, which waits below for their acks.
 			s.kafka.Release(time.Time{})
-			if err := s.blocking(func() error { return s.tracker.WaitInFlight(s.ctx, limit) }); err != nil {
+			if err := s.blocking(func() error { return s.tracker.WaitRoom(s.ctx, limit, bytes) }); err != nil {
 				return err
 			}
 		}

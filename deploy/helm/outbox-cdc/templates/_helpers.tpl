@@ -86,7 +86,8 @@ A secret in the values is refused: it would land in the ConfigMap.
 {{- $has := dict -}}
 {{- range $secrets }}{{ $_ := set $has .file true }}{{ end -}}
 {{- $pg := dict "url" $url -}}
-{{- with .Values.postgres.slot }}{{ $_ := set $pg "slot" . }}{{ end -}}
+{{- /* Each release its own slot: two releases on one server must not share one. */ -}}
+{{- $_ := set $pg "slot" (.Values.postgres.slot | default (regexReplaceAll "[^a-z0-9_]" (lower .Release.Name) "_" | trunc 63)) -}}
 {{- with .Values.postgres.publication }}{{ $_ := set $pg "publication" . }}{{ end -}}
 {{- if hasKey $has "postgres-password" }}{{ $_ := set $pg "password_file" "/etc/cdc/secrets/postgres-password" }}{{ end -}}
 {{- $_ := set $c "postgres" (mergeOverwrite (get $c "postgres" | default dict) $pg) -}}
