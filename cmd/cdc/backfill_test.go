@@ -68,16 +68,17 @@ func TestBackfillKilledResumes(t *testing.T) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`,
 		fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
 		SELECT 'order', 'a-' || (s %% 100), 'E', jsonb_build_object('seq', s) FROM generate_series(1, %d) s`, rows),
-		// Only chunk reads wait: they alone end in LIMIT <chunk_size>. The
-		// count and the last key read every row, or the highest first, and
-		// would wait before the backfill began.
+		// Only chunk reads wait: they alone end in LIMIT $n (the rows a
+		// chunk asks for follow their size). The count and the last key
+		// read every row, or the highest first, and would wait before the
+		// backfill began.
 		fmt.Sprintf(`CREATE FUNCTION public.backfill_gate(id uuid) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 		BEGIN
-			IF id >= '80000000-0000-0000-0000-000000000000' AND current_query() LIKE '%%LIMIT %d' THEN
+			IF id >= '80000000-0000-0000-0000-000000000000' AND current_query() LIKE '%%LIMIT $%%' THEN
 				PERFORM pg_advisory_xact_lock_shared(%d);
 			END IF;
 			RETURN true;
-		END $$`, chunk, gateLock))
+		END $$`, gateLock))
 	gate, err := pgx.Connect(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
