@@ -38,30 +38,23 @@ import (
 // the metrics.
 const memoryHeadroom = 40 << 20
 
-// gcPercent is cdc run's GOGC, under the soft memory limit.
-const gcPercent = 200
-
 // gcSettings is what cdc run gives Go's collector, unless the environment
-// does (GOMEMLIMIT: nothing; GOGC: the limit only); 0 leaves a setting
-// alone.
+// does (GOMEMLIMIT: nothing); 0 leaves a setting alone. GOGC stays Go's
+// (100, or the environment's).
 //
 // The records waiting for Kafka are bounded by max_in_flight_bytes; by
 // default Go lets the heap grow to twice what is live before collecting,
 // so a stall with large payloads would double them. A soft limit of that
 // bound plus room for the rest makes the collector work harder instead
-// (docs/config.md). Below the limit it collects when the heap has tripled
-// rather than doubled: a stream's heap is small (the process peaks at
-// about 40 MB), and at 40k events/s the collections were what tipped the
-// connector behind its walsender (docs/benchmarks.md, "Where the time
-// goes"). The limit still bounds a stall.
+// (docs/config.md). GOGC=200 below the limit was tried, and costs a
+// seventh more memory in a drain for a tenth less CPU at 20k-40k
+// events/s, with the same p99: Go's default is the one kept
+// (docs/benchmarks.md, "Memory and GOGC").
 func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64, percent int) {
 	if getenv("GOMEMLIMIT") != "" {
 		return 0, 0
 	}
-	if getenv("GOGC") != "" {
-		return maxInFlightBytes + memoryHeadroom, 0
-	}
-	return maxInFlightBytes + memoryHeadroom, gcPercent
+	return maxInFlightBytes + memoryHeadroom, 0
 }
 
 // liveProcs is what cdc run does with GOMAXPROCS as its stream turns
@@ -150,7 +143,16 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := p.Ops().Check(ctx); err != nil {
+	warnings, err := p.Ops().Check(ctx)
+	printWarnings := func() {
+		if len(warnings) > 0 {
+			fmt.Fprintf(c.stdout, "warnings (cdc run works, but less well than it could):\n")
+			for _, w := range warnings {
+				fmt.Fprintf(c.stdout, "  - %s\n", w)
+			}
+		}
+	}
+	if err != nil {
 		var ce *wal.CheckError
 		if !errors.As(err, &ce) {
 			fmt.Fprintf(c.stderr, "cdc: %v\n", err)
@@ -160,10 +162,12 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 		for _, pr := range ce.Problems {
 			fmt.Fprintf(c.stderr, "  - %s\n", pr)
 		}
+		printWarnings()
 		printWeaknesses(c, p)
 		return 1
 	}
 	fmt.Fprintln(c.stdout, "postgres and kafka OK: cdc run has what it needs")
+	printWarnings()
 	printWeaknesses(c, p)
 	return 0
 }
@@ -359,6 +363,10 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 // progressText is a job's progress for a person: rows, share, rate, and
 // time left.
 func progressText(j checkpoint.Backfill) string {
+	if j.Total == 0 && !j.Done() {
+		// Before its first chunk a job knows no total yet.
+		return fmt.Sprintf("started, %d rows sent so far", j.Rows)
+	}
 	s := fmt.Sprintf("%d of %d rows", j.Rows, j.Total)
 	if j.Total > 0 {
 		s += fmt.Sprintf(" (%d%%)", min(100, j.Rows*100/j.Total))
@@ -438,6 +446,34 @@ func rewindCmd(ctx context.Context, c *cli, args []string) int {
 	return 0
 }
 
+func skipCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("skip", "--config F --lsn L --id ID")
+	config := fs.String("config", "", "the YAML config file of the pipeline (required)")
+	lsnFlag := fs.String("lsn", "", "the commit LSN of the event's transaction, as the error names it (0/16B3748)")
+	id := fs.String("id", "", "the event's id, as the error names it")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	if *config == "" || *lsnFlag == "" || *id == "" {
+		return c.usageErr("skip needs --config, --lsn and --id: the connector's error on the event names the last two (outbox event id=\"...\" ... (commit lsn ...))")
+	}
+	lsn, err := pglogrepl.ParseLSN(*lsnFlag)
+	if err != nil {
+		return c.usageErr("--lsn %q is not an LSN such as 0/16B3748", *lsnFlag)
+	}
+	p, log, code, ok := c.pipeline(*config)
+	if !ok {
+		return code
+	}
+	topic, err := p.Ops().Skip(ctx, lsn, *id)
+	if err != nil {
+		log.Error("skip failed", "error", errtext.OneLine(err))
+		return 1
+	}
+	fmt.Fprintf(c.stdout, "the next cdc run sends event %s of the transaction at %s to %s, with why it is invalid, and streams on\n", *id, lsn, topic)
+	return 0
+}
+
 func resetCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("reset", "--config F --accept-gap")
 	config := fs.String("config", "", "the YAML config file of the pipeline")
@@ -474,6 +510,9 @@ type progressLine struct {
 	tty  bool
 	last time.Time
 	drew bool
+	// pending is the newest line a log (not a terminal) has not shown
+	// yet: done shows it, so the last state is never lost to the pace.
+	pending string
 }
 
 func newProgressLine(w io.Writer) *progressLine {
@@ -487,15 +526,20 @@ func (p *progressLine) printf(format string, args ...any) {
 		p.drew = true
 		return
 	}
+	p.pending = fmt.Sprintf(format, args...)
 	if time.Since(p.last) >= 2*time.Second {
-		fmt.Fprintf(p.w, format+"\n", args...)
-		p.last = time.Now()
+		fmt.Fprintln(p.w, p.pending)
+		p.last, p.pending = time.Now(), ""
 	}
 }
 
 func (p *progressLine) done() {
 	if p.drew {
 		fmt.Fprintln(p.w)
+	}
+	if p.pending != "" {
+		fmt.Fprintln(p.w, p.pending)
+		p.pending = ""
 	}
 }
 

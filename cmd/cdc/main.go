@@ -58,6 +58,7 @@ func init() {
 		"backfill": {"send a table's existing rows through the running connector, beside its stream", backfillCmd},
 		"rewind":   {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
 		"reset":    {"accept a gap the connector refused to stream over", resetCmd},
+		"skip":     {"send one invalid event the stopped connector stops on to the dead-letter topic, and stream on", skipCmd},
 		"status":   {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
 		"demo":     {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
 		"probe":    {"ask a running connector's /healthz or /readyz, for health checks that run a command", probeCmd},

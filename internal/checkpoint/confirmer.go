@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -92,6 +93,10 @@ func (p *Progress) next(pos Position, now time.Time) Record {
 	}
 	if pos.Tables != nil {
 		r.Tables = pos.Tables
+	}
+	if len(r.Skips) > 0 {
+		// A skip is done once its transaction is delivered.
+		r.Skips = slices.DeleteFunc(slices.Clone(r.Skips), func(s Skip) bool { return s.CommitLSN <= r.CommitLSN })
 	}
 	return r
 }

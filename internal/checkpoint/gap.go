@@ -98,6 +98,10 @@ type GapError struct {
 	SlotLSN    pglogrepl.LSN // the slot's position, for GapSlotAhead
 	// ConfigFile names the config in the command the message gives.
 	ConfigFile string
+	// Rewindable: the replay window still holds the WAL from the
+	// checkpoint's position, so cdc rewind to it loses nothing, and the
+	// message offers that first.
+	Rewindable bool
 }
 
 func (e *GapError) Error() string {
@@ -111,6 +115,10 @@ func (e *GapError) Error() string {
 		config = "<config file>"
 	}
 	fix := fmt.Sprintf("recover those events (the outbox table may still hold them, or cdc replay if a replay window covers them), then accept the gap explicitly: cdc reset --config %s --accept-gap", config)
+	if e.Rewindable && (e.Kind == GapSlotMissing || e.Kind == GapSlotAhead) {
+		fix = fmt.Sprintf("the replay window still holds the WAL from %s, so nothing need be lost: cdc rewind --config %s --to-lsn %s re-creates the slot there from the replay slot, and the next start delivers what followed; "+
+			"only if that fails, recover the events another way and accept the gap: cdc reset --config %s --accept-gap", c.Confirmed, config, c.Confirmed, config)
+	}
 	switch e.Kind {
 	case GapSlotMissing:
 		return fmt.Sprintf("replication slot %q is missing, but the checkpoint shows the connector confirmed it up to %s (%s): the slot was dropped, or Postgres failed over without failover slots, and events committed after %s may never be delivered; %s",

@@ -56,6 +56,16 @@ type Record struct {
 	// "Table changes"). nil in records written before it was kept. The
 	// map is never changed once in a record: a change makes a new one.
 	Tables map[string]uint32
+	// Skips are invalid events an operator chose to send to the
+	// dead-letter topic rather than stop on (cdc skip), until the stream
+	// delivered their transaction (Progress drops them then).
+	Skips []Skip
+}
+
+// Skip names one event by its transaction's commit LSN and its id.
+type Skip struct {
+	CommitLSN pglogrepl.LSN
+	ID        string
 }
 
 // Backfill is one backfill job's durable progress. A running pipeline
@@ -261,6 +271,12 @@ type jsonRecord struct {
 	History      []jsonEvent       `json:"history,omitempty"`
 	Backfills    []jsonBackfill    `json:"backfills,omitempty"`
 	Tables       map[string]uint32 `json:"tables,omitempty"`
+	Skips        []jsonSkip        `json:"skips,omitempty"`
+}
+
+type jsonSkip struct {
+	CommitLSN string `json:"commit_lsn"`
+	ID        string `json:"id"`
 }
 
 type jsonBackfill struct {
@@ -302,6 +318,9 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	}
 	for _, b := range r.Backfills {
 		j.Backfills = append(j.Backfills, b.toJSON())
+	}
+	for _, s := range r.Skips {
+		j.Skips = append(j.Skips, jsonSkip{CommitLSN: s.CommitLSN.String(), ID: s.ID})
 	}
 	return json.Marshal(j)
 }
@@ -353,6 +372,13 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			return err
 		}
 		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
+	}
+	for _, s := range j.Skips {
+		l, err := lsn("skips", s.CommitLSN)
+		if err != nil {
+			return err
+		}
+		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
 		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error, MAC: b.MAC}

@@ -306,9 +306,21 @@ func (c *Config) UsesRegistry() bool {
 func (c *Config) WALTables() []wal.Table {
 	var ts []wal.Table
 	for _, t := range c.Tables {
-		if !t.IsMessage() {
-			ts = append(ts, wal.Table{Schema: t.Name.Schema, Name: t.Name.Name, Columns: t.Needed()})
+		if t.IsMessage() {
+			continue
 		}
+		wt := wal.Table{Schema: t.Name.Schema, Name: t.Name.Name}
+		for f, name := range t.Columns {
+			if name != "" {
+				wt.Columns = append(wt.Columns, name)
+				wt.Fields = append(wt.Fields, outbox.FieldNames[f])
+			}
+		}
+		for _, name := range t.Extra {
+			wt.Columns = append(wt.Columns, name)
+			wt.Fields = append(wt.Fields, "")
+		}
+		ts = append(ts, wt)
 	}
 	return ts
 }

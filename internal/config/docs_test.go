@@ -24,8 +24,17 @@ func TestDocsConfigsValidate(t *testing.T) {
 		}
 		for i, m := range block.FindAllStringSubmatch(string(raw), -1) {
 			n++
-			path := filepath.Join(t.TempDir(), "cdc.yaml")
-			if err := os.WriteFile(path, []byte(m[1]), 0o600); err != nil {
+			// The files a block names (password_file, signing_key_file)
+			// are the reader's: here each is a stand-in with a key in it.
+			dir := t.TempDir()
+			body := regexp.MustCompile(`(\w+_file): *(\S+)`).ReplaceAllStringFunc(m[1], func(kv string) string {
+				k, v, _ := strings.Cut(kv, ":")
+				stand := filepath.Join(dir, filepath.Base(strings.TrimSpace(v)))
+				os.WriteFile(stand, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+				return k + ": " + stand
+			})
+			path := filepath.Join(dir, "cdc.yaml")
+			if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			// KAFKA_PASSWORD: config.md's ${VAR} example.

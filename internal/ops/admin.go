@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -14,7 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// The operator commands: cdc rewind and cdc reset --accept-gap. Both act on
+// The operator commands: cdc rewind, cdc skip and cdc reset --accept-gap. They act on
 // a stopped pipeline's slot and record what they did in its checkpoint, so
 // that the next cdc run starts from there and the history says why.
 
@@ -113,6 +115,80 @@ type Accepted struct {
 	Gap      *checkpoint.GapError
 	LostSlot bool          // the slot was lost (max_slot_wal_keep_size) and re-created
 	From, To pglogrepl.LSN // events committed in between may be missing
+}
+
+// Rewindable reports whether cdc rewind could re-create the slot at to
+// now: a replay window is configured, and its slot exists, is not lost, and
+// is not past to. Any failure to find out is a no.
+func (o *Ops) Rewindable(ctx context.Context, to pglogrepl.LSN) bool {
+	if o.Config.Replay.Window == 0 {
+		return false
+	}
+	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	if err != nil {
+		return false
+	}
+	defer sql.Close(context.WithoutCancel(ctx))
+	rs, err := wal.InspectSlot(ctx, sql, o.Config.ReplaySlot())
+	return err == nil && rs.Exists && rs.WALStatus != "lost" && rs.ConfirmedFlush <= to
+}
+
+// Skip is cdc skip: with the connector stopped on invalid event id of the
+// transaction at commit lsn, it records in the checkpoint that the next
+// session sends that event to its table's dead-letter topic, with why it
+// is invalid, instead of stopping on it (whatever on_invalid says), and
+// returns that topic. The event is written there before the stream goes
+// past it: nothing is dropped. The skip is forgotten once its transaction
+// is delivered.
+func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, error) {
+	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	if err != nil {
+		return "", err
+	}
+	defer sql.Close(context.WithoutCancel(ctx))
+	slot, err := wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	for deadline := time.Now().Add(2 * time.Second); err == nil && slot.Active && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // a connector that just stopped: its walsender lets go
+		slot, err = wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	}
+	if err != nil {
+		return "", err
+	}
+	if slot.Active {
+		// A running session writes its own checkpoints, which would
+		// not carry the skip.
+		return "", &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before cdc skip", o.Config.Postgres.Slot, slot.ActivePID)}
+	}
+	if slot.Exists && lsn < slot.ConfirmedFlush {
+		return "", &wal.SetupError{Msg: fmt.Sprintf("the transaction at %s is before the slot's position %s: the connector is past it already; check --lsn against the error", lsn, slot.ConfirmedFlush)}
+	}
+	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rec, store, err := o.LoadRecord(ctx, conn.System())
+	if err != nil {
+		return "", err
+	}
+	skip := checkpoint.Skip{CommitLSN: lsn, ID: id}
+	if !slices.Contains(rec.Skips, skip) {
+		rec.Skips = append(slices.Clone(rec.Skips), skip)
+	}
+	rec.UpdatedAt = time.Now()
+	if err := store.Save(ctx, rec); err != nil {
+		return "", err
+	}
+	o.Log.Info("recorded a skip in the checkpoint", "lsn", lsn.String(), "id", id)
+	topics := map[string]bool{}
+	var names []string
+	for _, t := range o.Config.Tables {
+		if !topics[t.DeadLetterTopic] {
+			topics[t.DeadLetterTopic] = true
+			names = append(names, t.DeadLetterTopic)
+		}
+	}
+	return strings.Join(names, " or "), nil
 }
 
 // AcceptGap is cdc reset --accept-gap: it records in the checkpoint (and

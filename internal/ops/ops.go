@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -31,31 +32,47 @@ type Ops struct {
 	store *checkpoint.Store // the checkpoint topic's, once read
 }
 
+// unreachable reports whether err is a broker nobody answers for: a dial
+// refused or timed out, a name that does not resolve, a deadline.
+func unreachable(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &dns) || (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, context.DeadlineExceeded)
+}
+
 // backfills is the backfill runner for the config, for Check.
 func (o *Ops) backfills() *backfill.Runner {
 	return &backfill.Runner{Postgres: o.Config.Postgres, StatementTimeout: o.Config.Backfill.StatementTimeout, ReaderRole: o.Config.Backfill.ReaderRole, Tables: o.Config.Tables, Log: o.Log}
 }
 
 // Check checks Postgres' and Kafka's preconditions without creating or
-// streaming anything.
-func (o *Ops) Check(ctx context.Context) error {
+// streaming anything. It returns, as a *wal.CheckError, what would stop
+// cdc run; and warnings, what would weaken it without stopping it (cdc
+// check exits 0 on those): a standby that cannot see its holder, an
+// unlimited max_slot_wal_keep_size, brokers that do not answer now (cdc
+// run would wait for them).
+func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	var probs []string
 	var slots []string
 	if o.Config.Replay.Window > 0 {
 		slots = append(slots, o.Config.ReplaySlot())
 	}
-	if err := wal.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...); err != nil {
+	ws, err := wal.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...)
+	for _, w := range ws {
+		warnings = append(warnings, "postgres: "+w)
+	}
+	if err != nil {
 		var ce *wal.CheckError
 		if !errors.As(err, &ce) {
-			return fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
+			return warnings, fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
 		}
 		for _, pr := range ce.Problems {
 			probs = append(probs, "postgres: "+pr)
 		}
 	}
 	if o.Config.Standby.TakeoverAfter > 0 {
-		if pr := checkTakeover(ctx, o.Config.Postgres); pr != "" {
-			probs = append(probs, "postgres: "+pr)
+		if w := checkTakeover(ctx, o.Config.Postgres); w != "" {
+			warnings = append(warnings, "postgres: "+w)
 		}
 	}
 	if len(probs) == 0 {
@@ -69,17 +86,24 @@ func (o *Ops) Check(ctx context.Context) error {
 	if o.Config.UsesRegistry() {
 		reg, err := schema.New(o.Config.SchemaRegistry, nil, o.Log.Named("schema"))
 		if err != nil {
-			return err
+			return warnings, err
 		}
 		probs = append(probs, reg.Check(ctx, o.Config.Tables)...)
 	}
 	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)
 	if err != nil {
-		return fmt.Errorf("kafka: %w", err)
+		return warnings, fmt.Errorf("kafka: %w", err)
 	}
 	defer k.Close()
 	if err := k.Ping(ctx); err != nil {
-		probs = append(probs, fmt.Sprintf("kafka: %v; check kafka.brokers", err))
+		if unreachable(err) {
+			// Nobody answers (yet): cdc run waits for the brokers.
+			warnings = append(warnings, fmt.Sprintf("kafka: %v; cdc run would wait for the brokers, retrying, but check kafka.brokers and that they are up", err))
+		} else {
+			// Refused credentials, TLS, not Kafka at all, a connection
+			// closed on the connector: what cdc run stops or loops on.
+			probs = append(probs, fmt.Sprintf("kafka: %v", err))
+		}
 	} else {
 		// The checkpoint topic, which the connector creates itself, and
 		// every topic that is not a template.
@@ -100,9 +124,9 @@ func (o *Ops) Check(ctx context.Context) error {
 		}
 	}
 	if len(probs) > 0 {
-		return &wal.CheckError{Problems: probs}
+		return warnings, &wal.CheckError{Problems: probs}
 	}
-	return nil
+	return warnings, nil
 }
 
 // LoadRecord reads the pipeline's checkpoint for the operator commands,
@@ -145,7 +169,7 @@ func checkTakeover(ctx context.Context, cfg wal.Config) string {
 	if err != nil || ok {
 		return ""
 	}
-	return fmt.Sprintf("role %s cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby cannot take over a frozen holder before wal_sender_timeout; run: GRANT pg_read_all_stats TO %s (or set standby.takeover_after: -1)", pgident.Quote(role), pgident.Quote(role))
+	return fmt.Sprintf("role %s cannot see when the slot's holder last spoke (pg_stat_replication.reply_time), so a standby takes over a frozen holder only after wal_sender_timeout (60 s by default), not after standby.takeover_after; run: GRANT pg_read_all_stats TO %s (or set standby.takeover_after: 0 to turn takeover off and silence this)", pgident.Quote(role), pgident.Quote(role))
 }
 
 // RequestBackfill is cdc backfill (backfill.Runner.Request) for the

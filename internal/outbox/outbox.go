@@ -3,6 +3,7 @@ package outbox
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -416,9 +417,28 @@ type EventError struct {
 	Reason    string
 }
 
+// Error is the event, why it is invalid, and what works when the
+// connector stops on it (on_invalid: fail). Fixing the row does not: its
+// INSERT is in the WAL, and the connector sends what the WAL holds.
 func (e *EventError) Error() string {
-	return fmt.Sprintf("outbox event id=%q from %s (commit lsn %s): %s; nothing past this transaction is confirmed, so fix the row or the configuration and restart to resume here (or set on_invalid: dead-letter)",
-		e.EventID, e.Table, e.CommitLSN, e.Reason)
+	return fmt.Sprintf("%s; the connector stops here and nothing past this transaction is confirmed. An UPDATE of the row changes nothing (its INSERT is in the WAL). "+
+		"To go on: send this one event to the dead-letter topic and stream on with cdc skip --lsn %s --id %s (with your --config), then start again; "+
+		"or set on_invalid: dead-letter on the table for every such event (and, for a topic name, topic_normalize)",
+		e.Brief(), e.CommitLSN, quoteArg(e.EventID))
+}
+
+// Brief is the event and why it is invalid, without advice: the reason a
+// dead letter carries.
+func (e *EventError) Brief() string {
+	return fmt.Sprintf("outbox event id=%q from %s (commit lsn %s): %s", e.EventID, e.Table, e.CommitLSN, e.Reason)
+}
+
+// quoteArg quotes s for a shell, when it needs it.
+func quoteArg(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // Invalid returns the EventError for ev.

@@ -243,7 +243,7 @@ func TestBackfillBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := chk.Ops().Check(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := chk.Ops().Check(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("check of backfill %+v: %v, want a problem with %q", tc.b, err, tc.want)
 		}
 		// and cdc run stops on it before creating anything.

@@ -42,7 +42,8 @@ func TestCheckKafkaTopics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p.Ops().Check(ctx)
+		_, err = p.Ops().Check(ctx)
+		return err
 	}
 	err = check()
 	var ce *wal.CheckError

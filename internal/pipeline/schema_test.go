@@ -228,7 +228,7 @@ func TestCheckSchemaSubjects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = p.Ops().Check(context.Background())
+		_, err = p.Ops().Check(context.Background())
 		if err == nil {
 			return nil
 		}

@@ -415,10 +415,18 @@ func (s *session) record(m *decode.Message) (*kgo.Record, error) {
 // its transaction is confirmed only once Kafka acked it.
 func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
 	s.p.m.InvalidEvents.Inc()
-	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
-		return nil, cause
+	reason := cause.Error()
+	var ee *outbox.EventError
+	if errors.As(cause, &ee) {
+		reason = ee.Brief() // the reason, without what to do when stopping on it
 	}
-	rec := s.p.router.DeadLetter(ev, cause.Error())
+	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+		if !s.skipped(ev) {
+			return nil, cause
+		}
+		reason += " (sent here by cdc skip)"
+	}
+	rec := s.p.router.DeadLetter(ev, reason)
 	if n, limit := sink.RecordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
 		// Too large for the dead-letter topic too: the row's problem
 		// still, so its dead letter keeps the reason and what fits.
@@ -440,6 +448,20 @@ func metricTopic(t *outbox.Table, topic string) string {
 		return topic
 	}
 	return t.Topic
+}
+
+// skipped reports whether an operator chose, with cdc skip, to send ev to
+// the dead-letter topic rather than stop on it.
+func (s *session) skipped(ev *outbox.Event) bool {
+	if s.p.progress == nil || s.replay != nil {
+		return false
+	}
+	for _, k := range s.p.progress.Saved().Skips {
+		if k.CommitLSN == ev.CommitLSN && k.ID == ev.ID() {
+			return true
+		}
+	}
+	return false
 }
 
 // produce counts rec in flight in the open transaction and sends it; the

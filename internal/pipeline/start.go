@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -79,6 +80,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		var gap *checkpoint.GapError
 		if errors.As(err, &gap) {
 			gap.ConfigFile = p.opts.ConfigFile
+			gap.Rewindable = p.ops.Rewindable(ctx, gap.Checkpoint.Confirmed)
 		}
 		return 0, err
 	}
@@ -105,12 +107,20 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			}
 			// The backfill reads the rows committed before the slot in
 			// the snapshot of its consistent point (rule 18).
-			if from, p.snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot); err != nil {
+			err := p.whileCreatingSlot(ctx, func() (err error) {
+				from, p.snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot)
+				return err
+			})
+			if err != nil {
 				return 0, err
 			}
 			p.log.Info("first start: created the replication slot; rows committed before this position are sent by the tables' backfill, the rest by the stream", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
 		} else {
-			if from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot); err != nil {
+			err := p.whileCreatingSlot(ctx, func() (err error) {
+				from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot)
+				return err
+			})
+			if err != nil {
 				return 0, err
 			}
 			p.log.Warn("first start: created the replication slot; events committed before this position are not streamed (set backfill on a table to send them)", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
@@ -162,6 +172,73 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		return 0, err
 	}
 	return from, nil
+}
+
+// slotWaitReport is how often a first start says what creating its slot
+// waits for.
+var slotWaitReport = 5 * time.Second
+
+// whileCreatingSlot runs create, which creates the slot. A logical slot's
+// creation waits until every transaction that had written when it began
+// has ended (its consistent point): one session left idle in a
+// transaction (a leak) makes it wait for ever, in silence. So every
+// slotWaitReport it says what it waits for, in the log and in /readyz: the
+// transactions, as far as the role can see them, and how to end them.
+func (p *Pipeline) whileCreatingSlot(ctx context.Context, create func() error) error {
+	done := make(chan struct{})
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		t := time.NewTicker(slotWaitReport)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				p.reportSlotWait(ctx)
+			}
+		}
+	}()
+	err := create()
+	close(done)
+	<-reported
+	return err
+}
+
+// reportSlotWait says once what the slot's creation waits for.
+func (p *Pipeline) reportSlotWait(ctx context.Context) {
+	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+	if err != nil {
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(extract(epoch FROM now() - xact_start)::bigint, 0)
+		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 5`)
+	if err != nil {
+		return
+	}
+	var seen []string
+	for rows.Next() {
+		var pid int
+		var state string
+		var age int64
+		if rows.Scan(&pid, &state, &age) == nil {
+			seen = append(seen, fmt.Sprintf("pid %d, %s for %ds", pid, state, age))
+		}
+	}
+	rows.Close()
+	end := "end it, or run SELECT pg_terminate_backend(<pid>) as its owner or a superuser"
+	if len(seen) == 0 {
+		detail := "first start: creating the replication slot waits for transactions that were open when it began to end"
+		p.setState(false, detail)
+		p.log.Warn(detail+"; the connector's role cannot see other sessions' transactions (GRANT pg_read_all_stats lets it): find them with SELECT pid, state, xact_start FROM pg_stat_activity WHERE backend_xid IS NOT NULL ORDER BY xact_start; "+end,
+			"slot", p.cfg.Postgres.Slot)
+		return
+	}
+	detail := fmt.Sprintf("first start: creating the replication slot waits for %d open transaction(s) to end: %s", len(seen), strings.Join(seen, "; "))
+	p.setState(false, detail)
+	p.log.Warn(detail+"; a session left idle in a transaction keeps it waiting for ever: "+end, "slot", p.cfg.Postgres.Slot)
 }
 
 // openStore opens the checkpoint store, creating its topic when missing,

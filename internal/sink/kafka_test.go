@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -244,5 +246,30 @@ func TestClientLogIsItsOwnSwitch(t *testing.T) {
 	}
 	if err := (&Config{Brokers: []string{"k:1"}, ClientLog: "loud"}).Validate(); err == nil || !strings.Contains(err.Error(), "log.kafka \"loud\"") {
 		t.Errorf("log.kafka loud: %v", err)
+	}
+}
+
+// TestPingNotKafka (issue 39): kafka.brokers pointing at something that
+// does not speak Kafka (an HTTP server) is named as such, a permanent
+// ConnectError, not "invalid large response size".
+func TestPingNotKafka(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadRequest) }))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	cfg := Config{Brokers: []string{addr}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(cfg, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = k.Ping(ctx)
+	var ce *ConnectError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "does not speak the Kafka protocol") || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("Ping of an HTTP server: %v; want a ConnectError saying it does not speak Kafka", err)
 	}
 }

@@ -286,6 +286,10 @@ func classifyConnect(cfg Config, err error) error {
 		return &ConnectError{Err: err, Msg: fmt.Sprintf("the broker's TLS certificate is not valid (%v): check it, and kafka.tls.ca_file", invalid.Reason)}
 	case errors.As(err, &recordHeader):
 		return &ConnectError{Err: err, Msg: "the broker did not answer TLS: it is a plaintext listener; turn kafka.tls off, or point kafka.brokers at the TLS listener"}
+	case strings.Contains(err.Error(), "invalid large response size"):
+		// franz-go reads the first four bytes of the answer as a Kafka
+		// response's length: from an HTTP server, "HTTP" is 1.2 GB.
+		return &ConnectError{Err: err, Msg: fmt.Sprintf("the address in kafka.brokers (%s) does not speak the Kafka protocol: something else answered there (an HTTP server, a Schema Registry, a broker's controller or JMX port); point kafka.brokers at the brokers' client listener", strings.Join(cfg.Brokers, ", "))}
 	case cfg.SASL.Mechanism == "" && isEOF(err):
 		// A SASL listener closes the connection on a client that does not
 		// authenticate.

@@ -12,8 +12,8 @@ import (
 )
 
 // CheckError lists everything Check found that would stop cdc run, each
-// with its fix.
-type CheckError struct{ Problems []string }
+// with its fix. Warnings lists what would weaken it without stopping it.
+type CheckError struct{ Problems, Warnings []string }
 
 func (e *CheckError) Error() string {
 	if len(e.Problems) == 1 {
@@ -28,11 +28,12 @@ func (e *CheckError) Error() string {
 // publication (that it fits, or that the role may create it), the slot
 // (that it fits, or that a free slot and WAL sender are there for it), and
 // the free slots the others need (the replay window's). Only a connection
-// that fails stops it early.
-func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string) error {
+// that fails stops it early. warnings are what would weaken cdc run
+// without stopping it: an unlimited max_slot_wal_keep_size.
+func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string) (warnings []string, err error) {
 	conn, err := ConnectSQL(ctx, cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var probs []string
@@ -42,10 +43,13 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		}
 	}
 
-	var walLevel string
+	var walLevel, keep string
 	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&walLevel, &version); err != nil {
-		return fmt.Errorf("read wal_level: %w", err)
+	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_setting('max_slot_wal_keep_size')").Scan(&walLevel, &version, &keep); err != nil {
+		return nil, fmt.Errorf("read wal_level: %w", err)
+	}
+	if keep == "-1" {
+		warnings = append(warnings, "max_slot_wal_keep_size is unlimited (-1): a connector stopped for long keeps every byte of WAL since until the disk is full; as a superuser run: ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf(); (size it to hours of your WAL; docs/operations.md, \"Lost slot\")")
 	}
 	if walLevel != "logical" {
 		add(setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel))
@@ -57,7 +61,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 	var user, db string
 	var replication, super bool
 	if err := conn.QueryRow(ctx, `SELECT current_user, current_database(), rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &db, &replication, &super); err != nil {
-		return fmt.Errorf("read role attributes: %w", err)
+		return warnings, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !replication && !super {
 		add(setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user)))
@@ -72,7 +76,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		present = append(present, t)
 		var sel bool
 		if err := conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'SELECT')`, t.String()).Scan(&sel); err != nil {
-			return fmt.Errorf("read privileges on %s: %w", t, err)
+			return warnings, fmt.Errorf("read privileges on %s: %w", t, err)
 		}
 		if !sel {
 			add(setupErrorf("role %s may not SELECT from outbox table %s; as its owner run: GRANT SELECT ON %s TO %s", pgident.Quote(user), t, t, pgident.Quote(user)))
@@ -86,7 +90,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 	if err != nil {
 		var se *SetupError
 		if !errors.As(err, &se) {
-			return err
+			return warnings, err
 		}
 		add(err)
 	} else if st.WALStatus == "lost" {
@@ -96,9 +100,9 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		add(err)
 	}
 	if len(probs) > 0 {
-		return &CheckError{Problems: probs}
+		return warnings, &CheckError{Problems: probs}
 	}
-	return nil
+	return warnings, nil
 }
 
 // checkPublication checks an existing publication as Setup does, or that

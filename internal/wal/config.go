@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
@@ -235,12 +236,12 @@ var passwordKV = regexp.MustCompile(`password\s*=\s*'?([^'\s]+)`)
 // certificate (require). A Unix socket is not on the network.
 func (c Config) Weaknesses() []string {
 	pc, err := pgconn.ParseConfig(c.URL)
-	if err != nil || strings.HasPrefix(pc.Host, "/") {
+	if err != nil || local(pc.Host) {
 		return nil
 	}
 	plaintext := pc.TLSConfig == nil
 	for _, f := range pc.Fallbacks {
-		if f.TLSConfig == nil && !strings.HasPrefix(f.Host, "/") {
+		if f.TLSConfig == nil && !local(f.Host) {
 			plaintext = true
 		}
 	}
@@ -253,6 +254,16 @@ func (c Config) Weaknesses() []string {
 		return []string{"postgres.url: sslmode=require encrypts but does not check the server's certificate, so anyone on the path can pose as the server; use sslmode=verify-full with sslrootcert"}
 	}
 	return nil
+}
+
+// local reports whether host is on this machine: a Unix socket or a
+// loopback address, where nothing crosses a network to read or tamper.
+func local(host string) bool {
+	if strings.HasPrefix(host, "/") || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Every runs fn on an ordinary connection of its own every interval until

@@ -20,6 +20,10 @@ import (
 type Table struct {
 	Schema, Name string
 	Columns      []string
+	// Fields names, for each of Columns, the config's field it maps
+	// (aggregate_type, ...), or "" for another column the config reads:
+	// for the columns: block a missing column's error suggests.
+	Fields []string
 }
 
 // String returns the name quoted for SQL, e.g. tenant."OutboxEvent".
@@ -136,19 +140,51 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 	if len(cols) == 0 {
 		return setupErrorf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))
 	}
-	for _, want := range t.Columns {
-		found := false
+	return missingColumns(t, cols)
+}
+
+// missingColumns is the error for every column of t that cols, the table's
+// columns, lacks: all of them at once, and for the config's fields a
+// ready-to-paste columns: block of the table's columns that fit them (the
+// same name but for case and underscores: aggregate_type, aggregateType
+// for aggregatetype; event_type for the event type's type).
+func missingColumns(t Table, cols []string) error {
+	var missing, fits []string
+	norm := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
+	for i, want := range t.Columns {
+		if slices.Contains(cols, want) {
+			continue
+		}
+		missing = append(missing, pgident.Quote(want))
+		field := ""
+		if i < len(t.Fields) {
+			field = t.Fields[i]
+		}
+		if field == "" {
+			continue
+		}
 		for _, c := range cols {
-			if c == want {
-				found = true
+			if norm(c) == norm(want) || norm(c) == norm(field) {
+				// As the config file reads it: a SQL identifier, so a
+				// name with capitals is quoted inside the YAML string.
+				v := c
+				if pgident.Quote(c) != c {
+					v = `'` + pgident.Quote(c) + `'`
+				}
+				fits = append(fits, field+": "+v)
 				break
 			}
 		}
-		if !found {
-			return setupErrorf("outbox table %s has no column %s; map an existing column in tables[].columns, additional or the templates (columns: %s)", t, pgident.Quote(want), strings.Join(cols, ", "))
-		}
 	}
-	return nil
+	if len(missing) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("outbox table %s has no column %s; map existing columns in tables[].columns, additional or the templates (the table's columns: %s; names are SQL identifiers, lower-cased unless quoted)",
+		t, strings.Join(missing, ", "), strings.Join(cols, ", "))
+	if len(fits) > 0 {
+		msg += fmt.Sprintf("; these columns fit, to paste under the table in the config: columns: {%s}", strings.Join(fits, ", "))
+	}
+	return setupErrorf("%s", msg)
 }
 
 // ensurePublication creates the publication when it is missing, with

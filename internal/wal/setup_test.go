@@ -342,7 +342,7 @@ func TestCheckListsEveryProblem(t *testing.T) {
 	}
 	u.User = neturl.User("cdc_weak")
 	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "missing", Columns: []string{"id"}})
-	err = wal.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
+	_, err = wal.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
 	var ce *wal.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
@@ -370,7 +370,7 @@ func TestCheckListsEveryProblem(t *testing.T) {
 	testenv.Exec(t, db, `ALTER ROLE cdc_weak REPLICATION`, `GRANT SELECT ON outbox TO cdc_weak`, `ALTER TABLE outbox OWNER TO cdc_weak`,
 		`DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO cdc_weak', current_database()); END $$`,
 		`SELECT pg_drop_replication_slot('other_a')`)
-	if err := wal.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
+	if _, err := wal.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
 		t.Fatalf("after the grants: %v", err)
 	}
 }
@@ -385,7 +385,7 @@ func TestCheckPublication(t *testing.T) {
 	testenv.Exec(t, db, partitionedDDL, `CREATE TABLE plain (id text, aggregatetype text, aggregateid text, type text, payload jsonb)`,
 		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
 	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "plain", Columns: []string{"id"}})
-	if err := wal.Check(context.Background(), cfg(db), tables); err != nil {
+	if _, err := wal.Check(context.Background(), cfg(db), tables); err != nil {
 		t.Fatalf("a publication the role owns, which cdc run fixes: %v", err)
 	}
 	role := fmt.Sprintf("cdc_check_%d", time.Now().UnixNano())
@@ -395,7 +395,7 @@ func TestCheckPublication(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User(role)
-	err = wal.Check(context.Background(), cfg(u.String()), tables)
+	_, err = wal.Check(context.Background(), cfg(u.String()), tables)
 	var ce *wal.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
