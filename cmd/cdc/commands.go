@@ -750,6 +750,16 @@ func printStatus(w io.Writer, st ops.Status) {
 	} else {
 		fmt.Fprintf(tw, "checkpoint\t%s\n", st.CheckpointError)
 	}
+	for _, r := range st.Retention {
+		kept := fmt.Sprintf("%d rows kept", r.Rows)
+		if r.Oldest != nil {
+			kept += ", the oldest from " + r.Oldest.UTC().Format(time.RFC3339)
+		}
+		if r.Error != "" {
+			kept = r.Error
+		}
+		fmt.Fprintf(tw, "retention\t%s: %s after %s: %s\n", r.Table, r.Mode, r.After, kept)
+	}
 	if w := st.ReplayWindow; w != nil {
 		fmt.Fprintf(tw, "replay window\t%s\n", w.Window)
 		from := "—"

@@ -128,6 +128,14 @@ func (b *Jobs) next() (checkpoint.Backfill, bool) {
 	return checkpoint.Backfill{}, false
 }
 
+// Pending reports whether an unfinished job reads table (as SQL names
+// it): retention keeps the table's rows meanwhile.
+func (b *Jobs) Pending(table string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return !j.Done() && j.Table == table })
+}
+
 // Has reports whether job id is known, done or not.
 func (b *Jobs) Has(id string) bool {
 	b.mu.Lock()

@@ -19,6 +19,9 @@ type Progress struct {
 	mu      sync.Mutex
 	saved   Record
 	pending *Mark // a replay window not saved yet
+	// retention is the retention marks the next record carries (nil:
+	// the saved record's).
+	retention []RetentionMark
 }
 
 // NewProgress starts from rec, the checkpoint the pipeline found or wrote
@@ -47,6 +50,14 @@ func MarkEvery(window time.Duration) time.Duration { return max(window/64, time.
 func (p *Progress) SetWindow(m Mark) {
 	p.mu.Lock()
 	p.pending = &m
+	p.mu.Unlock()
+}
+
+// SetRetentionMarks has the next checkpoints carry marks (RetentionMarks),
+// which must not change afterwards.
+func (p *Progress) SetRetentionMarks(marks []RetentionMark) {
+	p.mu.Lock()
+	p.retention = marks
 	p.mu.Unlock()
 }
 
@@ -93,6 +104,9 @@ func (p *Progress) next(pos Position, now time.Time) Record {
 	}
 	if pos.Tables != nil {
 		r.Tables = pos.Tables
+	}
+	if p.retention != nil {
+		r.RetentionMarks = p.retention
 	}
 	if len(r.Skips) > 0 {
 		// A skip is done once its transaction is delivered.

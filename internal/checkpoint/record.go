@@ -56,10 +56,24 @@ type Record struct {
 	// "Table changes"). nil in records written before it was kept. The
 	// map is never changed once in a record: a change makes a new one.
 	Tables map[string]uint32
+	// RetentionMarks pair, over time, the oldest transaction a snapshot
+	// saw running with a WAL position after it, for the outbox tables'
+	// retention to tell a row's age and acknowledgement (internal/retention),
+	// oldest first.
+	RetentionMarks []RetentionMark
 	// Skips are invalid events an operator chose to send to the
 	// dead-letter topic rather than stop on (cdc skip), until the stream
 	// delivered their transaction (Progress drops them then).
 	Skips []Skip
+}
+
+// RetentionMark is a snapshot's xmin (64-bit) and the WAL insert position
+// read after it, at a time: every transaction below XMin had ended, its
+// commit record before LSN, at Time.
+type RetentionMark struct {
+	XMin uint64
+	LSN  pglogrepl.LSN
+	Time time.Time
 }
 
 // Skip names one event by its transaction's commit LSN and its id.
@@ -272,6 +286,13 @@ type jsonRecord struct {
 	Backfills    []jsonBackfill    `json:"backfills,omitempty"`
 	Tables       map[string]uint32 `json:"tables,omitempty"`
 	Skips        []jsonSkip        `json:"skips,omitempty"`
+	Retention    []jsonRetention   `json:"retention_marks,omitempty"`
+}
+
+type jsonRetention struct {
+	XMin uint64    `json:"xmin"`
+	LSN  string    `json:"lsn"`
+	Time time.Time `json:"time"`
 }
 
 type jsonSkip struct {
@@ -321,6 +342,9 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	}
 	for _, s := range r.Skips {
 		j.Skips = append(j.Skips, jsonSkip{CommitLSN: s.CommitLSN.String(), ID: s.ID})
+	}
+	for _, m := range r.RetentionMarks {
+		j.Retention = append(j.Retention, jsonRetention{XMin: m.XMin, LSN: m.LSN.String(), Time: m.Time.UTC()})
 	}
 	return json.Marshal(j)
 }
@@ -372,6 +396,13 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			return err
 		}
 		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
+	}
+	for _, m := range j.Retention {
+		l, err := lsn("retention_marks", m.LSN)
+		if err != nil {
+			return err
+		}
+		r.RetentionMarks = append(r.RetentionMarks, RetentionMark{XMin: m.XMin, LSN: l, Time: m.Time})
 	}
 	for _, s := range j.Skips {
 		l, err := lsn("skips", s.CommitLSN)

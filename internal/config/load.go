@@ -156,6 +156,11 @@ type fileTable struct {
 		OrderBy   string `yaml:"order_by"`
 		ChunkSize int    `yaml:"chunk_size"`
 	} `yaml:"backfill"`
+	Retention *struct {
+		After     time.Duration `yaml:"after"`
+		BatchSize int           `yaml:"batch_size"`
+		Mode      string        `yaml:"mode"`
+	} `yaml:"retention"`
 }
 
 // fileSchema is tables[].schema: a mapping, or just the format
@@ -457,6 +462,9 @@ func (ft fileTable) table() (*outbox.Table, error) {
 			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
 		}
 		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	}
+	if r := ft.Retention; r != nil {
+		t.Retention = &outbox.Retention{After: r.After, BatchSize: r.BatchSize, Mode: r.Mode}
 	}
 	if b := ft.Backfill; b != nil {
 		t.Backfill = &outbox.Backfill{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}

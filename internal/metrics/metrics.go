@@ -63,6 +63,11 @@ type Metrics struct {
 	unmapped     *prometheus.CounterVec
 	tableRepairs *prometheus.CounterVec
 	tableMissing *prometheus.GaugeVec
+	// Retention (internal/retention), by table.
+	retentionDeleted *prometheus.CounterVec
+	retentionDropped *prometheus.CounterVec
+	retentionLastRun *prometheus.GaugeVec
+	retentionErrors  *prometheus.CounterVec
 }
 
 // SchemaResults are the values of cdc_schema_lookups_total's result label:
@@ -142,7 +147,15 @@ func New(pipeline string) *Metrics {
 		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
 	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
 		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	m.retentionDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_rows_deleted_total",
+		Help: "Outbox rows retention deleted (delivered, and older than retention.after), by table."}, []string{"table"})
+	m.retentionDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_partitions_dropped_total",
+		Help: "Partitions retention detached and dropped (mode drop_partitions), by table."}, []string{"table"})
+	m.retentionLastRun = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_retention_last_run_timestamp_seconds",
+		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
+	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
+		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
+	for _, c := range []prometheus.Collector{m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -229,6 +242,22 @@ func (m *Metrics) DeadLetter(source string) { m.deadLetters.WithLabelValues(sour
 
 // Unmapped counts one insert into relation, which no table maps.
 func (m *Metrics) Unmapped(relation string) { m.unmapped.WithLabelValues(relation).Inc() }
+
+// RetentionDeleted counts n rows retention deleted from table.
+func (m *Metrics) RetentionDeleted(table string, n int64) {
+	m.retentionDeleted.WithLabelValues(table).Add(float64(n))
+}
+
+// RetentionDropped counts one partition of table retention dropped.
+func (m *Metrics) RetentionDropped(table string) { m.retentionDropped.WithLabelValues(table).Inc() }
+
+// RetentionRan records a sweep of table that ended without an error at.
+func (m *Metrics) RetentionRan(table string, at time.Time) {
+	m.retentionLastRun.WithLabelValues(table).Set(float64(at.Unix()))
+}
+
+// RetentionError counts a failed sweep of table.
+func (m *Metrics) RetentionError(table string) { m.retentionErrors.WithLabelValues(table).Inc() }
 
 // TableRepaired counts one repair of table.
 func (m *Metrics) TableRepaired(table string) { m.tableRepairs.WithLabelValues(table).Inc() }

@@ -32,6 +32,41 @@ type Ops struct {
 	store *checkpoint.Store // the checkpoint topic's, once read
 }
 
+// checkRetention is what keeps table t's retention from working, or "":
+// DELETE on it (mode delete), or owning it and its partitions, which
+// detaching and dropping them need (drop_partitions).
+func checkRetention(ctx context.Context, cfg wal.Config, t *outbox.Table) string {
+	conn, err := wal.ConnectSQL(ctx, cfg)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
+	var role string
+	var ok, partitioned bool
+	err = conn.QueryRow(ctx, `SELECT current_user, has_table_privilege($1, 'DELETE'), c.relkind = 'p'
+		FROM pg_class c WHERE c.oid = $1::regclass`, name).Scan(&role, &ok, &partitioned)
+	if err != nil {
+		return "" // a missing table is reported with the tables
+	}
+	if t.Retention.Mode == outbox.RetentionDropPartitions {
+		if !partitioned {
+			return fmt.Sprintf("%s: retention.mode drop_partitions needs a partitioned table; use mode delete", t)
+		}
+		var owns bool
+		err = conn.QueryRow(ctx, `SELECT bool_and(pg_has_role(current_user, c.relowner, 'USAGE')) FROM pg_class c
+			WHERE c.oid = $1::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`, name).Scan(&owns)
+		if err == nil && !owns {
+			return fmt.Sprintf("role %s does not own %s and all its partitions, which retention.mode drop_partitions needs to detach and drop them; as their owner run: ALTER TABLE %s OWNER TO %s (and each partition's), or use mode delete with GRANT DELETE", pgident.Quote(role), t, t, pgident.Quote(role))
+		}
+		return ""
+	}
+	if !ok {
+		return fmt.Sprintf("role %s may not DELETE from %s, which its retention needs; as its owner run: GRANT DELETE ON %s TO %s", pgident.Quote(role), t, t, pgident.Quote(role))
+	}
+	return ""
+}
+
 // unreachable reports whether err is a broker nobody answers for: a dial
 // refused or timed out, a name that does not resolve, a deadline.
 func unreachable(err error) bool {
@@ -73,6 +108,13 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	if o.Config.Standby.TakeoverAfter > 0 {
 		if w := checkTakeover(ctx, o.Config.Postgres); w != "" {
 			warnings = append(warnings, "postgres: "+w)
+		}
+	}
+	for _, t := range o.Config.Tables {
+		if t.Retention != nil {
+			if pr := checkRetention(ctx, o.Config.Postgres, t); pr != "" {
+				probs = append(probs, "postgres: "+pr)
+			}
 		}
 	}
 	if len(probs) == 0 {

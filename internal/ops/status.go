@@ -2,11 +2,15 @@ package ops
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -21,6 +25,19 @@ type Status struct {
 	// CheckpointError says why the checkpoint could not be read.
 	CheckpointError string        `json:"checkpoint_error,omitempty"`
 	ReplayWindow    *WindowStatus `json:"replay_window,omitempty"`
+	// Retention is each table with retention: what it keeps.
+	Retention []RetentionStatus `json:"retention,omitempty"`
+}
+
+// RetentionStatus is what a table with retention holds: its rows, and the
+// oldest one's timestamp field when the table maps one.
+type RetentionStatus struct {
+	Table  string     `json:"table"`
+	After  string     `json:"after"`
+	Mode   string     `json:"mode"`
+	Rows   int64      `json:"rows"`
+	Oldest *time.Time `json:"oldest_row,omitempty"`
+	Error  string     `json:"error,omitempty"`
 }
 
 // SlotStatus is a slot's row of pg_replication_slots, with lag and
@@ -111,6 +128,20 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 			c.CommitTime = &rec.CommitTime
 		}
 		st.Checkpoint = c
+	}
+	for _, t := range o.Config.Tables {
+		if t.Retention == nil {
+			continue
+		}
+		rs := RetentionStatus{Table: t.String(), After: t.Retention.After.String(), Mode: t.Retention.Mode}
+		q := fmt.Sprintf("SELECT count(*), NULL::timestamptz FROM %s", pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+		if col := t.Columns[outbox.FieldTimestamp]; col != "" {
+			q = fmt.Sprintf("SELECT count(*), min(%s)::timestamptz FROM %s", pgident.Ident(col), pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+		}
+		if err := conn.QueryRow(ctx, q).Scan(&rs.Rows, &rs.Oldest); err != nil {
+			rs.Error = errtext.OneLine(err)
+		}
+		st.Retention = append(st.Retention, rs)
 	}
 	if o.Config.Replay.Window > 0 {
 		w := &WindowStatus{Window: o.Config.Replay.Window.String()}

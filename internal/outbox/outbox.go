@@ -181,6 +181,10 @@ type Table struct {
 	// its condition on the first start (docs/migrating-from-polling.md),
 	// and is the default of cdc backfill for this table.
 	Backfill *Backfill
+	// Retention, when set, has the connector delete the table's rows
+	// whose events Kafka has acknowledged, once they are older than
+	// Retention.After (internal/retention).
+	Retention *Retention
 
 	// Derived by Validate. Extra lists the columns, besides the mapped
 	// fields, that Additional and {column:NAME} placeholders need, each
@@ -209,6 +213,51 @@ type Backfill struct {
 // DefaultMaxTopics is Table.MaxTopics' default: room for the aggregate
 // types of a large domain, and a bound on what rows can create.
 const DefaultMaxTopics = 100
+
+// Retention is tables[].retention: what the connector deletes of the rows
+// it has published (docs/operations.md, "Retention").
+type Retention struct {
+	// After is how old a row must be, counted from its commit, before it
+	// may go. Required, at least 1s.
+	After time.Duration
+	// BatchSize is how many rows one DELETE removes, each in a short
+	// transaction of its own. Default DefaultRetentionBatch.
+	BatchSize int
+	// Mode is RetentionDelete (the default) or RetentionDropPartitions.
+	Mode string
+}
+
+// The retention modes.
+const (
+	RetentionDelete         = "delete"
+	RetentionDropPartitions = "drop_partitions"
+)
+
+// DefaultRetentionBatch is Retention.BatchSize's default.
+const DefaultRetentionBatch = 5000
+
+func (r *Retention) validate(t *Table) error {
+	if t.IsMessage() {
+		return fmt.Errorf("%s: retention applies to tables, not logical decoding messages", t)
+	}
+	if r.After < time.Second {
+		return fmt.Errorf("%s: retention.after %s: set how old a row must be before it is deleted, at least 1s (hours in production)", t, r.After)
+	}
+	if r.BatchSize == 0 {
+		r.BatchSize = DefaultRetentionBatch
+	}
+	if r.BatchSize < 1 || r.BatchSize > 100000 {
+		return fmt.Errorf("%s: retention.batch_size %d: use 1 to 100000", t, r.BatchSize)
+	}
+	switch r.Mode {
+	case "":
+		r.Mode = RetentionDelete
+	case RetentionDelete, RetentionDropPartitions:
+	default:
+		return fmt.Errorf("%s: retention.mode %q: use delete or drop_partitions", t, r.Mode)
+	}
+	return nil
+}
 
 // DefaultChunkSize is Backfill.ChunkSize's default.
 const DefaultChunkSize = 1000
@@ -257,6 +306,10 @@ func (t *Table) Clone() *Table {
 		b := *t.Backfill
 		b.OrderBy = slices.Clone(b.OrderBy)
 		c.Backfill = &b
+	}
+	if t.Retention != nil {
+		r := *t.Retention
+		c.Retention = &r
 	}
 	return &c
 }
@@ -326,6 +379,11 @@ func (t *Table) Validate() error {
 			t.Additional[i].As = a.Column
 		}
 		t.addExtra(a.Column)
+	}
+	if r := t.Retention; r != nil {
+		if err := r.validate(t); err != nil {
+			return err
+		}
 	}
 	if b := t.Backfill; b != nil {
 		if t.IsMessage() {

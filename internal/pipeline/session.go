@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -15,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/retention"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -160,6 +162,14 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}()
 	defer func() { stopWatch(); <-watchTablesDone }()
 
+	// Retention runs beside the stream, on the holder of the slot only.
+	if cl := p.cleaner(); cl != nil {
+		rctx, stopRetention := context.WithCancel(ctx)
+		retentionDone := make(chan struct{})
+		go func() { defer close(retentionDone); cl.Run(rctx) }()
+		defer func() { stopRetention(); <-retentionDone }()
+	}
+
 	// Backfills run beside the stream, from the saved checkpoint's state.
 	p.bf.Reset(p.progress.Saved().Backfills)
 	bctx, stopBackfills := context.WithCancel(ctx)
@@ -208,6 +218,29 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		return nil
 	}
 	return runErr
+}
+
+// cleaner is the tables' retention (internal/retention) for a session that
+// streams, or nil when no table has one. It deletes only what the saved
+// checkpoint covers, and keeps its marks in the checkpoint.
+func (p *Pipeline) cleaner() *retention.Cleaner {
+	var tables []*outbox.Table
+	for _, t := range p.cfg.Tables {
+		if t.Retention != nil {
+			tables = append(tables, t)
+		}
+	}
+	if len(tables) == 0 {
+		return nil
+	}
+	saved := p.progress.Saved()
+	return &retention.Cleaner{
+		Postgres: p.cfg.Postgres, Tables: tables,
+		Confirmed: func() pglogrepl.LSN { return p.progress.Saved().Confirmed },
+		Pending:   p.bf.Pending,
+		Marks:     slices.Clone(saved.RetentionMarks), SetMarks: p.progress.SetRetentionMarks,
+		Log: p.log.Named("retention"), Metrics: p.m,
+	}
 }
 
 // sessionAcks is how a session confirms: what the replication loop reads
