@@ -166,7 +166,9 @@ func TestRetentionDropsPartitions(t *testing.T) {
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
 	now := time.Now().UTC()
-	month := func(d int) time.Time { return time.Date(now.Year(), now.Month()+time.Month(d), 1, 0, 0, 0, 0, time.UTC) }
+	month := func(d int) time.Time {
+		return time.Date(now.Year(), now.Month()+time.Month(d), 1, 0, 0, 0, 0, time.UTC)
+	}
 	part := func(name string, from, to time.Time) string {
 		return fmt.Sprintf(`CREATE TABLE %s PARTITION OF outbox FOR VALUES FROM ('%s') TO ('%s')`, name, from.Format(time.RFC3339), to.Format(time.RFC3339))
 	}
