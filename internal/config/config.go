@@ -155,6 +155,15 @@ func (c *Config) Validate() error {
 			c.Postgres.Messages = true
 		}
 	}
+	if c.SchemaRegistry.AutoRegister {
+		for _, t := range c.Tables {
+			if t.Schema.File != "" && t.TopicFromRow() {
+				// Subjects follow topics, which a row's fields choose:
+				// whoever may insert a row would create subjects at will.
+				return fmt.Errorf("%s: schema_registry.auto_register with a topic template that a row's fields fill (%s) lets whoever inserts rows create registry subjects at will; register the subjects yourself and turn auto_register off, or use a fixed topic", t, t.Topic)
+			}
+		}
+	}
 	if err := c.SchemaRegistry.Validate(c.UsesRegistry()); err != nil {
 		return err
 	}

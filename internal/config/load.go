@@ -102,6 +102,7 @@ type fileConfig struct {
 			ServerName string `yaml:"server_name"`
 		} `yaml:"tls"`
 		AutoRegister bool          `yaml:"auto_register"`
+		MissingAfter time.Duration `yaml:"missing_subject_after"`
 		Timeout      time.Duration `yaml:"timeout"`
 	} `yaml:"schema_registry"`
 	Tables           []fileTable   `yaml:"tables"`
@@ -352,7 +353,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 		},
 		SchemaRegistry: schema.Config{URL: fc.SchemaRegistry.URL, Username: fc.SchemaRegistry.BasicAuth.Username,
 			Password: fc.SchemaRegistry.BasicAuth.Password, PasswordFile: fc.SchemaRegistry.BasicAuth.PasswordFile,
-			TokenFile: fc.SchemaRegistry.TokenFile, AutoRegister: fc.SchemaRegistry.AutoRegister, Timeout: fc.SchemaRegistry.Timeout,
+			TokenFile: fc.SchemaRegistry.TokenFile, AutoRegister: fc.SchemaRegistry.AutoRegister, Timeout: fc.SchemaRegistry.Timeout, MissingAfter: fc.SchemaRegistry.MissingAfter,
 			TLS: sink.TLSConfig{CAFile: fc.SchemaRegistry.TLS.CAFile, CertFile: fc.SchemaRegistry.TLS.CertFile,
 				KeyFile: fc.SchemaRegistry.TLS.KeyFile, ServerName: fc.SchemaRegistry.TLS.ServerName}},
 		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,

@@ -103,6 +103,17 @@ func (t *Table) LiteralTopic() string {
 	return b.String()
 }
 
+// TopicFromRow reports whether a row's fields fill part of the topic: its
+// template has a field or {column:...} placeholder.
+func (t *Table) TopicFromRow() bool {
+	for _, p := range t.TopicTemplate.Parts {
+		if p.Kind == PartField || p.Kind == PartColumn {
+			return true
+		}
+	}
+	return false
+}
+
 // FixedTopics are the topics the table's events go to whatever the row:
 // its literal topic, and its dead-letter topic when on_invalid sends there
 // and the name has no placeholder.

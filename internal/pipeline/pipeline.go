@@ -395,7 +395,8 @@ func (e *decodeError) Unwrap() error { return e.err }
 // a new session. This is the one place that decides.
 func Permanent(err error) bool {
 	for _, target := range []any{new(*wal.SetupError), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
-		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*checkpoint.TxnTimeoutError)} {
+		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*checkpoint.TxnTimeoutError),
+		new(*schema.RefusedError)} {
 		if errors.As(err, target) {
 			return true
 		}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
@@ -306,5 +309,195 @@ func TestReplayEncodesTheSame(t *testing.T) {
 			t.Fatalf("%s: schema id %d, want %d", rec.Topic, gotID, id)
 		}
 		sameJSON(t, doc, `{"k":1}`)
+	}
+}
+
+// registryError is a real registry's error body (Confluent's API
+// reference; Apicurio's ccompat/v7 answers the same shape).
+func registryError(code int, msg string) string {
+	return `{"error_code": ` + strconv.Itoa(code) + `, "message": "` + msg + `"}`
+}
+
+// TestRegistryConformance (issue 41): for each call the connector makes
+// and each error a real registry (Confluent Schema Registry's API
+// reference; Apicurio Registry's ccompat/v7) answers it with, what the
+// connector does. A registry that is down or failing (5xx) is waited for,
+// and the event goes once it answers; one that keeps saying the subject
+// or version does not exist (40401-40403) makes the event invalid after
+// schema_registry.missing_subject_after, and it is dead-lettered while the
+// events after it go; one that refuses the credentials (401, 403) or the
+// schema auto_register offers (422, 409) stops the connector, naming what
+// to fix. Nothing is lost in any row.
+func TestRegistryConformance(t *testing.T) {
+	type behaviour int
+	const (
+		wait behaviour = iota
+		deadLetter
+		stop
+	)
+	for _, tc := range []struct {
+		name     string
+		method   string // the call answered: GET the subject's version, POST a new one
+		status   int
+		body     string
+		register bool // auto_register with schema.file
+		then     behaviour
+		want     string // in the stop's error or the dead letter's reason
+	}{
+		{"subject not found", http.MethodGet, 404, registryError(40401, "Subject 'x' not found."), false, deadLetter, "no subject"},
+		{"version not found", http.MethodGet, 404, registryError(40402, "Version 1 not found."), false, deadLetter, "no subject"},
+		{"schema not found", http.MethodGet, 404, registryError(40403, "Schema not found"), false, deadLetter, "no subject"},
+		{"unauthorized", http.MethodGet, 401, registryError(40101, "Unauthorized"), false, stop, "refuses the connector's credentials (HTTP 401"},
+		{"forbidden", http.MethodGet, 403, registryError(40301, "User cannot access the resource."), false, stop, "refuses the connector's credentials (HTTP 403"},
+		{"server error", http.MethodGet, 500, registryError(50001, "Error in the backend data store"), false, wait, ""},
+		{"invalid schema on register", http.MethodPost, 422, registryError(42201, "Invalid schema"), true, stop, "refuses to register tables[].schema.file"},
+		{"incompatible on register", http.MethodPost, 409, registryError(409, "Schema being registered is incompatible with an earlier schema"), true, stop, "is incompatible"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+			e.cfg.SchemaRegistry.MissingAfter = 2 * time.Second
+			subject := e.kafka.Prefix + "outbox.event.order-value"
+			if tc.register {
+				file := filepath.Join(t.TempDir(), "order.avsc")
+				os.WriteFile(file, []byte(orderAvro), 0o600)
+				e.cfg.Tables[0].Schema.File = file
+				e.cfg.Tables[0].Topic = e.kafka.Prefix + "outbox.event.order" // a fixed topic: auto_register refuses templates
+				e.cfg.SchemaRegistry.AutoRegister = true
+			} else if _, _, err := reg.RegisterSchema(subject, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+				t.Fatal(err)
+			}
+			var failing atomic.Bool
+			failing.Store(true)
+			reg.Answer(func(req *http.Request) (int, string, bool) {
+				if failing.Load() && req.Method == tc.method && strings.Contains(req.URL.Path, "/subjects/"+subject) {
+					return tc.status, tc.body, true
+				}
+				return 0, "", false
+			})
+			r := e.start(t)
+			conn := connect(t, e.db)
+			first, _ := insertEventTx(t, conn, "order", "k-1", "Created", `'{"id": "o-1", "qty": 1}'`)
+			c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+			switch tc.then {
+			case stop:
+				err := waitFatal(t, r)
+				if !pipeline.Permanent(err) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Run returned %v; want a stop saying %q", err, tc.want)
+				}
+				if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", first) {
+					t.Fatal("the slot went past the event the connector stopped on")
+				}
+			case deadLetter:
+				second, _ := insertEventTx(t, conn, "order", "k-2", "Created", `'{"id": "o-2", "qty": 2}'`)
+				c.WaitFor(t, time.Minute, "both events in the dead-letter topic", func(recs []*kgo.Record) bool {
+					return len(deadLetters(recs, e.cfg.Tables[0].DeadLetterTopic, first)) == 1 && len(deadLetters(recs, e.cfg.Tables[0].DeadLetterTopic, second)) == 1
+				})
+				reason := testenv.Header(deadLetters(c.Records, e.cfg.Tables[0].DeadLetterTopic, first)[0], route.HeaderDeadLetterError)
+				if !strings.Contains(reason, tc.want) || !strings.Contains(reason, "missing_subject_after") {
+					t.Errorf("dead letter reason %q; want it to say %q and the bound", reason, tc.want)
+				}
+				// Registered now: the next event goes as it should.
+				failing.Store(false)
+				third, _ := insertEventTx(t, conn, "order", "k-3", "Created", `'{"id": "o-3", "qty": 3}'`)
+				c.WaitFor(t, time.Minute, "the event after the subject exists", func(recs []*kgo.Record) bool {
+					for _, rec := range byKey(recs, "k-3") {
+						if rec.Topic != e.cfg.Tables[0].DeadLetterTopic && testenv.Header(rec, route.HeaderID) == third {
+							return true
+						}
+					}
+					return false
+				})
+			case wait:
+				c.Settle(3 * time.Second) // longer than missing_subject_after: a failing registry is waited for
+				if n := ids(c.Records)[first]; n != 0 {
+					t.Fatalf("the event went (%d records) while the registry failed", n)
+				}
+				failing.Store(false)
+				c.WaitFor(t, time.Minute, "the event once the registry answers", func(recs []*kgo.Record) bool { return ids(recs)[first] == 1 })
+				if dl := deadLetters(c.Records, e.cfg.Tables[0].DeadLetterTopic, first); len(dl) != 0 {
+					t.Fatal("an event that waited for a failing registry was dead-lettered")
+				}
+			}
+		})
+	}
+}
+
+// TestAutoRegisterWithRowChosenSubjects: auto_register with a topic
+// template a row fills would let whoever inserts rows create subjects at
+// will: refused at start.
+func TestAutoRegisterWithRowChosenSubjects(t *testing.T) {
+	e, _ := schemaEnv(t, outbox.SchemaAvro, "")
+	file := filepath.Join(t.TempDir(), "order.avsc")
+	os.WriteFile(file, []byte(orderAvro), 0o600)
+	e.cfg.Tables[0].Schema.File = file
+	e.cfg.SchemaRegistry.AutoRegister = true
+	_, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err == nil || !strings.Contains(err.Error(), "create registry subjects at will") {
+		t.Fatalf("pipeline.New: %v; want auto_register refused with a row-chosen topic", err)
+	}
+}
+
+// TestRegistryWaitExactlyOnce (issue 41): in exactly-once mode a registry
+// wait may not outlive the Kafka transaction: after half of
+// transaction_timeout the session ends cleanly (its transaction aborted,
+// nothing past the event confirmed) and the next one waits again; once the
+// registry answers, a read_committed consumer sees each event once.
+func TestRegistryWaitExactlyOnce(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	e.cfg.Delivery = config.DeliveryExactlyOnce
+	e.cfg.ExactlyOnce.TransactionTimeout = 4 * time.Second // a registry wait ends the session after 2 s
+	if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event.order-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.start(t)
+	conn := connect(t, e.db)
+	c := e.kafka.NewCommittedConsumer(t, e.kafka.AllTopics())
+	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
+	c.WaitCount(t, time.Minute, 1)
+	reg.Stop()
+	waiting, _ := insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
+	before := testenv.CurrentWAL(t, e.db)
+	testenv.Eventually(t, time.Minute, "sessions ended by the wait, and started again", func() bool { return counterValue(r.p.Metrics().Restarts) >= 2 })
+	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
+		t.Fatalf("slot confirmed %s past the waiting event (%s)", pos, before)
+	}
+	if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event.payment-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	reg.Start()
+	after, _ := insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 2}'`)
+	c.WaitFor(t, time.Minute, "the waiting event and the one after", func(recs []*kgo.Record) bool { return ids(recs)[waiting] == 1 && ids(recs)[after] == 1 })
+	c.Settle(time.Second)
+	for id, n := range ids(c.Records) {
+		if n != 1 {
+			t.Errorf("event %s read %d times read_committed", id, n)
+		}
+	}
+}
+
+// TestRegistryWaitDuringFirstStartBackfill (issue 41): a first start's
+// backfill waits for a registry that is down, before its stream starts,
+// for longer than wal_sender_timeout: the replication connection, idle
+// meanwhile, survives it, and every row goes once the registry answers.
+func TestRegistryWaitDuringFirstStartBackfill(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	subject := e.kafka.Prefix + "outbox.event.order-value"
+	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D2s"
+	e.cfg.Tables[0].Backfill = &outbox.Backfill{ChunkSize: 10}
+	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'o-' || i, 'OrderPlaced', jsonb_build_object('id', 'o-' || i, 'qty', i) FROM generate_series(1, 30) i`)
+	reg.Stop()
+	r := e.launch(t, discard{})
+	time.Sleep(5 * time.Second) // the outage: the fault, longer than wal_sender_timeout
+	if _, _, err := reg.RegisterSchema(subject, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+		t.Fatal(err)
+	}
+	reg.Start()
+	testenv.Eventually(t, time.Minute, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 30)
+	c.Settle(time.Second)
+	if n := len(ids(c.Records)); n != 30 || len(c.Records) != 30 {
+		t.Fatalf("%d records of %d rows; want each of the 30 once", len(c.Records), n)
 	}
 }

@@ -25,6 +25,13 @@ type Config struct {
 	AutoRegister bool
 	// Timeout bounds one request; DefaultTimeout.
 	Timeout time.Duration
+	// MissingAfter is how long the registry may keep answering that an
+	// event's subject (or pinned version) does not exist before the event
+	// is invalid, for its table's on_invalid, rather than waited for: a
+	// registry that is down is waited for, however long, but one that
+	// answers "no such subject" is the row's problem, which must not hold
+	// every table. DefaultMissingAfter.
+	MissingAfter time.Duration
 	// WaitLimit, when set, is how long an event waits for the registry
 	// before the session gives up (and a new one waits again); 0 waits
 	// until it answers. Exactly-once sets it below the transaction
@@ -34,6 +41,10 @@ type Config struct {
 
 // DefaultTimeout is Config.Timeout's default.
 const DefaultTimeout = 10 * time.Second
+
+// DefaultMissingAfter is Config.MissingAfter's default: time to register a
+// subject a deploy forgot, short enough that the rest keeps flowing.
+const DefaultMissingAfter = time.Minute
 
 // Validate reports a configuration error, naming the key to fix, and fills
 // the defaults. needed says whether a table uses the registry.
@@ -56,6 +67,12 @@ func (c *Config) Validate(needed bool) error {
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("schema_registry.timeout %s: use a positive duration", c.Timeout)
+	}
+	if c.MissingAfter == 0 {
+		c.MissingAfter = DefaultMissingAfter
+	}
+	if c.MissingAfter < 100*time.Millisecond {
+		return fmt.Errorf("schema_registry.missing_subject_after %s: use at least 100ms (a minute or more in production)", c.MissingAfter)
 	}
 	if c.Username != "" && c.Password == "" && c.PasswordFile == "" {
 		return errors.New("schema_registry.basic_auth.username needs a password: basic_auth.password_file, or CDC_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD")

@@ -73,6 +73,9 @@ type Registry struct {
 	mu      sync.Mutex // guards sources against cdc check's Check
 	sources map[*outbox.Table]*sourceCache
 	codecs  map[codecKey]codec // by id: subjects that share a schema share its codec
+	// missing is when the registry first said each subject does not
+	// exist, for MissingAfter; a subject it gives is forgotten.
+	missing map[string]time.Time
 }
 
 type codecKey struct {
@@ -104,7 +107,7 @@ func New(cfg Config, m *metrics.Metrics, log hclog.Logger) (*Registry, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}}
+	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}, missing: map[string]time.Time{}}
 	for i := range r.lookups {
 		r.lookups[i] = nop{}
 	}
@@ -309,6 +312,24 @@ type LookupError struct {
 func (e *LookupError) Error() string { return e.Msg }
 func (e *LookupError) Unwrap() error { return e.Err }
 
+// RefusedError is the registry refusing the connector rather than failing
+// it: its credentials (401, 403), or the schema auto_register offers
+// (422 invalid, 409 incompatible). Waiting does not change it: the
+// connector stops with what to fix.
+type RefusedError struct{ Msg string }
+
+func (e *RefusedError) Error() string { return e.Msg }
+
+// missingError is a subject the registry has said it does not have for
+// longer than MissingAfter: Apply makes the event invalid.
+type missingError struct {
+	subject string
+	since   time.Duration
+	err     error
+}
+
+func (e *missingError) Error() string { return e.err.Error() }
+
 // Resolve fetches what m misses and caches it. It may block on the
 // registry for up to schema_registry.timeout.
 func (r *Registry) Resolve(ctx context.Context, m *Miss) error {
@@ -367,6 +388,20 @@ func (r *Registry) fetch(ctx context.Context, sc *outbox.Schema, subject string,
 		res = resRegistered
 	}
 	if err != nil {
+		if errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden) {
+			r.lookups[resError].Inc()
+			return nil, &RefusedError{Msg: fmt.Sprintf("schema registry %s refuses the connector's credentials (HTTP %d, error code %d: %s) looking up subject %q; fix schema_registry.basic_auth or token_file, and its rights on the subject",
+				r.cfg.URL, re.StatusCode, re.ErrorCode, errtext.OneLine(re), subject)}
+		}
+		if errors.As(err, &re) && res == resRegistered && (re.StatusCode == http.StatusConflict || re.StatusCode == http.StatusUnprocessableEntity) {
+			r.lookups[resError].Inc()
+			why := "is not a valid schema to it"
+			if re.StatusCode == http.StatusConflict {
+				why = "is incompatible with the subject's compatibility level"
+			}
+			return nil, &RefusedError{Msg: fmt.Sprintf("schema registry %s refuses to register tables[].schema.file %s under subject %q: it %s (HTTP %d, error code %d: %s); fix the file, or register the schema yourself",
+				r.cfg.URL, sc.File, subject, why, re.StatusCode, re.ErrorCode, errtext.OneLine(re))}
+		}
 		if errors.As(err, &re) && sr.IsNotFoundError(re.ErrorCode) {
 			r.lookups[resNotFound].Inc()
 			what := fmt.Sprintf("schema registry has no subject %q", subject)
@@ -432,6 +467,11 @@ func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event,
 			return err
 		}
 		if err := wait(func() error { return r.resolveRetrying(ctx, m) }); err != nil {
+			var me *missingError
+			if errors.As(err, &me) {
+				r.invalid(ev.Table.String())
+				return outbox.Invalid(ev, "%s, for %s now (schema_registry.missing_subject_after %s): register the subject, and the next such event goes through", errtext.OneLine(me.err), me.since.Round(time.Second), r.cfg.MissingAfter)
+			}
 			return err
 		}
 		err = r.Encode(rec, ev)
@@ -452,6 +492,9 @@ func (r *Registry) resolveRetrying(ctx context.Context, m *Miss) error {
 	for delay := retryFirst; ; delay = min(2*delay, retryMax) {
 		err := r.Resolve(ctx, m)
 		if err == nil {
+			r.mu.Lock()
+			delete(r.missing, m.subject)
+			r.mu.Unlock()
 			if !since.IsZero() {
 				r.log.Info("schema registry answered; streaming again", "subject", m.subject, "waited", time.Since(since).Round(time.Millisecond).String())
 			}
@@ -460,9 +503,30 @@ func (r *Registry) resolveRetrying(ctx context.Context, m *Miss) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.As(err, new(*RefusedError)) {
+			return err
+		}
 		now := time.Now()
 		if since.IsZero() {
 			since = now
+		}
+		if errors.Is(err, errNotFound) {
+			// The registry answers, and says the subject does not
+			// exist: for longer than MissingAfter that is this event's
+			// problem, not a reason to hold every table.
+			r.mu.Lock()
+			first, ok := r.missing[m.subject]
+			if !ok {
+				if len(r.missing) >= maxCachedSubjects {
+					clear(r.missing)
+				}
+				first = now
+				r.missing[m.subject] = now
+			}
+			r.mu.Unlock()
+			if d := now.Sub(first); d >= r.cfg.MissingAfter {
+				return &missingError{subject: m.subject, since: d, err: err}
+			}
 		}
 		if r.cfg.WaitLimit > 0 && now.Sub(since) >= r.cfg.WaitLimit {
 			return err // the session ends and a new one waits again

@@ -41,6 +41,18 @@ type Registry struct {
 	tls  *tls.Config // nil: plain HTTP
 	mu   sync.Mutex
 	srv  *http.Server
+	// answer, when set, answers a request in srfake's place: a real
+	// registry's error responses, for the conformance table.
+	answer func(*http.Request) (status int, body string, ok bool)
+}
+
+// Answer has fn answer the requests it wants to (ok), with a status and a
+// JSON body as a real registry writes them ({"error_code": 40401,
+// "message": "..."}), and srfake the others; nil: srfake all.
+func (r *Registry) Answer(fn func(req *http.Request) (status int, body string, ok bool)) {
+	r.mu.Lock()
+	r.answer = fn
+	r.mu.Unlock()
 }
 
 // NewRegistry starts a registry; opts are srfake's (WithAuth).
@@ -83,7 +95,22 @@ func (r *Registry) Start() {
 	if r.tls != nil {
 		ln = tls.NewListener(ln, r.tls)
 	}
-	srv := &http.Server{Handler: r.Handler(), ErrorLog: log.New(io.Discard, "", 0)}
+	fake := r.Handler()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		answer := r.answer
+		r.mu.Unlock()
+		if answer != nil {
+			if status, body, ok := answer(req); ok {
+				w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+				w.WriteHeader(status)
+				io.WriteString(w, body)
+				return
+			}
+		}
+		fake.ServeHTTP(w, req)
+	})
+	srv := &http.Server{Handler: handler, ErrorLog: log.New(io.Discard, "", 0)}
 	r.srv = srv
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
