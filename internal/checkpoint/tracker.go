@@ -327,19 +327,7 @@ func (t *Tracker) Acked() uint64 {
 	return t.acked
 }
 
-// Fail makes Err return err (unless it already returns an error), so that
-// the replication loop ends the session at its next turn: for a problem
-// found beside the stream, such as a table that left the publication.
-func (t *Tracker) Fail(err error) {
-	t.mu.Lock()
-	if t.err == nil {
-		t.err = err
-	}
-	t.mu.Unlock()
-	t.notify()
-}
-
-// Err returns the first produce error (or Fail's), or nil.
+// Err returns the first produce error, or nil.
 func (t *Tracker) Err() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -153,12 +154,17 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}
 
 	// The tables' lives are watched beside the stream; what must stop the
-	// session ends it at the loop's next turn.
+	// connector stops the stream as a shutdown does (runCtx): what Kafka
+	// acknowledged is checkpointed and confirmed first, so a restart sends
+	// nothing twice.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var watchErr atomic.Pointer[error]
 	tctx, stopWatch := context.WithCancel(ctx)
 	watchTablesDone := make(chan struct{})
 	go func() {
 		defer close(watchTablesDone)
-		s.tables.run(tctx, func(err error) { s.tracker.Fail(err); stream.Wake() })
+		s.tables.run(tctx, func(err error) { watchErr.Store(&err); stopRun() })
 	}()
 	defer func() { stopWatch(); <-watchTablesDone }()
 
@@ -181,11 +187,15 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	go func() { defer close(backfillsDone); runner.Run(bctx, p.bf) }()
 	defer func() { stopBackfills(); <-backfillsDone }()
 
-	runErr := stream.Run(ctx, s.handle, acks)
+	runErr := stream.Run(runCtx, s.handle, acks)
 	if s.eos != nil {
 		s.eos.Halt()
 	}
-	if ctx.Err() == nil && s.eos == nil && acks.Err() == nil {
+	stopping := ctx.Err() != nil
+	if werr := watchErr.Load(); werr != nil && ctx.Err() == nil {
+		runErr, stopping = *werr, true
+	}
+	if !stopping && s.eos == nil && acks.Err() == nil {
 		// Postgres ended the session (a restart, a crash, a network cut)
 		// while Kafka answers: let it acknowledge what is in flight, and
 		// carry the position to the next session, which checkpoints it
@@ -199,7 +209,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 			p.carry = &pos
 		}
 	}
-	if ctx.Err() != nil {
+	if stopping {
 		// Shutdown: stop reading (done), let Kafka answer what is in
 		// flight, write the checkpoint, then confirm what it covers.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
