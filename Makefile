@@ -6,7 +6,7 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup setup-base build demo test test-kafka test-pg test-failover chaos kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup setup-base build demo test test-kafka test-pg test-failover chaos soak bench-network bench-network-run kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install everything: PostgreSQL server binaries, Go modules, Java, Maven, the Kafka jars
 	@./scripts/setup.sh
@@ -65,7 +65,8 @@ test-failover: setup ## a primary -> standby failover with failover slots, on Po
 CHAOS_KILLS ?= 37
 CHAOS_RATE  ?= 1000
 CHAOS_OUTAGE ?= 60s
-chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes and a broker outage, counting lost, duplicated and reordered events
+NET_FAULT    ?= 60s
+chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, and network faults (latency, black holes, resets, a slow link), counting lost, duplicated and reordered events
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
@@ -78,7 +79,30 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -run '^(TestReplicasStartTogether|TestRestoreFromBackup|TestStandbyLeavesABusyHolder)$$' -count=1 -v -timeout 20m ./internal/pipeline > "$$dir/deploy.log" 2>&1 && \
 	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -run '^TestStandbyTakesOverAFrozenHolder$$' -count=1 -v -timeout 10m ./cmd/cdc >> "$$dir/deploy.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |ok|FAIL)|(deploy|history|standby)_test.go' "$$dir/deploy.log"; \
-	[ $$rc = 0 ] || tail -60 "$$dir/deploy.log"; exit $$rc
+	[ $$rc = 0 ] || { tail -60 "$$dir/deploy.log"; exit $$rc; }; \
+	echo "chaos: a network between the parts (scripts/netchaos: toxiproxy in front of Postgres and a broker of its own): latency, $(NET_FAULT) black holes, resets, a slow link"; \
+	(cd scripts/netchaos && CDC_NET_FAULT=$(NET_FAULT) $(GO) test -run '^TestNetwork' -count=1 -v -timeout 60m .) > "$$dir/network.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |ok|FAIL)|network_test.go' "$$dir/network.log"; \
+	[ $$rc = 0 ] || tail -60 "$$dir/network.log"; exit $$rc
+
+# make soak: 8 writers, two replicas and a nemesis picking a fault every
+# 20-60 s, for SOAK in each delivery mode of SOAK_MODES, on a real broker
+# (scripts/netchaos, TestSoak). Into SOAK_OUT: each mode's history, report
+# and plot (docs/operations.md, "Soak"). CI runs 90 s in each mode.
+SOAK       ?= 1h
+SOAK_MODES ?= at-least-once exactly-once
+SOAK_RATE  ?= 400
+SOAK_OUT   ?= $(or $(TMPDIR),/tmp)/cdc-soak
+soak: setup       ## a long randomized soak: writers, two replicas, a nemesis; a checker, a report and a plot per delivery mode
+	@out=$(abspath $(SOAK_OUT)); mkdir -p "$$out"; \
+	echo "soak: $(SOAK) in each of $(SOAK_MODES), $(SOAK_RATE) events/s; history, reports and plots in $$out"; \
+	(cd scripts/netchaos && CDC_SOAK=$(SOAK) CDC_SOAK_MODES="$(SOAK_MODES)" CDC_SOAK_RATE=$(SOAK_RATE) CDC_SOAK_OUT="$$out" \
+	  $(GO) test -run '^TestSoak$$' -count=1 -v -timeout 12h .) > "$$out/soak.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |ok|FAIL)|soak_test.go' "$$out/soak.log"; \
+	for m in $(SOAK_MODES); do \
+	  [ ! -s "$$out/history-$$m.jsonl" ] || (cd scripts/benchplot && $(GO) run . soak "$$out/history-$$m.jsonl" "$$out/soak-$$m.png") || rc=1; \
+	done; \
+	[ $$rc = 0 ] || tail -80 "$$out/soak.log"; exit $$rc
 
 kafka-start:      ## start a real broker for manual use; prints its address
 	./scripts/kafka.sh start
@@ -116,11 +140,43 @@ bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, repla
 	  $(GO) test -run '^$$' -bench 'BenchmarkExactlyOnce' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
 	  $(GO) test -run '^$$' -bench '$(BENCH_ONLY)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline
+	$(MAKE) --no-print-directory bench-network-run
 	cd scripts/benchplot && $(GO) run . $(abspath $(BENCH_DIR))/results.jsonl $(abspath $(BENCH_DIR))
+
+# make bench-network: the drain and the 20k events/s latency run in both
+# delivery modes, with the connector reaching a broker of its own through
+# scripts/netchaos's netproxy, which adds NET_LATENCIES ms each way (0 is the
+# proxy alone); the bench's own clients reach the broker directly. make
+# bench runs it too, into the same results.
+NET_LATENCIES ?= 0 2 20
+bench-network: setup ## the drain and the latency run with 0, 2 and 20 ms between the connector and the broker
+	mkdir -p $(BENCH_DIR)
+	$(MAKE) --no-print-directory bench-network-run
+
+bench-network-run:
+	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); px=; \
+	trap '[ -n "$$px" ] && kill $$px 2>/dev/null; ./scripts/kafka.sh stop '"$$dir" EXIT; \
+	port=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	brokers=$$(CDC_KAFKA_PROXIED=127.0.0.1:$$port ./scripts/kafka.sh start "$$dir") || exit 1; \
+	(cd scripts/netchaos && $(GO) build -o "$$dir/netproxy" ./cmd/netproxy) || exit 1; \
+	echo "bench-network: Apache Kafka at $$brokers; the connector through 127.0.0.1:$$port"; \
+	for ms in $(NET_LATENCIES); do \
+	  "$$dir/netproxy" -listen 127.0.0.1:$$port -to "$$(cat "$$dir/proxied_listener")" -latency $${ms}ms & px=$$!; \
+	  if [ "$$ms" = "$(firstword $(NET_LATENCIES))" ]; then \
+	    echo "bench-network: warming the broker (not recorded)"; \
+	    CDC_TEST_KAFKA_BROKERS=$$brokers CDC_BENCH_CONNECTOR_BROKERS=127.0.0.1:$$port CDC_BENCH_EVENTS=20000 \
+	      $(GO) test -run '^$$' -bench 'BenchmarkNetwork/drain' -benchtime 1x -count 1 ./internal/pipeline >/dev/null || exit 1; \
+	  fi; \
+	  CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir CDC_BENCH_CONNECTOR_BROKERS=127.0.0.1:$$port CDC_BENCH_NET_MS=$$ms \
+	  CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
+	    $(GO) test -run '^$$' -bench 'BenchmarkNetwork' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline || exit 1; \
+	  kill $$px; wait $$px 2>/dev/null; px=; \
+	done
 
 vet:
 	$(GO) vet ./...
 	cd scripts/containers && $(GO) vet ./...
+	cd scripts/netchaos && $(GO) vet ./...
 	cd deploy/check && $(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 

@@ -13,7 +13,10 @@
 # With CDC_KAFKA_SECURE_PEM (a PEM file: the server's key and certificate)
 # and CDC_KAFKA_SCRAM (user:password), start also opens a SASL_SSL listener
 # (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN for that user) and writes its
-# address to DIR/secure_brokers. The tests that need it set both.
+# address to DIR/secure_brokers. The tests that need it set both. With
+# CDC_KAFKA_PROXIED=host:port it opens one more plaintext listener,
+# advertised at that address, and writes its own to DIR/proxied_listener:
+# a network fault proxy in front of it sees every connection a client makes.
 #
 # Needs Java 17+ and Maven. The jars are cached in $CDC_KAFKA_CACHE
 # (default ~/.cache/outbox-cdc), so only the first fetch downloads.
@@ -77,12 +80,24 @@ ssl.keystore.location=$CDC_KAFKA_SECURE_PEM"
       scram=(--add-scram "SCRAM-SHA-256=[name=$user,password=$pass]" --add-scram "SCRAM-SHA-512=[name=$user,password=$pass]")
       echo "127.0.0.1:$sport" > "$dir/secure_brokers"
     fi
+    # CDC_KAFKA_PROXIED=host:port: one more listener, advertised at that
+    # address, where a test puts a network fault proxy (toxiproxy) in front
+    # of it; the listener's own address goes to $dir/proxied_listener.
+    local advertised="$listeners"
+    if [ -n "${CDC_KAFKA_PROXIED:-}" ]; then
+      local xport
+      xport=$(free_port)
+      listeners="$listeners,PROXIED://127.0.0.1:$xport"
+      advertised="$advertised,PROXIED://$CDC_KAFKA_PROXIED"
+      protocols="$protocols,PROXIED:PLAINTEXT"
+      echo "127.0.0.1:$xport" > "$dir/proxied_listener"
+    fi
     cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
 listeners=$listeners,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=$protocols
 inter.broker.listener.name=PLAINTEXT

@@ -63,10 +63,12 @@ echo "setup: fetching the Apache Kafka broker jars (cached)"
 
 echo "setup: downloading Go modules"
 go mod download
-# make bench's plotter, the tests' container starter and the Helm chart and
-# compose checks are modules of their own (scripts/benchplot,
-# scripts/containers, deploy/check), outside the connector's requirements.
+# make bench's plotter, the tests' container starter, the network fault
+# suite and the Helm chart and compose checks are modules of their own
+# (scripts/benchplot, scripts/containers, scripts/netchaos, deploy/check),
+# outside the connector's requirements.
 (cd scripts/benchplot && go mod download)
 (cd scripts/containers && go mod download)
+(cd scripts/netchaos && go mod download)
 (cd deploy/check && go mod download)
 echo "setup: done"

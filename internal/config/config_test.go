@@ -158,6 +158,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"bad client log", base + "log: {kafka: wire}\n", "log.kafka \"wire\""},
 		{"backoff max below the first", base + "reconnect: {backoff: 10s, backoff_max: 1s}\n", "reconnect.backoff 10s and backoff_max 1s"},
 		{"bad status interval", "postgres: {url: 'postgres://u@h/d', status_interval: 90s}\nkafka: {brokers: [k:1]}\n", "status_interval"},
+		{"receive timeout under three status intervals", "postgres: {url: 'postgres://u@h/d', status_interval: 10s, receive_timeout: 20s}\nkafka: {brokers: [k:1]}\n", "receive_timeout"},
 		// Issue 24: nothing routes into the checkpoint topic, and numbers have bounds.
 		{"events into the checkpoint topic", base + "tables: [{name: outbox, topic: outbox-cdc.checkpoints}]\n", `topic "outbox-cdc.checkpoints" is the checkpoint topic`},
 		{"dead letters into the checkpoint topic", base + "checkpoint: {topic: cp}\ntables: [{name: outbox, on_invalid: dead-letter, dead_letter_topic: cp}]\n", `dead_letter_topic "cp" is the checkpoint topic`},

@@ -35,6 +35,7 @@ type fileConfig struct {
 		ConfirmInterval time.Duration  `yaml:"confirm_interval"`
 		ReadBatch       *time.Duration `yaml:"read_batch"`
 		CatalogCheck    time.Duration  `yaml:"catalog_check_interval"`
+		ReceiveTimeout  time.Duration  `yaml:"receive_timeout"`
 	} `yaml:"postgres"`
 	Kafka struct {
 		Brokers                []string `yaml:"brokers"`
@@ -334,6 +335,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 			ConfirmInterval:      fc.Postgres.ConfirmInterval,
 			ReadBatch:            batchDelay(fc.Postgres.ReadBatch),
 			CatalogCheckInterval: fc.Postgres.CatalogCheck,
+			ReceiveTimeout:       fc.Postgres.ReceiveTimeout,
 		},
 		Kafka: sink.Config{
 			Brokers:                fc.Kafka.Brokers,

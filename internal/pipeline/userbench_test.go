@@ -105,6 +105,10 @@ type benchResult struct {
 	CPUSeconds map[string]float64 `json:"other_cpu_seconds,omitempty"`
 	// Stages: start-up, ms from the process's start to each stage.
 	Stages map[string]float64 `json:"stages_ms,omitempty"`
+	// Delivery and NetMS: the network runs' delivery mode, and the
+	// latency each way a proxy added between the connector and the broker.
+	Delivery string  `json:"delivery,omitempty"`
+	NetMS    float64 `json:"net_latency_ms,omitempty"`
 }
 
 func (r benchResult) save(b *testing.B) {
@@ -251,6 +255,16 @@ func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table, to
 // of the outbox table's entry, of the kafka section, and top-level ones.
 type settings struct{ table, kafka, top string }
 
+// connectorBrokers is where the connector finds the broker: the test's
+// broker, or CDC_BENCH_CONNECTOR_BROKERS, a proxy in front of it (make
+// bench-network) that only the connector goes through.
+func connectorBrokers(kafka *testenv.Kafka) string {
+	if v := os.Getenv("CDC_BENCH_CONNECTOR_BROKERS"); v != "" {
+		return v
+	}
+	return strings.Join(kafka.Brokers, ", ")
+}
+
 func startConnectorOpts(b *testing.B, db string, kafka *testenv.Kafka, set settings) *connector {
 	b.Helper()
 	table, top := set.table, set.top
@@ -265,7 +279,7 @@ tables:
 %s
 checkpoint:
   topic: %s
-`, db, strings.Join(kafka.Brokers, ", "), set.kafka, kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
+`, db, connectorBrokers(kafka), set.kafka, kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
 	if !strings.Contains(top, "log:") {
 		cfg += "log:\n  level: warn\n"
 	}
@@ -828,22 +842,32 @@ func brokerPID() int {
 }
 
 func latencyOnce(b *testing.B, rate, per int, d time.Duration) {
+	latencyWith(b, rate, per, d, "")
+}
+
+// latencyWith is latencyOnce with top-level settings: in exactly-once
+// mode the consumer reads read_committed, as its users' do.
+func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) benchResult {
 	p := testenv.Require(b, pg)
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
 	conn := pgConnect(b, db)
-	warmUp(b, db, kafka, conn)
-	c := startConnector(b, db, kafka)
+	warmUpWith(b, db, kafka, conn, settings{top: top})
+	c := startConnectorOpts(b, db, kafka, settings{top: top})
 	testenv.Eventually(b, time.Minute, "the connector to stream", func() bool {
 		var active bool
 		testenv.QueryRow(b, db, `SELECT active FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &active)
 		return active
 	})
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...),
-		kgo.ConsumeTopics(kafka.Prefix+"outbox.event.order"),
+	opts := []kgo.Opt{kgo.SeedBrokers(kafka.Brokers...),
+		kgo.ConsumeTopics(kafka.Prefix + "outbox.event.order"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(50*time.Millisecond), kgo.FetchMaxWait(time.Second))
+		kgo.MetadataMinAge(50 * time.Millisecond), kgo.FetchMaxWait(time.Second)}
+	if strings.Contains(top, "exactly-once") {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -948,8 +972,51 @@ func latencyOnce(b *testing.B, rate, per int, d time.Duration) {
 	if per > 1 {
 		bench = "sweep"
 	}
-	benchResult{Bench: bench, Broker: brokerName(), Events: total, TxSize: per, Rate: float64(rate), Reached: reached, CPU: cpuTime.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf,
-		AckP50: ackP50, AckP99: ackP99, CPUPercent: cpuPct}.save(b)
+	r := benchResult{Bench: bench, Broker: brokerName(), Events: total, TxSize: per, Rate: float64(rate), Reached: reached, CPU: cpuTime.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf,
+		AckP50: ackP50, AckP99: ackP99, CPUPercent: cpuPct}
+	if top == "" {
+		r.save(b)
+	}
+	return r
+}
+
+// BenchmarkNetwork is what a network between the connector and the broker
+// costs (issue 41): the drain of benchEvents() 1-row transactions, against
+// pg_recvlogical, and commit → visible at 20,000 events/s in 10-row
+// transactions, in both delivery modes. make bench-network runs it three
+// times, the connector reaching the broker through a proxy that adds 0, 2
+// and 20 ms each way (CDC_BENCH_CONNECTOR_BROKERS; CDC_BENCH_NET_MS says
+// which, for the results); the bench's own clients reach the broker
+// directly.
+func BenchmarkNetwork(b *testing.B) {
+	netMS, _ := strconv.ParseFloat(os.Getenv("CDC_BENCH_NET_MS"), 64)
+	seconds := 10
+	if v := os.Getenv("CDC_BENCH_SECONDS"); v != "" {
+		seconds, _ = strconv.Atoi(v)
+	}
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		top := "delivery: " + mode + "\n"
+		b.Run("drain/"+mode, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				events := benchEvents()
+				d := drain(b, 1, top)
+				ratio := d.ref.Seconds() / d.elapsed.Seconds()
+				b.ReportMetric(float64(events)/d.elapsed.Seconds(), "events/s")
+				b.ReportMetric(ratio, "ratio")
+				fmt.Printf("\ndrain %d events in 1-row transactions, %s, %g ms each way to the broker: %.3f s, %.0f events/s, ratio %.2f (pg_recvlogical %.3f s)\n\n",
+					events, mode, netMS, d.elapsed.Seconds(), float64(events)/d.elapsed.Seconds(), ratio, d.ref.Seconds())
+				benchResult{Bench: "network-drain", Broker: brokerName(), Events: events, TxSize: 1, Seconds: d.elapsed.Seconds(),
+					RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss, Delivery: mode, NetMS: netMS}.save(b)
+			}
+		})
+		b.Run("latency/"+mode, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				r := latencyWith(b, 20_000, 10, time.Duration(seconds)*time.Second, top)
+				r.Bench, r.Delivery, r.NetMS = "network-latency", mode, netMS
+				r.save(b)
+			}
+		})
+	}
 }
 
 // BenchmarkStartup starts the cdc binary on a backlog of one event, its

@@ -144,7 +144,13 @@ type OutsideWindowError struct {
 func (e *OutsideWindowError) Error() string {
 	since := "its first commit time is not recorded yet"
 	if !e.FirstTime.IsZero() {
-		since = "it holds the transactions that committed from " + e.FirstTime.UTC().Format(time.RFC3339) + " on"
+		// Whole seconds, rounded up: a --from-time of the time printed
+		// must be inside.
+		from := e.FirstTime.Truncate(time.Second)
+		if from.Before(e.FirstTime) {
+			from = from.Add(time.Second)
+		}
+		since = "it holds the transactions that committed from " + from.UTC().Format(time.RFC3339) + " on"
 	}
 	return fmt.Sprintf("%s is outside the replay window: slot %q starts at %s and %s (replay.window is %s); start at or after that, or keep a longer window",
 		e.Asked, e.ReplaySlot, e.First, since, e.Window)

@@ -3,6 +3,7 @@ package replay
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
@@ -36,5 +37,20 @@ func TestReplayFilterNeedsAMappedField(t *testing.T) {
 		if got := ffs[0].matches(&ev); got != tc.want {
 			t.Errorf("event type %q (kind %d): match %v, want %v", tc.v.B, tc.v.Kind, got, tc.want)
 		}
+	}
+}
+
+// TestOutsideWindowNamesATimeInside: the first time the window holds is
+// printed in whole seconds rounded up, so a --from-time of what the error
+// says is inside the window.
+func TestOutsideWindowNamesATimeInside(t *testing.T) {
+	first := time.Date(2026, 11, 25, 15, 3, 14, 500_000_000, time.UTC)
+	err := &OutsideWindowError{Asked: "2026-11-25T15:03:14Z", FirstTime: first, Window: time.Hour, ReplaySlot: "outbox_cdc_replay"}
+	if !strings.Contains(err.Error(), "committed from 2026-11-25T15:03:15Z on") {
+		t.Errorf("error = %v; want the window's first time rounded up to 15:03:15", err)
+	}
+	err.FirstTime = first.Truncate(time.Second)
+	if !strings.Contains(err.Error(), "committed from 2026-11-25T15:03:14Z on") {
+		t.Errorf("error = %v; a whole second is printed as it is", err)
 	}
 }

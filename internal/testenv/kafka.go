@@ -178,6 +178,9 @@ type Broker struct {
 	Dir     string
 	Brokers []string // the PLAINTEXT listener
 	Secure  []string // the SASL_SSL listener, when started with one
+	// Proxied is the listener advertised at CDC_KAFKA_PROXIED's address,
+	// when started with it: where that address's proxy forwards.
+	Proxied string
 }
 
 // StartBroker starts a fresh real broker with scripts/kafka.sh (Java and
@@ -203,6 +206,9 @@ func StartBroker(t testing.TB, env ...string) *Broker {
 	b := &Broker{Dir: dir, Brokers: strings.Split(strings.TrimSpace(string(out)), ",")}
 	if s, err := os.ReadFile(filepath.Join(dir, "secure_brokers")); err == nil {
 		b.Secure = strings.Split(strings.TrimSpace(string(s)), ",")
+	}
+	if s, err := os.ReadFile(filepath.Join(dir, "proxied_listener")); err == nil {
+		b.Proxied = strings.TrimSpace(string(s))
 	}
 	return b
 }
@@ -245,19 +251,22 @@ func (b *Broker) Kafka() *Kafka {
 	return &Kafka{Brokers: b.Brokers, Prefix: fmt.Sprintf("t%d.", topicSeq.Add(1))}
 }
 
-// repoRoot finds the directory of go.mod above the working directory.
+// repoRoot finds the connector's root (where scripts/kafka.sh is) above the
+// working directory.
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		// The connector's root, also from a module of its own below it
+		// (scripts/netchaos).
+		if _, err := os.Stat(filepath.Join(dir, "scripts", "kafka.sh")); err == nil {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("go.mod not found above the working directory")
+			return "", fmt.Errorf("scripts/kafka.sh not found above the working directory")
 		}
 		dir = parent
 	}

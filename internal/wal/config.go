@@ -48,6 +48,17 @@ type Config struct {
 	// the config file's: cdc run sets its GOMAXPROCS with it. Read
 	// batching off (ReadBatch -1) turns it off too.
 	OnLive func(live bool)
+	// ReceiveTimeout is how long the stream may hear nothing from the
+	// walsender, while it reads, before it takes the connection for dead
+	// and starts a new session: a network that drops packets without a
+	// reset (a black hole) looks like a quiet database otherwise. From
+	// half of it on, each status update asks the walsender to answer.
+	// Default DefaultReceiveTimeout; at least three StatusIntervals.
+	ReceiveTimeout time.Duration
+	// ConnectTimeout bounds opening a connection, when postgres.url sets
+	// no connect_timeout: through a black hole a connect would wait for
+	// ever. Not a file key; DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 	// CatalogCheckInterval is how often a session looks in the catalog
 	// for a configured table that was dropped and created again, left
 	// the publication or vanished (docs/design.md, "Table changes").
@@ -65,6 +76,14 @@ type Config struct {
 // drain ends at Kafka's pace, long enough that a busy stream confirms (and
 // writes checkpoints) at most 50 times a second.
 const DefaultConfirmInterval = 20 * time.Millisecond
+
+// DefaultReceiveTimeout is ReceiveTimeout's default: half of Postgres'
+// default wal_sender_timeout, so the connector notices a dead link before
+// the server does.
+const DefaultReceiveTimeout = 30 * time.Second
+
+// DefaultConnectTimeout is ConnectTimeout's default.
+const DefaultConnectTimeout = 15 * time.Second
 
 // DefaultCatalogCheckInterval is CatalogCheckInterval's default: a
 // recreated table is published again within seconds, for one cheap query.
@@ -108,6 +127,15 @@ func (c *Config) Validate() error {
 	if c.ConfirmInterval < time.Millisecond || c.ConfirmInterval > c.StatusInterval {
 		return fmt.Errorf("postgres.confirm_interval %s: use a value from 1ms to postgres.status_interval (%s)", c.ConfirmInterval, c.StatusInterval)
 	}
+	if c.ReceiveTimeout == 0 {
+		c.ReceiveTimeout = max(DefaultReceiveTimeout, 3*c.StatusInterval)
+	}
+	if c.ReceiveTimeout < 3*c.StatusInterval {
+		return fmt.Errorf("postgres.receive_timeout %s: use at least three postgres.status_interval (%s)", c.ReceiveTimeout, c.StatusInterval)
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
 	if c.CatalogCheckInterval == 0 {
 		c.CatalogCheckInterval = DefaultCatalogCheckInterval
 	}
@@ -140,6 +168,9 @@ func (c Config) pgconnConfig() (*pgconn.Config, error) {
 		}
 		pc.Password = pw
 	}
+	if pc.ConnectTimeout == 0 {
+		pc.ConnectTimeout = c.ConnectTimeout
+	}
 	return pc, nil
 }
 
@@ -170,6 +201,7 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		return nil, err
 	}
 	pc.Password = withPassword.Password
+	pc.ConnectTimeout = withPassword.ConnectTimeout
 	if pinned {
 		pinFormats(pc.RuntimeParams)
 		if pc.RuntimeParams["application_name"] == "" {

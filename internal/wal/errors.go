@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -33,6 +34,20 @@ func (e *SetupError) Unwrap() error { return e.Err }
 
 func setupErrorf(format string, args ...any) error {
 	return &SetupError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// DeadConnError is a replication connection the walsender has said
+// nothing on for longer than ReceiveTimeout, though asked to answer: the
+// network drops what crosses it, or the server froze. A new session
+// starts, from the slot's confirmed position.
+type DeadConnError struct {
+	Slot   string
+	Silent time.Duration
+}
+
+func (e *DeadConnError) Error() string {
+	return fmt.Sprintf("replication slot %q: no message from Postgres for %s though asked to answer (postgres.receive_timeout): the connection is taken for dead (the network drops packets, or the server froze); starting a new session",
+		e.Slot, e.Silent.Round(time.Second))
 }
 
 // SlotInUseError means another connection streams from the slot: a second

@@ -141,6 +141,9 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	// comes before the session's first BEGIN says nothing: a walsender
 	// may send one before it starts on a backlog.
 	atEnd, begun := false, false
+	// heard is when the loop last heard from the walsender, or last had
+	// a reason not to expect to (it did not read): ReceiveTimeout.
+	heard := now
 	setLive := func(on bool) {
 		live = on
 		batch.batchReads(on, s.cfg.ReadBatch)
@@ -176,8 +179,13 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 			return err
 		}
 		pos := s.position(acks)
+		if s.cfg.ReceiveTimeout > 0 && now.Sub(heard) > s.cfg.ReceiveTimeout {
+			return &DeadConnError{Slot: s.slot, Silent: now.Sub(heard)}
+		}
 		if !now.Before(statusAt) || (pos > s.sent && !now.Before(confirmAt)) {
-			if err := s.sendStatus(pos); err != nil {
+			// Past half of ReceiveTimeout in silence, ask for an answer:
+			// a live walsender sends a keepalive at once.
+			if err := s.sendStatusReply(pos, s.cfg.ReceiveTimeout > 0 && now.Sub(heard) > s.cfg.ReceiveTimeout/2); err != nil {
 				return err
 			}
 			statusAt, confirmAt = now.Add(s.cfg.StatusInterval), now.Add(s.cfg.ConfirmInterval)
@@ -196,6 +204,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 		}
 
 		if acks.Saturated() {
+			heard = now // not reading: silence says nothing
 			// Stop reading: the walsender's socket fills and it waits.
 			// Status updates still leave on time, which is what keeps
 			// the walsender from timing out while Kafka is slow.
@@ -223,6 +232,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 			}
 			return fmt.Errorf("receive from replication slot %q: %w", s.slot, err)
 		}
+		heard = time.Now()
 
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -255,6 +265,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 				if err := handle(xld.WALStart, xld.WALData); err != nil {
 					return err
 				}
+				heard = time.Now() // a blocking handle (While) read nothing meanwhile
 			}
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication slot %q: %w", s.slot, pgconn.ErrorResponseToPgError(msg))
@@ -302,12 +313,17 @@ func (s *Stream) position(acks Acks) pglogrepl.LSN {
 	return pos
 }
 
-func (s *Stream) sendStatus(pos pglogrepl.LSN) error {
+func (s *Stream) sendStatus(pos pglogrepl.LSN) error { return s.sendStatusReply(pos, false) }
+
+// sendStatusReply sends a status update, asking the walsender to answer
+// at once when reply is set.
+func (s *Stream) sendStatusReply(pos pglogrepl.LSN, reply bool) error {
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
 		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update to slot %q: %w", s.slot, err)

@@ -2,10 +2,12 @@ package wal_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -317,4 +319,65 @@ func recordCommits(t *testing.T, ctx context.Context, s *wal.Stream, acks wal.Ac
 		return runErr
 	}
 	return next, wait
+}
+
+// TestReceiveTimeoutEndsASilentSession (postgres.receive_timeout): a
+// walsender that says nothing though asked to answer, here frozen with
+// SIGSTOP as a black hole would leave it, ends the session with a
+// DeadConnError within about the timeout; a quiet database whose
+// walsender answers is not taken for dead.
+func TestReceiveTimeoutEndsASilentSession(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, outboxDDL)
+	st, err := setup(t, db, defaultTable, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg(db)
+	c.StatusInterval, c.ReceiveTimeout = 100*time.Millisecond, time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks := &movingAcks{}
+	acks.pos.Store(uint64(st.ConfirmedFlush))
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Run(ctx, func(pglogrepl.LSN, []byte) error { return nil }, acks)
+	}()
+	defer s.Close(context.Background(), acks)
+
+	// Quiet for four timeouts: the walsender answers, the session lives.
+	select {
+	case err := <-done:
+		t.Fatalf("a quiet database's session ended: %v", err)
+	case <-time.After(4 * time.Second): // the quiet span under test
+	}
+
+	var pid int
+	testenv.QueryRow(t, db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &pid)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("freeze the walsender (pid %d): %v", pid, err)
+	}
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	frozen := time.Now()
+	select {
+	case err := <-done:
+		var dead *wal.DeadConnError
+		if !errors.As(err, &dead) {
+			t.Fatalf("Run returned %v; want a DeadConnError", err)
+		}
+		// The silence began at the walsender's last answer, up to half
+		// the timeout before it froze.
+		if took := time.Since(frozen); took > 5*time.Second {
+			t.Errorf("the session ended %s after the walsender froze; want about receive_timeout (1s)", took)
+		}
+		if !strings.Contains(err.Error(), "postgres.receive_timeout") {
+			t.Errorf("the error does not name the setting: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a silent walsender's session did not end within 30s")
+	}
 }

@@ -2,12 +2,15 @@
 // lines make bench writes (CDC_BENCH_OUT), and prints the table of medians:
 //
 //	go run ./scripts/benchplot docs/bench/results.jsonl docs/bench
+//	go run ./scripts/benchplot soak history.jsonl soak.png
 //
 // It draws latency-cdf.png (commit → visible, one line per run),
 // drain-ratio.png (cdc's drain speed over pg_recvlogical's, per run and the
 // median, per transaction size), payload-ratio.png (the same per payload
 // size), sweep-latency.png (p50 and p99 against the offered rate) and
-// sweep-cpu.png (each process's CPU against the rate).
+// sweep-cpu.png (each process's CPU against the rate). With soak, it draws
+// a soak's history (make soak): events a second, how far behind, RSS, and
+// the faults.
 package main
 
 import (
@@ -46,9 +49,19 @@ type result struct {
 	CPUPercent   map[string]float64 `json:"cpu_percent"`
 	Stages       map[string]float64 `json:"stages_ms"`
 	CPUSeconds   map[string]float64 `json:"other_cpu_seconds"`
+	Delivery     string             `json:"delivery"`
+	NetMS        float64            `json:"net_latency_ms"`
 }
 
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == "soak" {
+		// benchplot soak HISTORY.jsonl OUT.png (make soak)
+		if err := soakPlot(os.Args[2], os.Args[3]); err != nil {
+			fmt.Fprintf(os.Stderr, "benchplot: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) != 3 {
 		fmt.Fprintln(os.Stderr, "usage: benchplot RESULTS.jsonl OUTDIR")
 		os.Exit(2)
@@ -70,6 +83,7 @@ func main() {
 	pairTable(by["exactly-once"], "exactly-once drain", "at-least-once", "exactly-once")
 	pairTable(by["schema-avro"], "schema drain", "json", "avro")
 	backfillTable(by["backfill"])
+	networkTable(by["network-drain"], by["network-latency"])
 	out := os.Args[2]
 	for _, plot := range []struct {
 		runs []result
@@ -542,4 +556,66 @@ func sweepCPU(runs []result, out string) error {
 	}
 	p.Add(plotter.NewGrid())
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, out)
+}
+
+// networkTable prints, per delivery mode and latency each way between the
+// connector and the broker, the median drain speed, its share of the same
+// mode's speed at 0 ms (issue 41's goals: 0.9 at 2 ms, 0.5 at 20 ms), and
+// commit → visible at 20,000 events/s.
+func networkTable(drains, lats []result) {
+	if len(drains) == 0 && len(lats) == 0 {
+		return
+	}
+	type key struct {
+		mode string
+		ms   float64
+	}
+	dr, lt := map[key][]result{}, map[key][]result{}
+	var keys []key
+	seen := map[key]bool{}
+	for _, set := range []struct {
+		runs []result
+		into map[key][]result
+	}{{drains, dr}, {lats, lt}} {
+		for _, r := range set.runs {
+			k := key{r.Delivery, r.NetMS}
+			set.into[k] = append(set.into[k], r)
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if a.mode != b.mode {
+			if a.mode < b.mode {
+				return -1
+			}
+			return 1
+		}
+		return int(a.ms - b.ms)
+	})
+	fmt.Println()
+	fmt.Println("| delivery | ms each way | runs | drain (events/s) | share of 0 ms | ratio to pg_recvlogical | p50 at 20k/s (ms) | p99 at 20k/s (ms) | reached (events/s) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	speed := func(rs []result) float64 {
+		return medianOf(rs, func(r result) float64 { return float64(r.Events) / r.Seconds })
+	}
+	for _, k := range keys {
+		share, drain, ratio := "—", "—", "—"
+		if rs := dr[k]; len(rs) > 0 {
+			drain = fmt.Sprintf("%.0f", speed(rs))
+			ratio = fmt.Sprintf("%.2f", medianOf(rs, func(r result) float64 { return r.Ratio }))
+			if base := dr[key{k.mode, 0}]; len(base) > 0 {
+				share = fmt.Sprintf("%.2f", speed(rs)/speed(base))
+			}
+		}
+		p50, p99, reached := "—", "—", "—"
+		if rs := lt[k]; len(rs) > 0 {
+			p50 = fmt.Sprintf("%.1f", medianOf(rs, func(r result) float64 { return quantile(r, 0.5) }))
+			p99 = fmt.Sprintf("%.1f", medianOf(rs, func(r result) float64 { return quantile(r, 0.99) }))
+			reached = fmt.Sprintf("%.0f", medianOf(rs, func(r result) float64 { return r.Reached }))
+		}
+		fmt.Printf("| %s | %g | %d | %s | %s | %s | %s | %s | %s |\n", k.mode, k.ms, max(len(dr[k]), len(lt[k])), drain, share, ratio, p50, p99, reached)
+	}
 }
