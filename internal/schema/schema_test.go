@@ -304,7 +304,9 @@ func TestRegistryDownIsNotAnEventError(t *testing.T) {
 	}
 	r2 := newRegistry(t, reg.URL, nil, func(c *Config) { c.Username, c.PasswordFile = "cdc", pw })
 	err := apply(r2, record("orders", "o-1", payload), event(tb, "OrderPlaced", payload))
-	if !errors.As(err, new(*LookupError)) || strings.Contains(err.Error(), "wrong-pass") || !strings.Contains(err.Error(), "not authorized") {
+	// 401 and 403 are refusals, which stop the connector with the reason
+	// (waiting would not fix them), not lookups to retry.
+	if !errors.As(err, new(*RefusedError)) || strings.Contains(err.Error(), "wrong-pass") || !strings.Contains(err.Error(), "not authorized") {
 		t.Fatalf("wrong password: %v", err)
 	}
 }
