@@ -16,9 +16,11 @@ import (
 
 // DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
 // memory (about 2 KB per event in flight, for the row, the record and
-// franz-go's batch), and covers a round trip of 40 ms to Kafka at
-// 100k events/s; 10,000 cost 10 MB more of peak RSS for no speed on the
-// benchmarks (docs/benchmarks.md).
+// franz-go's batch). An event waits for the produce request in flight to
+// the broker (one at a time: franz-go's idempotent producer allows no
+// more) and then for its own, about two round trips, so a far broker
+// needs more: docs/benchmarks.md, "A network to the broker", has what
+// each value carries.
 const DefaultMaxInFlight = 4096
 
 // DefaultMaxInFlightBytes is max_in_flight_bytes's default: 64 MiB of
