@@ -6,7 +6,7 @@ GO       ?= go
 BIN      ?= bin/cdc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: setup setup-base build demo test test-kafka test-pg test-failover chaos soak bench-network bench-network-run kafka-start kafka-stop test-short fuzz bench vet clean
+.PHONY: setup setup-base build demo test test-kafka test-pg test-failover test-replica chaos soak bench-network bench-network-run kafka-start kafka-stop test-short fuzz bench vet clean
 
 setup:            ## install everything: PostgreSQL server binaries, Go modules, Java, Maven, the Kafka jars
 	@./scripts/setup.sh
@@ -60,13 +60,24 @@ test-failover: setup ## a primary -> standby failover with failover slots, on Po
 	grep -E '^(--- |ok|FAIL)|failover_test.go' "$${TMPDIR:-/tmp}/cdc-failover.log"; \
 	[ $$rc = 0 ] || tail -60 "$${TMPDIR:-/tmp}/cdc-failover.log"; exit $$rc
 
+# Streaming from a hot standby, with postgres.primary_url, and its
+# promotion (PostgreSQL 16+, internal/pipeline/replica_test.go, -tags
+# replica). CI runs 16 and 17.
+REPLICA_PG ?= 16
+test-replica: setup ## streaming from a hot standby and its promotion, on PostgreSQL $(REPLICA_PG) (16+)
+	@bin=$$(./scripts/pgbin.sh $(REPLICA_PG)) || exit 1; \
+	echo "test-replica: PostgreSQL $(REPLICA_PG) from $$bin"; \
+	CDC_PG_BIN=$$bin $(GO) test -tags replica -run '^TestReplica(CLI)?$$' -count=1 -v -timeout 20m ./internal/pipeline ./cmd/cdc > "$${TMPDIR:-/tmp}/cdc-replica.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |        --- |ok|FAIL)|(replica|examples)_test.go' "$${TMPDIR:-/tmp}/cdc-replica.log"; \
+	[ $$rc = 0 ] || tail -80 "$${TMPDIR:-/tmp}/cdc-replica.log"; exit $$rc
+
 # The fault suite (cmd/cdc/chaos_test.go, -tags chaos) on a real broker:
 # every event counted through faults. CI runs a short version.
 CHAOS_KILLS ?= 37
 CHAOS_RATE  ?= 1000
 CHAOS_OUTAGE ?= 60s
 NET_FAULT    ?= 60s
-chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, and network faults (latency, black holes, resets, a slow link), counting lost, duplicated and reordered events
+chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, network faults (latency, black holes, resets, a slow link) and a standby promoted under load, counting lost, duplicated and reordered events
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
@@ -83,7 +94,12 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 	echo "chaos: a network between the parts (scripts/netchaos: toxiproxy in front of Postgres and a broker of its own): latency, $(NET_FAULT) black holes, resets, a slow link"; \
 	(cd scripts/netchaos && CDC_NET_FAULT=$(NET_FAULT) $(GO) test -run '^TestNetwork' -count=1 -v -timeout 60m .) > "$$dir/network.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |    --- |ok|FAIL)|network_test.go' "$$dir/network.log"; \
-	[ $$rc = 0 ] || tail -60 "$$dir/network.log"; exit $$rc
+	[ $$rc = 0 ] || { tail -60 "$$dir/network.log"; exit $$rc; }; \
+	echo "chaos: a hot standby the connector streams from is promoted under a writer, in both delivery modes (PostgreSQL $(REPLICA_PG))"; \
+	pgbin=$$(./scripts/pgbin.sh $(REPLICA_PG)) || exit 1; \
+	CDC_PG_BIN=$$pgbin CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -tags replica -run '^TestReplica$$/promotion' -count=1 -v -timeout 20m ./internal/pipeline > "$$dir/promotion.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |        --- |ok|FAIL)|replica_test.go' "$$dir/promotion.log"; \
+	[ $$rc = 0 ] || tail -60 "$$dir/promotion.log"; exit $$rc
 
 # make soak: 8 writers, two replicas and a nemesis picking a fault every
 # 20-60 s, for SOAK in each delivery mode of SOAK_MODES, on a real broker
@@ -149,6 +165,7 @@ bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, repla
 # proxy alone); the bench's own clients reach the broker directly. make
 # bench runs it too, into the same results.
 NET_LATENCIES ?= 0 2 20
+NET_BENCH     ?= BenchmarkNetwork
 bench-network: setup ## the drain and the latency run with 0, 2 and 20 ms between the connector and the broker
 	mkdir -p $(BENCH_DIR)
 	$(MAKE) --no-print-directory bench-network-run
@@ -169,7 +186,7 @@ bench-network-run:
 	  fi; \
 	  CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir CDC_BENCH_CONNECTOR_BROKERS=127.0.0.1:$$port CDC_BENCH_NET_MS=$$ms \
 	  CDC_BENCH_OUT=$(abspath $(BENCH_DIR))/results.jsonl \
-	    $(GO) test -run '^$$' -bench 'BenchmarkNetwork' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline || exit 1; \
+	    $(GO) test -run '^$$' -bench '$(NET_BENCH)' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/pipeline || exit 1; \
 	  kill $$px; wait $$px 2>/dev/null; px=; \
 	done
 

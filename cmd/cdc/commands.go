@@ -715,7 +715,11 @@ func printStatus(w io.Writer, st ops.Status) {
 		if s.Active {
 			active = fmt.Sprintf("yes, pid %d", s.ActivePID)
 		}
-		fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, s.WALStatus)
+		walStatus := s.WALStatus
+		if s.Conflicting {
+			walStatus += " (invalidated on the standby: the primary removed rows it needed; see hot_standby_feedback)"
+		}
+		fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, walStatus)
 		safe := "unlimited (max_slot_wal_keep_size = -1)"
 		if s.SafeWALBytes != nil {
 			safe = humanBytes(*s.SafeWALBytes)
@@ -723,6 +727,14 @@ func printStatus(w io.Writer, st ops.Status) {
 		fmt.Fprintf(tw, "%[1]ssafe wal size\t%[2]s\n%[1]slag\t%[3]s (%[4]d bytes behind %[5]s)\n%[1]sretained wal\t%[6]s (%[7]d bytes)\n",
 			indent, safe, humanBytes(s.LagBytes), s.LagBytes, s.WALEnd, humanBytes(s.RetainedBytes), s.RetainedBytes)
 	}
+	server := fmt.Sprintf("primary, PostgreSQL %d", st.Server.Version)
+	if st.Server.Role == "standby" {
+		server = fmt.Sprintf("hot standby, PostgreSQL %d", st.Server.Version)
+		if d := st.Server.ReplayDelaySeconds; d != nil {
+			server += fmt.Sprintf(", last replayed a transaction committed %.1f s ago on the primary", *d)
+		}
+	}
+	fmt.Fprintf(tw, "server\t%s\n", server)
 	slot("", "slot", st.Slot)
 	pub := st.Publication
 	tables := strings.Join(pub.Tables, ", ")

@@ -48,7 +48,7 @@ func ParseControl(b []byte) (Control, error) {
 }
 
 // ControlMessage is the SQL that announces backfill request id to a
-// running pipeline: cdc backfill runs it after saving the request.
+// running pipeline, as cdc backfill does (on a primary).
 func ControlMessage(id string) (string, []any) {
 	b, _ := json.Marshal(Control{Type: ControlRequest, ID: id})
 	return "SELECT pg_logical_emit_message(true, $1, $2::text)", []any{decode.ControlPrefix, string(b)}

@@ -2,10 +2,12 @@ package backfill
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -57,9 +59,9 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 	if err := store.SaveRequest(ctx, rec.Key(), req); err != nil {
 		return Requested{}, err
 	}
-	sql, args := ControlMessage(job.ID)
-	if _, err := rows.Exec(ctx, sql, args...); err != nil {
-		return Requested{}, fmt.Errorf("announce the backfill to the connector (pg_logical_emit_message): %w", err)
+	b, _ := json.Marshal(Control{Type: ControlRequest, ID: job.ID})
+	if err := wal.EmitMessage(ctx, r.Postgres, rows, decode.ControlPrefix, string(b), "the backfill's announcement to the connector"); err != nil {
+		return Requested{}, err
 	}
 	return Requested{ID: job.ID, Table: job.Table, Where: where, Rows: total, key: rec.Key()}, nil
 }

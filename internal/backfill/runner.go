@@ -232,10 +232,12 @@ func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, jo
 func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 	run := jobs.Run()
 	var conn *pgx.Conn
+	w := wal.NewWriter(r.Postgres)
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
 		}
+		w.Close(ctx)
 	}()
 	backoff := r.Backoff
 	for ctx.Err() == nil {
@@ -252,7 +254,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 			conn, err = wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 		}
 		if err == nil {
-			err = r.runJob(ctx, conn, jobs, run, job)
+			err = r.runJob(ctx, w, conn, jobs, run, job)
 		}
 		if ctx.Err() != nil {
 			return
@@ -263,7 +265,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
 			r.Log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
-			err = emit(ctx, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: storedError(err)})
+			err = emit(ctx, w, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: storedError(err)})
 			if err == nil {
 				err = waitDone(ctx, jobs, job.ID)
 			}
@@ -301,7 +303,7 @@ func waitDone(ctx context.Context, jobs *Jobs, id string) error {
 }
 
 // runJob runs job's chunks between watermarks until the last.
-func (r *Runner) runJob(ctx context.Context, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Backfill) error {
+func (r *Runner) runJob(ctx context.Context, w *wal.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Backfill) error {
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
 		return err
@@ -338,7 +340,7 @@ func (r *Runner) runJob(ctx context.Context, conn *pgx.Conn, jobs *Jobs, run str
 		}
 		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, until: until, done: make(chan struct{})}
 		jobs.setChunk(ch)
-		if err := emit(ctx, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		c, err := readChunk(ctx, conn, plan, after, until)
@@ -346,7 +348,7 @@ func (r *Runner) runJob(ctx context.Context, conn *pgx.Conn, jobs *Jobs, run str
 			return err
 		}
 		jobs.setRows(ch, &c)
-		if err := emit(ctx, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		select {
@@ -386,14 +388,12 @@ func readChunk(ctx context.Context, conn *pgx.Conn, plan *Plan, after, until []s
 }
 
 // emit writes c as a transactional logical decoding message, in a
-// transaction of its own.
-func emit(ctx context.Context, conn *pgx.Conn, c Control) error {
+// transaction of its own: on conn's server, or, while that is a hot
+// standby, on postgres.primary_url's (w).
+func emit(ctx context.Context, w *wal.Writer, conn *pgx.Conn, c Control) error {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text)", decode.ControlPrefix, string(b)); err != nil {
-		return fmt.Errorf("write a backfill watermark: %w", err)
-	}
-	return nil
+	return w.Emit(ctx, conn, decode.ControlPrefix, string(b), "a backfill watermark")
 }

@@ -93,13 +93,11 @@ func (s *Snapshot) Close(ctx context.Context) {
 }
 
 // EmitRepair writes the ControlRepair message with id, in a transaction of
-// its own on conn.
-func EmitRepair(ctx context.Context, conn *pgx.Conn, id string) error {
+// its own on conn, or on cfg's primary_url while conn's server is a hot
+// standby.
+func EmitRepair(ctx context.Context, cfg wal.Config, conn *pgx.Conn, id string) error {
 	b, _ := json.Marshal(Control{Type: ControlRepair, ID: id})
-	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text)", decode.ControlPrefix, string(b)); err != nil {
-		return fmt.Errorf("write a table repair's message: %w", err)
-	}
-	return nil
+	return wal.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
 }
 
 // NewID is a random identifier, for a repair.

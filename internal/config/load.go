@@ -28,6 +28,7 @@ import (
 type fileConfig struct {
 	Postgres struct {
 		URL             string         `yaml:"url"`
+		PrimaryURL      string         `yaml:"primary_url"`
 		PasswordFile    string         `yaml:"password_file"`
 		Slot            string         `yaml:"slot"`
 		Publication     string         `yaml:"publication"`
@@ -329,6 +330,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 		Postgres: wal.Config{
 			URL:                  fc.Postgres.URL,
 			PasswordFile:         fc.Postgres.PasswordFile,
+			PrimaryURL:           fc.Postgres.PrimaryURL,
 			Slot:                 fc.Postgres.Slot,
 			Publication:          fc.Postgres.Publication,
 			StatusInterval:       fc.Postgres.StatusInterval,

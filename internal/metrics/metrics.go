@@ -63,6 +63,8 @@ type Metrics struct {
 	unmapped     *prometheus.CounterVec
 	tableRepairs *prometheus.CounterVec
 	tableMissing *prometheus.GaugeVec
+	// StandbyDelay is cdc_standby_replay_delay_seconds.
+	StandbyDelay prometheus.Gauge
 	// Retention (internal/retention), by table.
 	retentionDeleted *prometheus.CounterVec
 	retentionDropped *prometheus.CounterVec
@@ -147,6 +149,8 @@ func New(pipeline string) *Metrics {
 		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
 	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
 		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
+	m.StandbyDelay = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_standby_replay_delay_seconds",
+		Help: "On a hot standby (postgres.url), how long ago the last transaction it replayed committed on the primary: while the primary writes, how far the standby's replay, and so the stream, is behind it. 0 on a primary."})
 	m.retentionDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_rows_deleted_total",
 		Help: "Outbox rows retention deleted (delivered, and older than retention.after), by table."}, []string{"table"})
 	m.retentionDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_partitions_dropped_total",
@@ -155,7 +159,7 @@ func New(pipeline string) *Metrics {
 		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
 	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {

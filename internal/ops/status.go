@@ -19,6 +19,7 @@ import (
 // checkpoint and the replay window, read from Postgres and Kafka without
 // changing anything. Its JSON is cdc status --json.
 type Status struct {
+	Server      ServerStatus      `json:"server"`
 	Slot        SlotStatus        `json:"slot"`
 	Publication PublicationStatus `json:"publication"`
 	Checkpoint  *CheckpointStatus `json:"checkpoint,omitempty"`
@@ -40,6 +41,16 @@ type RetentionStatus struct {
 	Error  string     `json:"error,omitempty"`
 }
 
+// ServerStatus is the server postgres.url reaches: a primary, or a hot
+// standby (PostgreSQL 16+) with how far its replay is behind.
+type ServerStatus struct {
+	Role    string `json:"role"` // "primary" or "standby"
+	Version int    `json:"version"`
+	// ReplayDelaySeconds is, on a standby, how long ago the last
+	// transaction it replayed committed on the primary.
+	ReplayDelaySeconds *float64 `json:"replay_delay_seconds,omitempty"`
+}
+
 // SlotStatus is a slot's row of pg_replication_slots, with lag and
 // retained WAL worked out.
 type SlotStatus struct {
@@ -54,6 +65,8 @@ type SlotStatus struct {
 	WALEnd        string `json:"wal_end,omitempty"`
 	LagBytes      int64  `json:"lag_bytes"`
 	RetainedBytes int64  `json:"retained_wal_bytes"`
+	// Conflicting: Postgres invalidated the slot on a standby.
+	Conflicting bool `json:"conflicting,omitempty"`
 }
 
 // PublicationStatus is the publication and the tables in it.
@@ -95,6 +108,17 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var st Status
+	var standby bool
+	var delay *float64
+	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('server_version_num')::int / 10000,
+		CASE WHEN pg_is_in_recovery() THEN extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 END`).Scan(&standby, &st.Server.Version, &delay)
+	if err != nil {
+		return Status{}, fmt.Errorf("read the server's role: %w", err)
+	}
+	st.Server.Role, st.Server.ReplayDelaySeconds = "primary", delay
+	if standby {
+		st.Server.Role = "standby"
+	}
 	if st.Slot, err = slotStatus(ctx, conn, o.Config.Postgres.Slot); err != nil {
 		return Status{}, err
 	}
@@ -174,6 +198,7 @@ func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, e
 		out.RestartLSN = s.RestartLSN.String()
 	}
 	out.LagBytes, out.RetainedBytes = s.Lag(), s.Retained()
+	out.Conflicting = s.Conflicting
 	return out, nil
 }
 

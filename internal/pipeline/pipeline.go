@@ -69,6 +69,8 @@ type Pipeline struct {
 	progress *checkpoint.Progress
 	opening  *checkpoint.Opening // opened beside the first start's Postgres work
 	m        *metrics.Metrics
+	// onStandby: the last session's server was a hot standby.
+	onStandby bool
 	// state is what /readyz and /healthz report; beat, while a session
 	// streams, is when its replication loop last ran.
 	state atomic.Pointer[State]

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -34,6 +35,16 @@ func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) 
 		return nil, 0, cat, err
 	}
 	p.log.Debug("postgres: replication connection open", "slot_exists", slot.Exists)
+	if conn.Standby() != p.onStandby {
+		// Said at the first session, and again after a promotion.
+		p.onStandby = conn.Standby()
+		if p.onStandby {
+			p.log.Info("postgres.url is a hot standby: the slot is the standby's and decoding runs there; what it cannot write goes to postgres.primary_url",
+				"primary_url_set", p.cfg.Postgres.PrimaryURL != "")
+		} else if p.progress != nil {
+			p.log.Info("postgres.url is a primary now (the standby was promoted): the connector writes to it directly")
+		}
+	}
 	if slot.Active {
 		// Another instance streams (or a walsender of this one that
 		// Postgres has not ended yet): wait as a standby, without
@@ -107,7 +118,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			}
 			// The backfill reads the rows committed before the slot in
 			// the snapshot of its consistent point (rule 18).
-			err := p.whileCreatingSlot(ctx, func() (err error) {
+			err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
 				from, p.snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot)
 				return err
 			})
@@ -116,7 +127,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			}
 			p.log.Info("first start: created the replication slot; rows committed before this position are sent by the tables' backfill, the rest by the stream", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
 		} else {
-			err := p.whileCreatingSlot(ctx, func() (err error) {
+			err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
 				from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot)
 				return err
 			})
@@ -184,18 +195,40 @@ var slotWaitReport = 5 * time.Second
 // transaction (a leak) makes it wait for ever, in silence. So every
 // slotWaitReport it says what it waits for, in the log and in /readyz: the
 // transactions, as far as the role can see them, and how to end them.
-func (p *Pipeline) whileCreatingSlot(ctx context.Context, create func() error) error {
+//
+// On a hot standby it waits instead for the primary's next record of its
+// running transactions, which the primary logs about every 15 s while it
+// writes: with postgres.primary_url, the connector asks for one every
+// second (pg_log_standby_snapshot).
+func (p *Pipeline) whileCreatingSlot(ctx context.Context, standby bool, create func() error) error {
 	done := make(chan struct{})
 	reported := make(chan struct{})
 	go func() {
 		defer close(reported)
 		t := time.NewTicker(slotWaitReport)
 		defer t.Stop()
+		ask := time.NewTicker(time.Second)
+		defer ask.Stop()
+		if !standby || p.cfg.Postgres.PrimaryURL == "" {
+			ask.Stop()
+		}
+		asked := false
 		for {
 			select {
 			case <-done:
 				return
+			case <-ask.C:
+				if err := wal.LogStandbySnapshot(ctx, p.cfg.Postgres); err != nil && !asked {
+					p.log.Warn("could not ask the primary to log its running transactions (pg_log_standby_snapshot), which the slot's creation on the standby waits for; it logs them about every 15 s while it writes", "error", errtext.OneLine(err))
+				}
+				asked = true
 			case <-t.C:
+				if standby {
+					detail := "first start: creating the replication slot on a hot standby waits for the primary to log its running transactions (about every 15 s while it writes; at once with postgres.primary_url)"
+					p.setState(false, detail)
+					p.log.Warn(detail, "slot", p.cfg.Postgres.Slot)
+					continue
+				}
 				p.reportSlotWait(ctx)
 			}
 		}

@@ -142,7 +142,7 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 			if err != nil {
 				return err
 			}
-			err = wal.AddToPublication(ctx, conn, cat.Publication.Name, st.Table)
+			err = wal.AddToPublication(ctx, p.cfg.Postgres, conn, cat.Publication.Name, st.Table)
 			conn.Close(context.WithoutCancel(ctx))
 			if err != nil {
 				return err
@@ -261,6 +261,13 @@ func (w *tableWatch) run(ctx context.Context, fail func(error)) {
 // check compares the catalog with what the session streams, once.
 func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 	cfg := w.p.cfg.Postgres
+	// On a hot standby, how far its replay is behind the primary, with
+	// the same look.
+	var delay float64
+	if err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8, 0) ELSE 0 END`).Scan(&delay); err != nil {
+		return fmt.Errorf("read the standby's replay delay: %w", err)
+	}
+	w.p.m.StandbyDelay.Set(max(delay, 0))
 	cat, err := wal.ReadCatalog(ctx, conn, cfg.Publication, w.p.cfg.WALTables())
 	if err != nil {
 		return err
@@ -303,7 +310,12 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 					"as the owner of the publication and the table run: %s; %s; then start the connector again: it sends the rows the new table received meanwhile, each once",
 					t, cfg.Publication, why, wal.AddStatement(cfg.Publication, st.Table), wal.GrantStatement(st.Table, cat.Role))}
 			}
-			if err := wal.AddToPublication(ctx, conn, cfg.Publication, st.Table); err != nil {
+			if err := wal.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
+				return err
+			}
+			// On a standby: the rows the repair reads, as of the table's
+			// publication on the primary.
+			if err := wal.CatchUp(ctx, cfg, conn); err != nil {
 				return err
 			}
 			w.log.Warn("outbox table was dropped and created again; added the new table to the publication, and sending the rows it received before", "table", t.String(), "publication", cfg.Publication)
@@ -336,7 +348,7 @@ func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.
 	w.pending[r.id] = r
 	w.repairing[t] = true
 	w.mu.Unlock()
-	if err := backfill.EmitRepair(ctx, conn, r.id); err != nil {
+	if err := backfill.EmitRepair(ctx, w.p.cfg.Postgres, conn, r.id); err != nil {
 		w.drop(ctx, r)
 		return err
 	}

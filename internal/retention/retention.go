@@ -87,7 +87,8 @@ func (c *Cleaner) Run(ctx context.Context) {
 	for {
 		var err error
 		if conn == nil {
-			conn, err = wal.ConnectSQL(ctx, c.Postgres)
+			// On a hot standby's connector, the primary (primary_url).
+			conn, _, err = wal.ConnectWritable(ctx, c.Postgres)
 		}
 		if err == nil {
 			err = c.sweep(ctx, conn)
@@ -116,7 +117,7 @@ func (c *Cleaner) sweep(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("read pg_is_in_recovery: %w", err)
 	}
 	if standby {
-		c.once("standby", "retention runs only on a primary: this server is a standby, where nothing can be deleted")
+		c.once("standby", "retention deletes on the primary: postgres.url is a hot standby, where nothing can be deleted; set postgres.primary_url")
 		return nil
 	}
 	// The snapshot is the statement's, taken before the WAL position is

@@ -123,8 +123,21 @@ func GrantStatement(t Table, role string) string {
 }
 
 // AddToPublication adds t to the publication, as Setup does when the
-// connector owns both and a configured table is missing from it.
-func AddToPublication(ctx context.Context, conn *pgx.Conn, publication string, t Table) error {
+// connector owns both and a configured table is missing from it; on a hot
+// standby, on cfg's primary_url.
+func AddToPublication(ctx context.Context, cfg Config, conn *pgx.Conn, publication string, t Table) error {
+	standby, err := InRecovery(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if standby {
+		primary, err := connectPrimary(ctx, cfg, fmt.Sprintf("add outbox table %s to publication %s", t, publication), AddStatement(publication, t))
+		if err != nil {
+			return err
+		}
+		defer primary.Close(context.WithoutCancel(ctx))
+		conn = primary
+	}
 	if _, err := conn.Exec(ctx, AddStatement(publication, t)); err != nil {
 		return setupErrorf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, publication, err, AddStatement(publication, t))
 	}

@@ -58,6 +58,31 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		add(setupErrorf("PostgreSQL %d is older than 14, the oldest the connector is tested on; upgrade", version/10000))
 	}
 
+	// A hot standby (docs/operations.md, "Streaming from a replica"): what
+	// it needs, and its primary for what it cannot write.
+	standby, err := InRecovery(ctx, conn)
+	if err != nil {
+		return warnings, err
+	}
+	var primary *pgx.Conn
+	if standby {
+		add(checkStandby(ctx, conn, version))
+		if cfg.PrimaryURL == "" {
+			warnings = append(warnings, "postgres.url is a hot standby and postgres.primary_url is not set: cdc run streams, but cannot create or change the publication, run cdc backfill or a table's repair, or delete rows for retention, all of which write on the primary; set postgres.primary_url")
+		} else if primary, err = connectPrimary(ctx, cfg, "write", ""); err != nil {
+			add(err)
+		} else {
+			defer primary.Close(context.WithoutCancel(ctx))
+			var primaryLevel string
+			if err := primary.QueryRow(ctx, "SHOW wal_level").Scan(&primaryLevel); err != nil {
+				return warnings, fmt.Errorf("read the primary's wal_level: %w", err)
+			}
+			if primaryLevel != "logical" {
+				add(setupErrorf("the primary (postgres.primary_url) has wal_level %s; a standby decodes only WAL written at wal_level = logical: on the primary run ALTER SYSTEM SET wal_level = logical and restart it", primaryLevel))
+			}
+		}
+	}
+
 	var user, db string
 	var replication, super bool
 	if err := conn.QueryRow(ctx, `SELECT current_user, current_database(), rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &db, &replication, &super); err != nil {
@@ -82,8 +107,28 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 			add(setupErrorf("role %s may not SELECT from outbox table %s; as its owner run: GRANT SELECT ON %s TO %s", pgident.Quote(user), t, t, pgident.Quote(user)))
 		}
 	}
-	if err := checkPublication(ctx, conn, cfg.Publication, tables, present, user, super); err != nil {
-		add(err)
+	switch {
+	case primary != nil:
+		// The publication is the primary's, replicated: what may be
+		// created or changed is decided there.
+		var pUser string
+		var pSuper bool
+		if err := primary.QueryRow(ctx, `SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&pUser, &pSuper); err != nil {
+			return warnings, fmt.Errorf("read role attributes on the primary: %w", err)
+		}
+		add(checkPublication(ctx, primary, cfg.Publication, tables, present, pUser, pSuper))
+	case standby:
+		var exists bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, cfg.Publication).Scan(&exists); err != nil {
+			return warnings, fmt.Errorf("read publication %s: %w", cfg.Publication, err)
+		}
+		if !exists {
+			add(standbyError("create publication "+cfg.Publication, createStatement(cfg.Publication, tables)))
+		} else {
+			add(checkPublication(ctx, conn, cfg.Publication, tables, present, user, super))
+		}
+	default:
+		add(checkPublication(ctx, conn, cfg.Publication, tables, present, user, super))
 	}
 
 	st, err := InspectSlot(ctx, conn, cfg.Slot)
@@ -93,6 +138,8 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 			return warnings, err
 		}
 		add(err)
+	} else if st.Conflicting {
+		add(setupErrorf("replication slot %q on this standby was invalidated (the primary removed rows it needed): set hot_standby_feedback = on; see \"Streaming from a replica\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
 	} else if st.WALStatus == "lost" {
 		add(setupErrorf("replication slot %q is lost: Postgres removed WAL it still needed; see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
 	}

@@ -24,8 +24,12 @@ type Config struct {
 	URL string
 	// PasswordFile, when set, holds the password; it is read at every
 	// connection, so a rotated password is picked up without a restart.
-	// It overrides a password in URL.
+	// It overrides a password in URL (and in PrimaryURL).
 	PasswordFile string
+	// PrimaryURL is the primary of the hot standby URL reaches, when it
+	// is one (PostgreSQL 16+): what a standby cannot write goes there
+	// (standby.go). Optional; never logged.
+	PrimaryURL string
 	// Slot is the logical replication slot. Default "outbox_cdc".
 	Slot string
 	// Publication is the publication the slot streams. Default "outbox_cdc".
@@ -102,6 +106,11 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.pgconnConfig(); err != nil {
 		return err
+	}
+	if c.PrimaryURL != "" {
+		if _, err := pgconn.ParseConfig(c.PrimaryURL); err != nil {
+			return fmt.Errorf("postgres.primary_url does not parse: %s", redact(err))
+		}
 	}
 	if c.Slot == "" {
 		c.Slot = "outbox_cdc"

@@ -36,6 +36,7 @@ type Conn struct {
 	db     string
 	// address: see Address.
 	address string
+	standby bool
 }
 
 // Connect opens a replication connection (replication=database) and
@@ -62,9 +63,23 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("identify system: %w", err)
 	}
+	// A walsender in database mode takes plain SQL too.
+	res, err := conn.Exec(ctx, "SELECT pg_is_in_recovery()").ReadAll()
+	if err == nil && (len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1) {
+		err = fmt.Errorf("no answer")
+	}
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("read pg_is_in_recovery on the replication connection: %w", err)
+	}
 	return &Conn{cfg: cfg, conn: conn, log: log, host: pcfg.Host, db: pcfg.Database, address: address(pcfg),
-		system: System{ID: id.SystemID, Timeline: id.Timeline, WALEnd: id.XLogPos}}, nil
+		standby: string(res[0].Rows[0][0]) == "t",
+		system:  System{ID: id.SystemID, Timeline: id.Timeline, WALEnd: id.XLogPos}}, nil
 }
+
+// Standby reports whether the server was a hot standby when the
+// connection opened.
+func (c *Conn) Standby() bool { return c.standby }
 
 // address is where postgres.url points: every host:port it lists (a
 // multi-host URL is one address, whichever host answers), then the
@@ -124,7 +139,9 @@ func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogre
 
 // createSlot creates the slot, as a failover slot on PostgreSQL 17 and
 // later: a standby with sync_replication_slots keeps a copy, so that the
-// slot survives a promotion (docs/operations.md, "Failover").
+// slot survives a promotion (docs/operations.md, "Failover"). On a hot
+// standby (16+) the slot is its own, and its creation waits for the
+// primary's next running-transactions record (LogStandbySnapshot).
 func (c *Conn) createSlot(ctx context.Context, name string, export bool) (pglogrepl.LSN, string, error) {
 	snapshot := "nothing"
 	if export {
@@ -132,7 +149,7 @@ func (c *Conn) createSlot(ctx context.Context, name string, export bool) (pglogr
 	}
 	var sql string
 	switch major := c.Major(); {
-	case major >= 17:
+	case major >= 17 && !c.standby: // a standby's slot cannot be a failover slot
 		sql = fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s', FAILOVER true)", pgident.Quote(name), snapshot)
 	case major >= 15:
 		sql = fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s')", pgident.Quote(name), snapshot)

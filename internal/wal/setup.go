@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
@@ -46,8 +47,14 @@ type SlotState struct {
 	// lost (max_slot_wal_keep_size); nil when unlimited.
 	SafeWALSize *int64
 	// WALEnd is the server's current WAL position (pg_current_wal_lsn), read
-	// with the slot.
+	// with the slot; on a hot standby, what it has replayed
+	// (pg_last_wal_replay_lsn).
 	WALEnd pglogrepl.LSN
+	// Standby is true when the slot is on a hot standby (PostgreSQL 16+).
+	Standby bool
+	// Conflicting is true when Postgres invalidated the slot on a standby
+	// because the primary removed rows it needed (PostgreSQL 16+).
+	Conflicting bool
 }
 
 // Lag is how far the confirmed position is behind the server's WAL.
@@ -102,12 +109,26 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
 	}
 
+	standby, err := InRecovery(ctx, conn)
+	if err != nil {
+		return SlotState{}, Catalog{}, err
+	}
+	if standby {
+		if err := checkStandby(ctx, conn, version); err != nil {
+			return SlotState{}, Catalog{}, err
+		}
+	}
 	for _, t := range tables {
 		if err := checkTable(ctx, conn, db, t); err != nil {
 			return SlotState{}, Catalog{}, err
 		}
 	}
-	cat, err := ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
+	var cat Catalog
+	if standby {
+		cat, err = standbyPublication(ctx, conn, cfg, tables, log)
+	} else {
+		cat, err = ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
+	}
 	if err != nil {
 		return SlotState{}, Catalog{}, err
 	}
@@ -115,12 +136,90 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 	if err != nil {
 		return SlotState{}, Catalog{}, err
 	}
+	if st.Conflicting {
+		return SlotState{}, Catalog{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
+			"replication slot %q on this standby was invalidated: the primary removed catalog rows it needed (or its wal_level fell below logical), and it can decode nothing more; "+
+				"set hot_standby_feedback = on on the standby (and keep wal_level = logical on the primary), recover the events after its confirmed position %s from the outbox table, "+
+				"then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one", cfg.Slot, st.ConfirmedFlush)}
+	}
 	if st.WALStatus == "lost" {
 		return SlotState{}, Catalog{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
 				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
 	}
 	return st, cat, nil
+}
+
+// checkStandby checks what a hot standby needs to decode: PostgreSQL 16
+// or later, and hot_standby_feedback, without which the primary's vacuum
+// removes catalog rows the slot needs and Postgres invalidates it.
+func checkStandby(ctx context.Context, conn *pgx.Conn, version int) error {
+	if version/10000 < MinStandbyMajor {
+		return setupErrorf("postgres.url is a hot standby of PostgreSQL %d, and logical decoding on a standby needs PostgreSQL %d or later: point postgres.url at the primary, or upgrade", version/10000, MinStandbyMajor)
+	}
+	var feedback string
+	if err := conn.QueryRow(ctx, "SHOW hot_standby_feedback").Scan(&feedback); err != nil {
+		return fmt.Errorf("read hot_standby_feedback: %w", err)
+	}
+	if feedback != "on" {
+		return setupErrorf("postgres.url is a hot standby with hot_standby_feedback off: the primary's vacuum would remove catalog rows the slot needs, and Postgres would invalidate it; on the standby run ALTER SYSTEM SET hot_standby_feedback = on and SELECT pg_reload_conf()")
+	}
+	return nil
+}
+
+// standbyPublication is ensurePublication on a hot standby, which cannot
+// write: what the publication needs is done on postgres.primary_url, and
+// the standby waited for until it has replayed it; without a primary_url
+// it is a *StandbyError with the statement to run there.
+func standbyPublication(ctx context.Context, conn *pgx.Conn, cfg Config, tables []Table, log hclog.Logger) (Catalog, error) {
+	needs := func() (string, error) {
+		cat, err := ReadCatalog(ctx, conn, cfg.Publication, tables)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case !cat.Publication.Exists:
+			return createStatement(cfg.Publication, tables), nil
+		case cat.Publication.Owned && viaRootProblem(cat) != "":
+			return ViaRootStatement(cfg.Publication), nil
+		}
+		return "", nil
+	}
+	stmt, err := needs()
+	if err != nil || stmt == "" {
+		if err != nil {
+			return Catalog{}, err
+		}
+		return ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
+	}
+	primary, err := connectPrimary(ctx, cfg, "create or change publication "+cfg.Publication, stmt)
+	if err != nil {
+		return Catalog{}, err
+	}
+	_, err = ensurePublication(ctx, primary, cfg.Publication, tables, false, log)
+	primary.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return Catalog{}, err
+	}
+	// The standby has it once it has replayed that far.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if stmt, err = needs(); err != nil || stmt == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return Catalog{}, setupErrorf("publication %s was made on the primary (postgres.primary_url), and the standby has not replayed it after a minute: is the standby replicating from that primary?", cfg.Publication)
+		}
+		select {
+		case <-ctx.Done():
+			return Catalog{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return Catalog{}, err
+	}
+	return ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
@@ -301,11 +400,21 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 		pid                  *int
 		st                   SlotState
 	)
+	// conflicting is PostgreSQL 16's; before, no slot could conflict.
+	conflicting := "false"
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
+	}
+	if version >= 160000 {
+		conflicting = "coalesce(conflicting, false)"
+	}
 	err := conn.QueryRow(ctx, `
 		SELECT coalesce(plugin, ''), slot_type, database, current_database(), wal_status, confirmed_flush_lsn, restart_lsn, active, active_pid,
-		       safe_wal_size, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END
+		       safe_wal_size, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+		       pg_is_in_recovery(), `+conflicting+`
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &db, &walStatus, &confirmed, &restart, &st.Active, &pid,
-		&st.SafeWALSize, &st.WALEnd)
+		&st.SafeWALSize, &st.WALEnd, &st.Standby, &st.Conflicting)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotState{}, nil
 	}
