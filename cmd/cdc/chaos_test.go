@@ -52,7 +52,7 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
-	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+delivery(exactlyOnce))
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+deliveryMode(exactlyOnce))
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 
@@ -141,7 +141,7 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 		}
 	}
 	t.Logf("kill loop (%s): %d kills, writers at %d events/s, %s (%.0f duplicates per kill), %d confirmed before Kafka had them",
-		delivery(exactlyOnce), kills, rate, d, float64(d.dups)/float64(max(kills, 1)), overConfirmed)
+		deliveryMode(exactlyOnce), kills, rate, d, float64(d.dups)/float64(max(kills, 1)), overConfirmed)
 	if d.lost+d.reordered+d.rolledBack+d.unknown > 0 {
 		t.Fatalf("%d lost, %d reordered, %d rolled-back rows seen, %d unknown; want 0 each", d.lost, d.reordered, d.rolledBack, d.unknown)
 	}
@@ -150,7 +150,7 @@ func chaosKillLoop(t *testing.T, exactlyOnce bool) {
 	}
 }
 
-func delivery(exactlyOnce bool) string {
+func deliveryMode(exactlyOnce bool) string {
 	if exactlyOnce {
 		return "exactly-once"
 	}
@@ -240,7 +240,7 @@ func brokerFault(t *testing.T, stall, exactlyOnce bool) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	broker := testenv.StartBroker(t)
 	kafka := broker.Kafka()
-	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+delivery(exactlyOnce))
+	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "delivery: "+deliveryMode(exactlyOnce))
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 	ctx, stopWriters := context.WithCancel(context.Background())
@@ -284,7 +284,7 @@ func brokerFault(t *testing.T, stall, exactlyOnce bool) {
 	if stall {
 		what = "stall"
 	}
-	t.Logf("broker %s of %s (%s): %s", what, outage, delivery(exactlyOnce), d)
+	t.Logf("broker %s of %s (%s): %s", what, outage, deliveryMode(exactlyOnce), d)
 	if d.lost+d.reordered+d.rolledBack+d.unknown > 0 || (exactlyOnce && d.dups > 0) {
 		t.Fatalf("%s; want none lost, reordered or unknown (nor duplicated exactly once)", d)
 	}

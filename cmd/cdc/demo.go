@@ -23,6 +23,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
@@ -258,7 +259,7 @@ func startDemoConnector(ctx context.Context, cfg config.Config, b *board) (*demo
 	streaming := make(chan struct{})
 	var once sync.Once
 	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Name: "cdc", Level: hclog.Warn, Output: lockedWriter{&c.mu, &c.log}}), pipeline.Options{
-		OnSession:   func(*checkpoint.Tracker) { once.Do(func() { close(streaming) }) },
+		OnSession:   func(*delivery.Tracker) { once.Do(func() { close(streaming) }) },
 		OnDelivered: b.delivered,
 	})
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -99,9 +99,9 @@ func checkExample(t *testing.T, dir, writeDB, connectorDB, primaryURL string, ca
 	}
 	cfg.Checkpoint.Topic = kafka.CheckpointTopic()
 	cfg.Postgres.StatusInterval = 50 * time.Millisecond
-	trackers := make(chan *checkpoint.Tracker, 4)
+	trackers := make(chan *delivery.Tracker, 4)
 	pl, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}),
-		pipeline.Options{OnSession: func(tr *checkpoint.Tracker) { trackers <- tr }})
+		pipeline.Options{OnSession: func(tr *delivery.Tracker) { trackers <- tr }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func checkExample(t *testing.T, dir, writeDB, connectorDB, primaryURL string, ca
 			t.Errorf("pipeline: %v", err)
 		}
 	}()
-	var tr *checkpoint.Tracker
+	var tr *delivery.Tracker
 	select {
 	case tr = <-trackers:
 	case err := <-done:

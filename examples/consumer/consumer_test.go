@@ -14,8 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -45,7 +45,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 		Checkpoint: config.CheckpointConfig{Topic: k.CheckpointTopic()},
 	}
 	streaming := make(chan struct{}, 1)
-	conn, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(*checkpoint.Tracker) {
+	conn, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(*delivery.Tracker) {
 		select {
 		case streaming <- struct{}{}:
 		default:

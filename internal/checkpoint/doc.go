@@ -1,36 +1,20 @@
-// Package checkpoint turns Kafka acknowledgements into the position the
-// replication slot may be confirmed to.
+// Package checkpoint is a pipeline's durable position: the Record, one per
+// pipeline in a compacted Kafka topic (Store), and what decides, on start,
+// whether the slot may be streamed from it.
 //
-// The Tracker is the only place that decides what "done" means:
+// A Record says how far Kafka holds the stream (the confirmed LSN, the
+// database system, the slot), the backfill jobs under way, the replay
+// window and its marks (position, time samples), the retention marks, and
+// the history of accepted gaps and rewinds. With a signing key the
+// connector signs what it writes, and a record whose signature does not
+// verify is skipped, counted and logged: the last genuine record stands,
+// and jobs only a forger wrote are never run. Backfill
+// requests (cdc backfill) are records of their own in the same topic,
+// signed, with a maximum age (Requests follows them for a running
+// pipeline).
 //
-//   - The watermark is the highest transaction end LSN L such that every
-//     event of every transaction ending at or before L has been acknowledged
-//     by Kafka. Acks arrive out of order across partitions, so the Tracker
-//     keeps transactions in commit order and only pops a finished prefix;
-//     it never uses "the last ack received".
-//   - A failed produce is never acknowledged: its transaction stays pending
-//     forever, so the watermark can never pass it, and Err reports the
-//     failure so the replication loop ends the session and Postgres
-//     re-sends from the last confirmed position.
-//   - A transaction with no outbox events resolves as soon as everything
-//     before it has.
-//   - Row LSNs are not unique and are not used: only the end LSN of a
-//     commit, which is where Postgres resumes without resending it.
-//
-// The replication loop reads the watermark as a value (Confirmed) and waits
-// on Changed; acks are written from the Kafka client's goroutines. Nothing
-// here touches the replication connection.
-//
-// The durable side: a Store keeps one Record per pipeline in a compacted
-// Kafka topic. A session confirms in one of two ways, side by side here,
-// both wal.Acks: at least once, a Confirmer lets the replication loop
-// confirm only what an acknowledged Record covers, so the slot is never
-// ahead of its checkpoint (docs/design.md, rules 15 and 16); exactly once,
-// a Committer commits Kafka transactions that hold whole Postgres
-// transactions and, last, the Record of their end, under a transactional
-// id per slot and database system whose new holder fences the last one
-// (rule 19). Decide compares the two on start: a missing slot, a slot past
-// the checkpoint, or another database system is a *GapError, never a first
-// start. Records also carry the replay window and its marks (position, time
-// samples), and the history of accepted gaps and rewinds.
+// Decide compares the checkpoint with the slot on start: a missing slot, a
+// slot past the checkpoint, or another database system is a *GapError,
+// never a first start. Which position the slot may be confirmed to, from
+// Kafka's acknowledgements, is package delivery's.
 package checkpoint

@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -83,8 +83,8 @@ const fillProcedure = `CREATE PROCEDURE fill(n int) LANGUAGE plpgsql AS $$
 // returns how long that took and what it allocated.
 func runUntil(b *testing.B, cfg config.Config, beforeLast pglogrepl.LSN) (elapsed time.Duration, mallocs, bytes uint64) {
 	b.Helper()
-	trackers := make(chan *checkpoint.Tracker, 1)
-	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(tr *checkpoint.Tracker) { trackers <- tr }})
+	trackers := make(chan *delivery.Tracker, 1)
+	p, err := pipeline.New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Warn}), pipeline.Options{OnSession: func(tr *delivery.Tracker) { trackers <- tr }})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func runUntil(b *testing.B, cfg config.Config, beforeLast pglogrepl.LSN) (elapse
 	runtime.ReadMemStats(&m0)
 	start := time.Now()
 	go func() { done <- p.Run(ctx) }()
-	var tr *checkpoint.Tracker
+	var tr *delivery.Tracker
 	select {
 	case tr = <-trackers:
 	case err := <-done:

@@ -3,8 +3,8 @@
 //
 //	wal.Stream ──bytes──▶ decode.Decoder ──Event──▶ route.Router ──Record──▶ sink.Kafka
 //	    ▲                                                                      │
-//	    └── Confirmed() ◀── checkpoint.Confirmer ◀── checkpoint.Tracker ◀─ ack ┘
-//	                        (or checkpoint.Committer, exactly once)
+//	    └── Confirmed() ◀── delivery.Confirmer ◀── delivery.Tracker ◀─ ack ┘
+//	                        (or delivery.Committer, exactly once)
 //
 // One session is one replication connection, one Kafka client, one decoder,
 // one tracker, and one of the two ways of confirming behind one interface

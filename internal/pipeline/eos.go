@@ -1,6 +1,6 @@
 package pipeline
 
-// Exactly-once delivery is checkpoint.Committer's (docs/design.md,
+// Exactly-once delivery is delivery.Committer's (docs/design.md,
 // "Exactly-once"; rule 19); the pipeline creates the session's
 // transactional producer, which fences any other instance, and tells a
 // fenced instance from a failed one.
@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -23,12 +23,12 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System) (*sink.Kafka, erro
 		return nil, err
 	}
 	kcfg := p.cfg.Kafka
-	kcfg.TransactionalID = checkpoint.TransactionalID(p.cfg.Postgres.Slot, sys.ID)
+	kcfg.TransactionalID = delivery.TransactionalID(p.cfg.Postgres.Slot, sys.ID)
 	k, err := sink.New(kcfg, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return nil, err
 	}
-	key, v := checkpoint.FenceRecord(p.cfg.Postgres.Slot, sys.ID)
+	key, v := delivery.FenceRecord(p.cfg.Postgres.Slot, sys.ID)
 	fctx, cancel := context.WithTimeout(ctx, 2*kcfg.TransactionTimeout)
 	defer cancel()
 	if err := k.Fence(fctx, p.cfg.Checkpoint.Topic, key, v); err != nil {
@@ -57,6 +57,6 @@ func (p *Pipeline) slotHeld(ctx context.Context) bool {
 // isFenced reports whether err says another instance took over.
 func isFenced(err error) bool {
 	var f *sink.FencedError
-	var t *checkpoint.TxnTimeoutError
+	var t *delivery.TxnTimeoutError
 	return errors.As(err, &f) && !errors.As(err, &t)
 }

@@ -22,8 +22,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -119,7 +119,7 @@ type running struct {
 	p       *pipeline.Pipeline
 	cancel  context.CancelFunc
 	done    chan error
-	tracker atomic.Pointer[checkpoint.Tracker]
+	tracker atomic.Pointer[delivery.Tracker]
 }
 
 func (e *env) start(t *testing.T) *running {
@@ -156,7 +156,7 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 	r := &running{done: make(chan error, 1)}
 	p, err := pipeline.New(e.cfg, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: logOut}), pipeline.Options{
 		KafkaOpts:       []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
-		OnSession:       func(tr *checkpoint.Tracker) { r.tracker.Store(tr) },
+		OnSession:       func(tr *delivery.Tracker) { r.tracker.Store(tr) },
 		OnBackfillChunk: e.onChunk,
 		OnDelivered:     e.onDelivered,
 	})
@@ -739,7 +739,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "a log line about the slot in use", func() bool {
 		return strings.Contains(logs.String(), "replication slot is in use; waiting for it") && strings.Contains(logs.String(), "is active for PID")
 	})
-	holder.Close(ctx, checkpoint.NewTracker(st.ConfirmedFlush, 1))
+	holder.Close(ctx, delivery.NewTracker(st.ConfirmedFlush, 1))
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream once the slot is free", func() bool { return r.tracker.Load() != nil })
 	id := insertEvent(t, connect(t, e.db), "u-1", "AfterWait")
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/ops"
@@ -34,7 +35,7 @@ type Options struct {
 	// OnSession, if set, is called with each session's tracker once the
 	// session streams, so that tests and the demo can watch positions. It
 	// must not block.
-	OnSession func(*checkpoint.Tracker)
+	OnSession func(*delivery.Tracker)
 	// OnDelivered, if set, is called with each record and Kafka's answer,
 	// after the tracker has counted it. On success the record's partition
 	// and offset are set. It runs on franz-go's promise goroutine and must
@@ -66,7 +67,7 @@ type Pipeline struct {
 	// progress is set by every session's start, from the checkpoint it
 	// read (another replica may have moved it).
 	store    *checkpoint.Store
-	progress *checkpoint.Progress
+	progress *delivery.Progress
 	opening  *checkpoint.Opening // opened beside the first start's Postgres work
 	m        *metrics.Metrics
 	// onStandby: the last session's server was a hot standby.
@@ -105,7 +106,7 @@ type Pipeline struct {
 	announced announcements
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session checkpoints it first.
-	carry *checkpoint.Position
+	carry *delivery.Position
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
 	// events sent to a dead-letter topic. The stopped line reports both.
@@ -257,7 +258,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
 			err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
 		}
-		var timedOut *checkpoint.TxnTimeoutError
+		var timedOut *delivery.TxnTimeoutError
 		if errors.As(err, &timedOut) {
 			// Once may be an outage that outlasted the timeout; the same
 			// again, with Kafka up, is a transaction too large for it.
@@ -335,8 +336,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 }
 
 // newTracker is a session's tracker, with the in-flight limits.
-func (p *Pipeline) newTracker(from pglogrepl.LSN) *checkpoint.Tracker {
-	tr := checkpoint.NewTracker(from, p.cfg.MaxInFlight)
+func (p *Pipeline) newTracker(from pglogrepl.LSN) *delivery.Tracker {
+	tr := delivery.NewTracker(from, p.cfg.MaxInFlight)
 	tr.LimitBytes(p.cfg.MaxInFlightBytes)
 	return tr
 }
@@ -357,7 +358,7 @@ const stallAfter = 10 * time.Second
 
 // watchKafka logs once when Kafka stops acknowledging events that are in
 // flight, and once when it resumes. It only reads the tracker.
-func (p *Pipeline) watchKafka(tr *checkpoint.Tracker, done <-chan struct{}) {
+func (p *Pipeline) watchKafka(tr *delivery.Tracker, done <-chan struct{}) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastAcked, lastProgress, stalled := tr.Acked(), time.Now(), false
@@ -397,7 +398,7 @@ func (e *decodeError) Unwrap() error { return e.err }
 // a new session. This is the one place that decides.
 func Permanent(err error) bool {
 	for _, target := range []any{new(*wal.SetupError), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
-		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*checkpoint.TxnTimeoutError),
+		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*delivery.TxnTimeoutError),
 		new(*schema.RefusedError)} {
 		if errors.As(err, target) {
 			return true

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -230,7 +231,7 @@ func TestReplayWindowAdvancesAndRefusesOlder(t *testing.T) {
 	}
 	// ...and keeps up: it lags the window by at most a mark interval, the
 	// skew, the keeper's tick and the checkpoint that must precede it.
-	if oldest := walAt(now.Add(-window - checkpoint.MarkEvery(window) - checkpoint.Skew - 3*time.Second)); replaySlot < oldest {
+	if oldest := walAt(now.Add(-window - delivery.MarkEvery(window) - checkpoint.Skew - 3*time.Second)); replaySlot < oldest {
 		t.Fatalf("replay slot at %s lags the window: the WAL was already at %s", replaySlot, oldest)
 	}
 	var retained int64

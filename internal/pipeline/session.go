@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -88,7 +89,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	}
 	if p.cfg.IsExactlyOnce() {
 		eos := p.cfg.ExactlyOnce
-		s.eos = checkpoint.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
+		s.eos = delivery.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
 			eos.CommitEvents, eos.CommitInterval, p.cfg.Postgres.StatusInterval)
 	}
 	if snap := p.snapshot; snap != "" {
@@ -133,7 +134,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		c.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
 		acks = c
 	} else {
-		confirmer := checkpoint.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
+		confirmer := delivery.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
 		// A checkpoint's ack is what lets the position move: confirm it
 		// now, not at the loop's next poll.
 		confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
@@ -265,7 +266,7 @@ type sessionAcks interface {
 // streamAcks is what the replication loop reads: the confirmer, and the
 // producer's batching (wal.Releaser: Release, Live and Drained).
 type streamAcks struct {
-	*checkpoint.Confirmer
+	*delivery.Confirmer
 	*sink.Kafka
 }
 
@@ -281,16 +282,16 @@ var _ wal.Releaser = streamAcks{}
 type session struct {
 	p       *Pipeline
 	kafka   *sink.Kafka
-	tracker *checkpoint.Tracker
+	tracker *delivery.Tracker
 	dec     *decode.Decoder
-	tx      *checkpoint.Txn // the open transaction, between BEGIN and COMMIT
+	tx      *delivery.Txn // the open transaction, between BEGIN and COMMIT
 	// replay, when set, selects what a replay re-sends; nil streams all.
 	replay *replay.Filter
 	// ctx is the session's, for the admin calls EnsureTopic makes.
 	ctx      context.Context
 	counters metrics.EventCounters
 	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
-	eos *checkpoint.Committer
+	eos *delivery.Committer
 	// stream is the replication stream once it started, for blocking.
 	stream *wal.Stream
 	// requests follows the backfill requests in the checkpoint topic.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/replay"
@@ -177,7 +178,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			return 0, err
 		}
 	}
-	p.progress = checkpoint.NewProgress(*rec, p.cfg.Replay.Window)
+	p.progress = delivery.NewProgress(*rec, p.cfg.Replay.Window)
 	if err := p.window().Prepare(ctx, from); err != nil {
 		p.progress, p.snapshot = nil, ""
 		return 0, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -229,7 +230,7 @@ func (f *Filter) Take(ev *outbox.Event) bool {
 // the replay when a keepalive shows the server has decoded past its end
 // with no transaction open. Events still in flight are waited for after.
 type Acks struct {
-	*checkpoint.Tracker
+	*delivery.Tracker
 	f     *Filter
 	kafka *sink.Kafka
 }
@@ -301,7 +302,7 @@ func (f *Filter) Summary(p Progress, elapsed time.Duration) Summary {
 }
 
 // NewAcks is the replay stream's wal.Acks over its tracker and producer.
-func NewAcks(tr *checkpoint.Tracker, f *Filter, kafka *sink.Kafka) *Acks {
+func NewAcks(tr *delivery.Tracker, f *Filter, kafka *sink.Kafka) *Acks {
 	return &Acks{Tracker: tr, f: f, kafka: kafka}
 }
 

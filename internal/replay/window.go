@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -26,7 +27,7 @@ type Window struct {
 	Length     time.Duration // replay.window; 0: no window
 	// Progress is the session's checkpoint state: the window a checkpoint
 	// claims is read from it and set in it.
-	Progress *checkpoint.Progress
+	Progress *delivery.Progress
 	Log      hclog.Logger
 	Metrics  *metrics.Metrics
 }
@@ -102,7 +103,7 @@ func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error 
 // ahead of the window a checkpoint claims, and a replay that trusts the
 // checkpoint never starts past what the slot still holds.
 func (w *Window) Keep(ctx context.Context) {
-	every := min(checkpoint.MarkEvery(w.Length), time.Minute)
+	every := min(delivery.MarkEvery(w.Length), time.Minute)
 	wal.Every(ctx, w.Postgres, every, false, w.advance, func(err error) {
 		w.Log.Warn("replay window: not advanced; retrying", "slot", w.ReplaySlot, "error", errtext.OneLine(err))
 	})

@@ -12,13 +12,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 )
 
 const topic = "outbox.event.order"
@@ -80,7 +79,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // produceTxns produces one transaction per key, in order, each ending at
 // LSN 10*(i+1).
-func produceTxns(k *Kafka, tr *checkpoint.Tracker, keys []string, endBase int) {
+func produceTxns(k *Kafka, tr *delivery.Tracker, keys []string, endBase int) {
 	for i, key := range keys {
 		tx := tr.Begin(time.Time{})
 		tr.Track(tx, 1)
@@ -96,7 +95,7 @@ func TestPermanentFailureNeverAdvancesWatermark(t *testing.T) {
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{2}, Err: kerr.InvalidRecord, Count: -1})
 	defer h.Remove()
 
-	tr := checkpoint.NewTracker(0, 100)
+	tr := delivery.NewTracker(0, 100)
 	produceTxns(k, tr, off[:2], 0)  // ends 10, 20: succeed
 	produceTxns(k, tr, on[:1], 20)  // end 30: fails
 	produceTxns(k, tr, off[2:], 30) // ends 40..60: succeed
@@ -118,7 +117,7 @@ func TestRetriableFaultDeliversAfterItClears(t *testing.T) {
 	on, off := keysFor(1, 5)
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{1}, Err: kerr.NotLeaderForPartition, Count: -1})
 
-	tr := checkpoint.NewTracker(0, 100)
+	tr := delivery.NewTracker(0, 100)
 	produceTxns(k, tr, off[:1], 0) // 10
 	produceTxns(k, tr, on[:1], 10) // 20: stuck while the fault lasts
 	produceTxns(k, tr, off[1:], 20)
@@ -139,7 +138,7 @@ func TestRetriableFaultDeliversAfterItClears(t *testing.T) {
 func TestMessageTooLarge(t *testing.T) {
 	c := newCluster(t)
 	k := newSink(t, c, Config{MaxMessageBytes: 1024})
-	tr := checkpoint.NewTracker(0, 10)
+	tr := delivery.NewTracker(0, 10)
 	tx := tr.Begin(time.Time{})
 	tr.Track(tx, 1)
 	k.Produce(&kgo.Record{Topic: topic, Key: []byte("k"), Value: make([]byte, 4096)}, func(err error) { tr.Ack(tx, 1, err) })

@@ -21,7 +21,7 @@ import (
 type Handler func(walStart pglogrepl.LSN, data []byte) error
 
 // Acks is what the loop reads, before each receive, about the events it
-// handed on. The pipeline's checkpoint.Confirmer implements it.
+// handed on. The pipeline's delivery.Confirmer implements it.
 type Acks interface {
 	// Confirmed is the position safe to confirm to the slot.
 	Confirmed() pglogrepl.LSN

@@ -1,4 +1,4 @@
-package checkpoint
+package delivery
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 )
 
@@ -51,7 +52,7 @@ func TransactionalID(slot, systemID string) string {
 func FenceRecord(slot, systemID string) (key string, value []byte) {
 	host, _ := os.Hostname()
 	value, _ = json.Marshal(map[string]any{"host": host, "pid": os.Getpid(), "at": time.Now().UTC()})
-	return Key(slot, systemID) + "/fence", value
+	return checkpoint.Key(slot, systemID) + "/fence", value
 }
 
 // Committer is how a session confirms in exactly-once mode (it implements
@@ -65,7 +66,7 @@ type Committer struct {
 	k        Transactions
 	tr       *Tracker
 	progress *Progress
-	store    *Store
+	store    Records
 	events   int           // commit_events
 	interval time.Duration // commit_interval
 	idle     time.Duration // a checkpoint-only transaction at most this often
@@ -97,7 +98,7 @@ func (c *Committer) Halt() {
 // moved by keepalives alone at most once every idle interval. inTxn
 // reports whether the stream is inside a Postgres transaction; only the
 // stream's goroutine calls Confirmed, which reads it.
-func NewCommitter(k Transactions, tr *Tracker, progress *Progress, store *Store, inTxn func() bool, events int, interval, idle time.Duration) *Committer {
+func NewCommitter(k Transactions, tr *Tracker, progress *Progress, store Records, inTxn func() bool, events int, interval, idle time.Duration) *Committer {
 	return &Committer{pgTxn: inTxn, k: k, tr: tr, progress: progress, store: store,
 		events: events, interval: interval, idle: idle,
 		confirmed: progress.Saved().Confirmed, last: time.Now()}
@@ -204,7 +205,7 @@ func (c *Committer) commit() {
 // CommitNow commits the open transaction (opening one when only the
 // position moved) with the checkpoint of the tracker's position once every
 // event in it is acknowledged; edit, if set, changes that checkpoint first.
-func (c *Committer) CommitNow(ctx context.Context, edit func(*Record)) error {
+func (c *Committer) CommitNow(ctx context.Context, edit func(*checkpoint.Record)) error {
 	c.mu.Lock()
 	open := c.open
 	if !open {

@@ -1,4 +1,4 @@
-package checkpoint
+package delivery
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 )
 
 // Txn is one Postgres transaction as the Tracker sees it. Callers hold it
@@ -19,7 +20,7 @@ type Txn struct {
 	commitTime time.Time
 	// backfills, when set, is the backfill jobs' state once this
 	// transaction is delivered; tables, the tables' relation ids.
-	backfills *[]Backfill
+	backfills *[]checkpoint.Backfill
 	tables    map[string]uint32
 }
 
@@ -39,7 +40,7 @@ type Position struct {
 	// Backfills, when set, is the backfill jobs' state at LSN: that of the
 	// last resolved transaction that carried one (Tracker.Note). Tables,
 	// when set, is the tables' relation ids there (Tracker.NoteTables).
-	Backfills *[]Backfill
+	Backfills *[]checkpoint.Backfill
 	Tables    map[string]uint32
 }
 
@@ -133,7 +134,7 @@ func (t *Tracker) Ack(tx *Txn, size int, err error) {
 
 // Note attaches the backfill jobs' state to tx: once tx is delivered, and
 // the watermark passes it, checkpoints record jobs.
-func (t *Tracker) Note(tx *Txn, jobs []Backfill) {
+func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Backfill) {
 	t.mu.Lock()
 	tx.backfills = &jobs
 	t.mu.Unlock()

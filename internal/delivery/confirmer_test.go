@@ -1,10 +1,12 @@
-package checkpoint
+package delivery
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -30,7 +32,7 @@ func TestConfirmerPromptForEventsIdleForKeepalives(t *testing.T) {
 	const prompt, idle = 5 * time.Millisecond, time.Hour
 	tr := NewTracker(100, 10)
 	w := &pendingWrites{}
-	c := NewConfirmer(tr, NewProgress(Record{Slot: "s", Confirmed: 100}, 0), &Store{topic: "cp"}, w.produce, prompt, idle)
+	c := NewConfirmer(tr, NewProgress(checkpoint.Record{Slot: "s", Confirmed: 100}, 0), topicRecords("cp"), w.produce, prompt, idle)
 
 	if c.Owed() {
 		t.Fatal("Owed with nothing handed on")
@@ -86,4 +88,12 @@ func TestConfirmerPromptForEventsIdleForKeepalives(t *testing.T) {
 	if got := c.Confirmed(); got != 180 || len(w.acks) != 0 || c.Owed() {
 		t.Fatalf("after a keepalive: Confirmed = %s, %d writes, owed %v; want 0/B4, none, false", got, len(w.acks), c.Owed())
 	}
+}
+
+// topicRecords makes checkpoint records for a topic, unsigned.
+type topicRecords string
+
+func (t topicRecords) NewRecord(rec checkpoint.Record) (*kgo.Record, error) {
+	v, err := json.Marshal(rec)
+	return &kgo.Record{Topic: string(t), Key: []byte(rec.Key()), Value: v}, err
 }
