@@ -133,7 +133,7 @@ func TestTrustedJobs(t *testing.T) {
 	tbl := testTable()
 	tbl.Backfill = &outbox.Backfill{Where: "published_at IS NULL"}
 	key := []byte("0123456789abcdef0123456789abcdef")
-	req := checkpoint.BackfillRequest{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
+	req := Request{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
 	req.Sign(key, "slot/1")
 	signedJob := checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
 	first := InitialJobs([]*outbox.Table{tbl}, true)[0]
@@ -167,19 +167,19 @@ func TestTrustedJobs(t *testing.T) {
 func TestAdmitChecksTheSignature(t *testing.T) {
 	tbl := testTable()
 	key := []byte("0123456789abcdef0123456789abcdef")
-	signed := func(table string, k []byte) checkpoint.BackfillRequest {
-		r := checkpoint.BackfillRequest{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
+	signed := func(table string, k []byte) Request {
+		r := Request{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
 		r.Sign(k, "slot/1")
 		return r
 	}
-	old := func(r checkpoint.BackfillRequest) checkpoint.BackfillRequest {
-		r.RequestedAt = r.RequestedAt.Add(-checkpoint.RequestMaxAge - time.Minute)
+	old := func(r Request) Request {
+		r.RequestedAt = r.RequestedAt.Add(-RequestMaxAge - time.Minute)
 		r.Sign(key, "slot/1")
 		return r
 	}
 	for _, tc := range []struct {
 		name   string
-		req    checkpoint.BackfillRequest
+		req    Request
 		found  bool
 		keys   [][]byte
 		forged bool
@@ -187,7 +187,7 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 		{"not in the checkpoint topic", signed(tbl.String(), key), false, [][]byte{key}, false},
 		{"no key to check with", signed(tbl.String(), key), true, nil, false},
 		{"another key", signed(tbl.String(), []byte("fedcba9876543210fedcba9876543210")), true, [][]byte{key}, true},
-		{"unsigned", checkpoint.BackfillRequest{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
+		{"unsigned", Request{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
 		{"a table not configured", signed("public.secrets", key), true, [][]byte{key}, false},
 		{"announced again later (replayed)", old(signed(tbl.String(), key)), true, [][]byte{key}, true},
 	} {
@@ -218,5 +218,15 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 	case <-b.wake:
 	default:
 		t.Fatal("an admitted job did not wake the runner")
+	}
+}
+
+// TestFinishedJobsOutliveRequests: a checkpoint record keeps a finished
+// job for at least twice the age a request may be announced at, so that a
+// request announced again while it could pass for new finds its job, and
+// runs nothing twice.
+func TestFinishedJobsOutliveRequests(t *testing.T) {
+	if checkpoint.KeepFinished < 2*RequestMaxAge {
+		t.Fatalf("checkpoint.KeepFinished is %s, less than twice RequestMaxAge (%s)", checkpoint.KeepFinished, RequestMaxAge)
 	}
 }

@@ -106,17 +106,11 @@ type Backfill struct {
 	// Error says why a finished job stopped before its last row.
 	Error string
 	// RequestedAt and MAC are those of the signed request that started
-	// the job (BackfillRequest), kept so that a job read back from the
+	// the job (backfill.Request), kept so that a job read back from the
 	// checkpoint topic runs only when its request verifies: the topic is
 	// not proof enough (VerifyJob).
 	RequestedAt time.Time
 	MAC         string
-}
-
-// Request is the signed request that started job b, as far as the job
-// keeps it.
-func (b Backfill) Request() BackfillRequest {
-	return BackfillRequest{ID: b.ID, Table: b.Table, Where: b.Where, RequestedAt: b.RequestedAt, MAC: b.MAC}
 }
 
 func (b Backfill) toJSON() jsonBackfill {
@@ -139,21 +133,18 @@ func (b Backfill) MarshalJSON() ([]byte, error) { return json.Marshal(b.toJSON()
 func (b *Backfill) Done() bool { return !b.Finished.IsZero() }
 
 // maxFinishedBackfills is how many finished jobs a record keeps at least;
-// it keeps more while they are younger than keepFinished, so that a
-// request announced again within RequestMaxAge finds its job (Jobs.Admit),
-// up to maxKeptBackfills.
+// it keeps more while they are younger than KeepFinished, up to
+// maxKeptBackfills.
 const (
 	maxFinishedBackfills = 10
-	keepFinished         = 2 * RequestMaxAge
 	maxKeptBackfills     = 1000
 )
 
-// RequestMaxAge is how far apart a backfill request's requested_at and
-// the commit of the WAL message that announces it may be: cdc backfill
-// writes one and then the other, so more is a request announced again
-// (replayed by any role that can write a logical decoding message, which
-// every role can), or clocks far apart.
-const RequestMaxAge = 10 * time.Minute
+// KeepFinished is how long a record keeps a finished job at least: twice
+// backfill.RequestMaxAge, so that a request announced again while it may
+// still be taken for new finds its job and runs nothing (a test in
+// internal/backfill pins the two together).
+const KeepFinished = 20 * time.Minute
 
 // ActiveBackfill returns the first unfinished job, or nil.
 func (r *Record) ActiveBackfill() *Backfill {
@@ -177,7 +168,7 @@ func (r *Record) FindBackfill(id string) *Backfill {
 
 // SetBackfill records b, replacing the job with its id or adding it, and
 // keeps the newest maxFinishedBackfills finished jobs, and any finished
-// job started within keepFinished of the newest job (at most
+// job started within KeepFinished of the newest job (at most
 // maxKeptBackfills in all). It copies the list: a record's slices may be
 // shared with the one last saved.
 func (r *Record) SetBackfill(b Backfill) {
@@ -204,7 +195,7 @@ func (r *Record) SetBackfill(b Backfill) {
 	}
 	out := jobs[:0]
 	for i, j := range jobs {
-		young := newest.Sub(j.Started) < keepFinished && len(jobs)-i <= maxKeptBackfills
+		young := newest.Sub(j.Started) < KeepFinished && len(jobs)-i <= maxKeptBackfills
 		if j.Done() && finished > maxFinishedBackfills && !young {
 			finished--
 			continue

@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -88,11 +87,12 @@ func (r *Requests) Read(id string) bool {
 	return ok
 }
 
-// Get returns request id once read; ok is false when the topic has been
-// read to the end it had when Get was called, without it (a WAL message
-// that names a request nobody wrote: cdc backfill writes the request
-// before it announces it). It waits for that, or for ctx.
-func (r *Requests) Get(ctx context.Context, id string) (req BackfillRequest, ok bool, err error) {
+// Get returns the value of request id once read; ok is false when the
+// topic has been read to the end it had when Get was called, without it (a
+// WAL message that names a request nobody wrote: cdc backfill writes the
+// request before it announces it). It waits for that, or for ctx. The
+// value is backfill's to parse and verify.
+func (r *Requests) Get(ctx context.Context, id string) (value []byte, ok bool, err error) {
 	var ends kadm.ListedOffsets
 	for {
 		r.mu.Lock()
@@ -108,26 +108,23 @@ func (r *Requests) Get(ctx context.Context, id string) (req BackfillRequest, ok 
 		r.mu.Unlock()
 		switch {
 		case found:
-			if err := json.Unmarshal(v, &req); err != nil {
-				return req, false, fmt.Errorf("backfill request %s: %w", id, err)
-			}
-			return req, req.ID == id, nil
+			return v, true, nil
 		case ends == nil:
 			// Not read yet: read at least to where the topic ends now.
 			if ends, err = kadm.NewClient(r.cl).ListEndOffsets(ctx, r.topic); err == nil {
 				err = ends.Error()
 			}
 			if err != nil {
-				return req, false, fmt.Errorf("read the end of the checkpoint topic: %w", err)
+				return nil, false, fmt.Errorf("read the end of the checkpoint topic: %w", err)
 			}
 			continue
 		case read:
-			return req, false, nil
+			return nil, false, nil
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return req, false, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 	}
 }

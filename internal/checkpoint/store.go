@@ -245,70 +245,16 @@ func (s *Store) Load(ctx context.Context, readCommitted bool) (map[string]Record
 	return s.load(ctx, readCommitted, nil)
 }
 
-// BackfillRequest is what cdc backfill asks a running pipeline to do. It
-// is kept in the checkpoint topic, where only the operator's Kafka
-// credentials can write: the WAL message that announces it names only its
-// ID, since any database role can write logical decoding messages.
-//
-// Anyone who may produce to the checkpoint topic could write one too, and
-// its condition runs as the connector's role: a request carries an HMAC
-// (SHA-256) made with a key that cdc backfill and cdc run read from
-// checkpoint.signing_key_file, and cdc run takes only requests whose MAC
-// verifies (docs/security.md).
-type BackfillRequest struct {
-	ID          string    `json:"id"`
-	Table       string    `json:"table"`
-	Where       string    `json:"where,omitempty"`
-	RequestedAt time.Time `json:"requested_at"`
-	// MAC is the request's HMAC-SHA256, hex (Sign).
-	MAC string `json:"mac,omitempty"`
-}
-
-// mac is the request's HMAC for the pipeline with checkpoint key key:
-// every field, each ended by a zero byte, so that no two requests share
-// the bytes it covers.
-func (r BackfillRequest) mac(secret []byte, key string) []byte {
-	h := hmac.New(sha256.New, secret)
-	for _, f := range []string{"outbox-cdc backfill request v1", key, r.ID, r.Table, r.Where, r.RequestedAt.UTC().Format(time.RFC3339Nano)} {
-		h.Write([]byte(f))
-		h.Write([]byte{0})
-	}
-	return h.Sum(nil)
-}
-
-// Sign sets r.MAC with secret, for the pipeline with checkpoint key key.
-func (r *BackfillRequest) Sign(secret []byte, key string) {
-	r.MAC = hex.EncodeToString(r.mac(secret, key))
-}
-
-// Verify reports whether r.MAC was made by one of secrets for the pipeline
-// with checkpoint key key (several: a key being rotated in).
-func (r BackfillRequest) Verify(secrets [][]byte, key string) bool {
-	got, err := hex.DecodeString(r.MAC)
-	if err != nil || len(got) != sha256.Size {
-		return false
-	}
-	for _, s := range secrets {
-		if hmac.Equal(got, r.mac(s, key)) {
-			return true
-		}
-	}
-	return false
-}
-
 // RequestKey is the key of backfill request id of the pipeline whose
 // checkpoint key is key.
 func RequestKey(key, id string) string { return key + "/backfill/" + id }
 
-// SaveRequest writes a backfill request for the pipeline with checkpoint
-// key key.
-func (s *Store) SaveRequest(ctx context.Context, key string, req BackfillRequest) error {
-	v, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	if err := s.produce(ctx, &kgo.Record{Topic: s.topic, Key: []byte(RequestKey(key, req.ID)), Value: v}); err != nil {
-		return fmt.Errorf("write the backfill request to topic %q: %w", s.topic, err)
+// Put writes value under key and waits for Kafka's acknowledgement, with
+// no signature: for the records beside the checkpoints (a backfill
+// request, which is signed on its own).
+func (s *Store) Put(ctx context.Context, key string, value []byte) error {
+	if err := s.produce(ctx, &kgo.Record{Topic: s.topic, Key: []byte(key), Value: value}); err != nil {
+		return fmt.Errorf("write %s to topic %q: %w", key, s.topic, err)
 	}
 	return nil
 }
