@@ -206,8 +206,8 @@ func TestFatalErrorIsOneLine(t *testing.T) {
 func TestProgressLineInALog(t *testing.T) {
 	var b strings.Builder
 	p := newProgressLine(&b)
-	p.printf("backfill: %s", progressText(checkpoint.Backfill{ID: "j", Started: time.Now()}))
-	p.printf("backfill: %s", progressText(checkpoint.Backfill{ID: "j", Rows: 2, Total: 2, Started: time.Now(), Finished: time.Now()}))
+	p.printf("backfill: %s", progressText(checkpoint.Job{ID: "j", Started: time.Now()}))
+	p.printf("backfill: %s", progressText(checkpoint.Job{ID: "j", Rows: 2, Total: 2, Started: time.Now(), Finished: time.Now()}))
 	p.done()
 	out := b.String()
 	if strings.Contains(out, "0 of 0") || !strings.Contains(out, "started, 0 rows sent so far") || !strings.HasSuffix(out, "backfill: 2 of 2 rows (100%), done\n") {

@@ -284,7 +284,7 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	log.Info("replaying", "range", rg.String(), "topic_suffix", *suffix, "tables", tables.String(),
 		"aggregate_types", aggTypes.String(), "aggregate_ids", aggIDs.String(), "event_types", eventTypes.String())
 	show := newProgressLine(c.stderr)
-	sum, err := p.Replay(ctx, r, func(pr replay.Progress) {
+	sum, err := p.Replay(ctx, r, func(pr replay.Status) {
 		show.printf("replay: %d events sent, %d acknowledged; at %s of %s", pr.Events, pr.Acked, pr.At, pr.End)
 	})
 	show.done()
@@ -338,7 +338,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	show := newProgressLine(c.stderr)
 	started := time.Now()
-	job, err := p.Ops().WatchBackfill(ctx, req, func(j checkpoint.Backfill) {
+	job, err := p.Ops().WatchBackfill(ctx, req, func(j checkpoint.Job) {
 		if j.ID == "" {
 			if time.Since(started) > 5*time.Second {
 				show.printf("backfill: waiting for the connector to start it; is cdc run running with this config?")
@@ -362,7 +362,7 @@ func backfillCmd(ctx context.Context, c *cli, args []string) int {
 
 // progressText is a job's progress for a person: rows, share, rate, and
 // time left.
-func progressText(j checkpoint.Backfill) string {
+func progressText(j checkpoint.Job) string {
 	if j.Total == 0 && !j.Done() {
 		// Before its first chunk a job knows no total yet.
 		return fmt.Sprintf("started, %d rows sent so far", j.Rows)
@@ -399,7 +399,7 @@ func isSet(fs *flagSet, name string) bool {
 }
 
 // findTable finds a configured table by name, written as in SQL.
-func findTable(tables []*outbox.Table, name string) (*outbox.Table, error) {
+func findTable(tables []*outbox.Source, name string) (*outbox.Source, error) {
 	tn, err := outbox.ParseTableName(name)
 	if err != nil {
 		return nil, err

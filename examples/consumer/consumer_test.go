@@ -41,7 +41,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 	cfg := config.Config{
 		Postgres:   wal.Config{URL: src, StatusInterval: 50 * time.Millisecond},
 		Kafka:      sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
-		Tables:     []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + outbox.DefaultTopic}},
+		Tables:     []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + outbox.DefaultTopic}},
 		Checkpoint: config.CheckpointConfig{Topic: k.CheckpointTopic()},
 	}
 	streaming := make(chan struct{}, 1)

@@ -18,7 +18,7 @@ import (
 
 // Plan is how to read one table's matching rows in chunks.
 type Plan struct {
-	Table *outbox.Table
+	Table *outbox.Source
 	Where string
 	// Key lists the key columns, order_by's then the primary key's.
 	Key []string
@@ -68,7 +68,7 @@ func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(f
 // matching where ("" for all), ordered by orderBy (catalog names; nil for
 // the primary key), and has the server check them. conn must be a
 // wal.ConnectRows connection.
-func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Table, where string, orderBy []string, chunk int) (*Plan, error) {
+func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string, orderBy []string, chunk int) (*Plan, error) {
 	type col struct {
 		name, typ string
 		notNull   bool

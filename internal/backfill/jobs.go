@@ -67,7 +67,7 @@ type Jobs struct {
 	// random, and read only by logical decoding (a REPLICATION role), so a
 	// message another role writes cannot pass for one of them.
 	run   string
-	jobs  []checkpoint.Backfill
+	jobs  []checkpoint.Job
 	chunk *liveChunk    // the chunk between its watermarks, as the runner set it
 	wake  chan struct{} // a job was added
 
@@ -83,7 +83,7 @@ func NewJobs() *Jobs { return &Jobs{wake: make(chan struct{}, 1)} }
 type liveChunk struct {
 	run, job string
 	n        int
-	table    *outbox.Table
+	table    *outbox.Source
 	// seen holds the ids of the table's events the stream met since the
 	// low watermark, at low; the stream's goroutine alone uses them.
 	seen map[string]struct{}
@@ -100,7 +100,7 @@ type liveChunk struct {
 
 // Reset starts a session's jobs from the saved checkpoint's, with a new
 // run name.
-func (b *Jobs) Reset(jobs []checkpoint.Backfill) {
+func (b *Jobs) Reset(jobs []checkpoint.Job) {
 	b.mu.Lock()
 	b.run = newID()
 	b.jobs = slices.Clone(jobs)
@@ -117,7 +117,7 @@ func (b *Jobs) Run() string {
 }
 
 // next returns the first unfinished job.
-func (b *Jobs) next() (checkpoint.Backfill, bool) {
+func (b *Jobs) next() (checkpoint.Job, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, j := range b.jobs {
@@ -125,7 +125,7 @@ func (b *Jobs) next() (checkpoint.Backfill, bool) {
 			return j, true
 		}
 	}
-	return checkpoint.Backfill{}, false
+	return checkpoint.Job{}, false
 }
 
 // Pending reports whether an unfinished job reads table (as SQL names
@@ -133,23 +133,23 @@ func (b *Jobs) next() (checkpoint.Backfill, bool) {
 func (b *Jobs) Pending(table string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return !j.Done() && j.Table == table })
+	return slices.ContainsFunc(b.jobs, func(j checkpoint.Job) bool { return !j.Done() && j.Table == table })
 }
 
 // Has reports whether job id is known, done or not.
 func (b *Jobs) Has(id string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id })
+	return slices.ContainsFunc(b.jobs, func(j checkpoint.Job) bool { return j.ID == id })
 }
 
 // update changes job id with f (a new job when there is none) and
 // returns a copy of the list, for a checkpoint note.
-func (b *Jobs) update(id string, f func(*checkpoint.Backfill)) []checkpoint.Backfill {
+func (b *Jobs) update(id string, f func(*checkpoint.Job)) []checkpoint.Job {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	j := checkpoint.Backfill{ID: id}
-	if i := slices.IndexFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id }); i >= 0 {
+	j := checkpoint.Job{ID: id}
+	if i := slices.IndexFunc(b.jobs, func(j checkpoint.Job) bool { return j.ID == id }); i >= 0 {
 		j = b.jobs[i]
 	}
 	f(&j)
@@ -160,7 +160,7 @@ func (b *Jobs) update(id string, f func(*checkpoint.Backfill)) []checkpoint.Back
 }
 
 // job returns job id as the stream has it.
-func (b *Jobs) job(id string) checkpoint.Backfill {
+func (b *Jobs) job(id string) checkpoint.Job {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, j := range b.jobs {
@@ -168,14 +168,14 @@ func (b *Jobs) job(id string) checkpoint.Backfill {
 			return j
 		}
 	}
-	return checkpoint.Backfill{ID: id}
+	return checkpoint.Job{ID: id}
 }
 
 // done reports whether the stream finished job id.
 func (b *Jobs) done(id string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !slices.ContainsFunc(b.jobs, func(j checkpoint.Backfill) bool { return j.ID == id && !j.Done() })
+	return !slices.ContainsFunc(b.jobs, func(j checkpoint.Job) bool { return j.ID == id && !j.Done() })
 }
 
 // setChunk makes ch the chunk between its watermarks (nil: none).
@@ -195,7 +195,7 @@ func (b *Jobs) setRows(ch *liveChunk, c *Chunk) {
 // Seen notes an event the stream met: between a chunk's watermarks, a row
 // of its table that the stream sends is not sent again from the chunk.
 func (b *Jobs) Seen(ev *outbox.Event) {
-	if w := b.window; w != nil && ev.Table == w.table {
+	if w := b.window; w != nil && ev.Source == w.table {
 		w.seen[string(ev.Fields[outbox.FieldID].B)] = struct{}{}
 	}
 }
@@ -252,14 +252,14 @@ type ChunkSent struct {
 // Sent finishes the window's chunk, whose sent rows the stream produced:
 // it returns the jobs with its progress, for the watermark transaction's
 // checkpoint note, and lets the runner go on.
-func (b *Jobs) Sent(sent int) ([]checkpoint.Backfill, ChunkSent) {
+func (b *Jobs) Sent(sent int) ([]checkpoint.Job, ChunkSent) {
 	ch := b.window
 	b.window = nil
 	b.mu.Lock()
 	read, total := ch.rows, ch.total
 	b.chunk = nil
 	b.mu.Unlock()
-	jobs := b.update(ch.job, func(j *checkpoint.Backfill) {
+	jobs := b.update(ch.job, func(j *checkpoint.Job) {
 		j.Rows += int64(sent)
 		if read.Last != nil {
 			j.After = read.Last
@@ -281,14 +281,14 @@ func (b *Jobs) Sent(sent int) ([]checkpoint.Backfill, ChunkSent) {
 // Fail takes a job's end on an error, as the runner wrote it: the jobs
 // to note, or false for a message that is not this session's runner's
 // (another role's, or an earlier session's read again: its job runs again).
-func (b *Jobs) Fail(c Control) ([]checkpoint.Backfill, bool) {
+func (b *Jobs) Fail(c Control) ([]checkpoint.Job, bool) {
 	b.mu.Lock()
 	ours := c.Run != "" && c.Run == b.run
 	b.mu.Unlock()
 	if !ours || !b.Has(c.Job) {
 		return nil, false
 	}
-	return b.update(c.Job, func(j *checkpoint.Backfill) {
+	return b.update(c.Job, func(j *checkpoint.Job) {
 		if !j.Done() {
 			j.Finished, j.Error = time.Now(), c.Error
 		}
@@ -314,7 +314,7 @@ func (r *Refused) Error() string { return r.Msg }
 // announced again (any role may write the message): refused, as is one
 // whose job the checkpoint still holds (finished jobs are kept that long).
 // It returns the jobs, for the checkpoint note, or a *Refused.
-func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables []*outbox.Table, at time.Time) ([]checkpoint.Backfill, error) {
+func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables []*outbox.Source, at time.Time) ([]checkpoint.Job, error) {
 	age := at.Sub(req.RequestedAt)
 	switch {
 	case !found:
@@ -328,8 +328,8 @@ func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables 
 	case Table(tables, req.Table) == nil:
 		return nil, &Refused{Msg: "ignored a backfill request for a table that is not configured"}
 	}
-	jobs := b.update(req.ID, func(j *checkpoint.Backfill) {
-		*j = checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now(), RequestedAt: req.RequestedAt, MAC: req.MAC}
+	jobs := b.update(req.ID, func(j *checkpoint.Job) {
+		*j = checkpoint.Job{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now(), RequestedAt: req.RequestedAt, MAC: req.MAC}
 	})
 	select {
 	case b.wake <- struct{}{}:
@@ -345,7 +345,7 @@ func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables 
 // condition is the configuration's; any other when the signed request that
 // started it verifies with keys for the checkpoint's key. Finished jobs run
 // nothing, and are kept.
-func Trusted(jobs []checkpoint.Backfill, keys [][]byte, key string, tables []*outbox.Table) (kept, refused []checkpoint.Backfill) {
+func Trusted(jobs []checkpoint.Job, keys [][]byte, key string, tables []*outbox.Source) (kept, refused []checkpoint.Job) {
 	for _, j := range jobs {
 		ok := j.Done()
 		if name, first := strings.CutPrefix(j.ID, firstStartPrefix); first && !ok {
@@ -364,7 +364,7 @@ func Trusted(jobs []checkpoint.Backfill, keys [][]byte, key string, tables []*ou
 }
 
 // Table returns the configured table SQL names name.
-func Table(tables []*outbox.Table, name string) *outbox.Table {
+func Table(tables []*outbox.Source, name string) *outbox.Source {
 	for _, t := range tables {
 		if !t.IsMessage() && t.String() == name {
 			return t
@@ -378,11 +378,11 @@ const firstStartPrefix = "first-start:"
 
 // InitialJobs are the first start's backfills: one per table with
 // backfill set.
-func InitialJobs(tables []*outbox.Table, initial bool) []checkpoint.Backfill {
-	var jobs []checkpoint.Backfill
+func InitialJobs(tables []*outbox.Source, initial bool) []checkpoint.Job {
+	var jobs []checkpoint.Job
 	for _, t := range tables {
 		if t.Backfill != nil {
-			jobs = append(jobs, checkpoint.Backfill{ID: firstStartPrefix + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
+			jobs = append(jobs, checkpoint.Job{ID: firstStartPrefix + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
 		}
 	}
 	return jobs

@@ -15,8 +15,8 @@ import (
 // high watermark, and what the checkpoint notes (docs/design.md,
 // "Backfill").
 
-func testTable() *outbox.Table {
-	return &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
+func testTable() *outbox.Source {
+	return &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
 }
 
 var testColumns = []decode.Column{{Name: "id", TypeOID: 25}, {Name: "aggregatetype", TypeOID: 25}, {Name: "aggregateid", TypeOID: 25}, {Name: "type", TypeOID: 25}, {Name: "payload", TypeOID: 25}}
@@ -27,7 +27,7 @@ func row(id string) [][]byte {
 
 // chunkOf sets up job's chunk n as the runner does before its low
 // watermark.
-func chunkOf(t *testing.T, b *Jobs, tbl *outbox.Table, job string, n int) *liveChunk {
+func chunkOf(t *testing.T, b *Jobs, tbl *outbox.Source, job string, n int) *liveChunk {
 	t.Helper()
 	dec, err := decode.NewRowDecoder(tbl, testColumns)
 	if err != nil {
@@ -41,7 +41,7 @@ func chunkOf(t *testing.T, b *Jobs, tbl *outbox.Table, job string, n int) *liveC
 func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 	tbl := testTable()
 	b := NewJobs()
-	b.Reset([]checkpoint.Backfill{{ID: "j1", Table: tbl.String(), Started: time.Now()}})
+	b.Reset([]checkpoint.Job{{ID: "j1", Table: tbl.String(), Started: time.Now()}})
 	ch := chunkOf(t, b, tbl, "j1", 0)
 	c := Control{Type: ControlLow, Run: b.Run(), Job: "j1", Chunk: 0}
 
@@ -57,10 +57,10 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 	}
 	// The stream sends row 2 between the watermarks; an event of another
 	// table with the same id does not count.
-	live := outbox.Event{Table: tbl}
+	live := outbox.Event{Source: tbl}
 	live.Fields[outbox.FieldID] = outbox.Value{B: []byte("2")}
 	b.Seen(&live)
-	other := outbox.Event{Table: &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "other"}}}
+	other := outbox.Event{Source: &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "other"}}}
 	other.Fields[outbox.FieldID] = outbox.Value{B: []byte("3")}
 	b.Seen(&other)
 
@@ -112,7 +112,7 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 
 func TestWatermarksFail(t *testing.T) {
 	b := NewJobs()
-	b.Reset([]checkpoint.Backfill{{ID: "j1", Table: "public.outbox"}})
+	b.Reset([]checkpoint.Job{{ID: "j1", Table: "public.outbox"}})
 	if _, ok := b.Fail(Control{Type: ControlFail, Run: "forged", Job: "j1", Error: "x"}); ok {
 		t.Fatal("a failure another run wrote ended the job")
 	}
@@ -131,20 +131,20 @@ func TestWatermarksFail(t *testing.T) {
 // theirs) is refused, whatever it claims.
 func TestTrustedJobs(t *testing.T) {
 	tbl := testTable()
-	tbl.Backfill = &outbox.Backfill{Where: "published_at IS NULL"}
+	tbl.Backfill = &outbox.BackfillOptions{Where: "published_at IS NULL"}
 	key := []byte("0123456789abcdef0123456789abcdef")
 	req := Request{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
 	req.Sign(key, "slot/1")
-	signedJob := checkpoint.Backfill{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
-	first := InitialJobs([]*outbox.Table{tbl}, true)[0]
+	signedJob := checkpoint.Job{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
+	first := InitialJobs([]*outbox.Source{tbl}, true)[0]
 	tampered := signedJob
 	tampered.Where = "public.seen()"
 	forgedFirst := first
 	forgedFirst.Where = "public.seen()"
-	done := checkpoint.Backfill{ID: "old", Table: tbl.String(), Finished: time.Now()}
+	done := checkpoint.Job{ID: "old", Table: tbl.String(), Finished: time.Now()}
 	for _, tc := range []struct {
 		name string
-		job  checkpoint.Backfill
+		job  checkpoint.Job
 		keys [][]byte
 		ok   bool
 	}{
@@ -152,12 +152,12 @@ func TestTrustedJobs(t *testing.T) {
 		{"the first start's, as configured", first, nil, true},
 		{"a finished one (runs nothing)", done, nil, true},
 		{"a signed request's, condition changed", tampered, [][]byte{key}, false},
-		{"unsigned", checkpoint.Backfill{ID: "f00df00df00df00d", Table: tbl.String(), Where: "public.seen()"}, [][]byte{key}, false},
+		{"unsigned", checkpoint.Job{ID: "f00df00df00df00d", Table: tbl.String(), Where: "public.seen()"}, [][]byte{key}, false},
 		{"a signed request's, no key to check it", signedJob, nil, false},
 		{"the first start's, another condition", forgedFirst, [][]byte{key}, false},
-		{"the first start's, of a table without backfill", checkpoint.Backfill{ID: "first-start:public.other", Table: "public.other"}, nil, false},
+		{"the first start's, of a table without backfill", checkpoint.Job{ID: "first-start:public.other", Table: "public.other"}, nil, false},
 	} {
-		kept, refused := Trusted([]checkpoint.Backfill{tc.job}, tc.keys, "slot/1", []*outbox.Table{tbl})
+		kept, refused := Trusted([]checkpoint.Job{tc.job}, tc.keys, "slot/1", []*outbox.Source{tbl})
 		if got := len(kept) == 1 && len(refused) == 0; got != tc.ok {
 			t.Errorf("%s: kept %v refused %v; want kept %v", tc.name, kept, refused, tc.ok)
 		}
@@ -193,7 +193,7 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 	} {
 		b := NewJobs()
 		b.Reset(nil)
-		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Table{tbl}, time.Now())
+		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Source{tbl}, time.Now())
 		var refused *Refused
 		if !errors.As(err, &refused) || refused.Forged != tc.forged {
 			t.Errorf("%s: Admit = %v; want refused, forged %v", tc.name, err, tc.forged)
@@ -205,13 +205,13 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 	// Signed with a key being rotated out: every key of the file verifies.
 	b := NewJobs()
 	b.Reset(nil)
-	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Table{tbl}, time.Now())
+	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Source{tbl}, time.Now())
 	if err != nil || len(jobs) != 1 || jobs[0].Table != tbl.String() || jobs[0].Where != "true" {
 		t.Fatalf("Admit = %+v, %v", jobs, err)
 	}
 	// The job keeps its request's signature, so that read back from the
 	// checkpoint it still verifies (Trusted).
-	if kept, refused := Trusted(jobs, [][]byte{key}, "slot/1", []*outbox.Table{tbl}); len(kept) != 1 || len(refused) != 0 {
+	if kept, refused := Trusted(jobs, [][]byte{key}, "slot/1", []*outbox.Source{tbl}); len(kept) != 1 || len(refused) != 0 {
 		t.Fatalf("Trusted(the admitted job) = %v, %v", kept, refused)
 	}
 	select {

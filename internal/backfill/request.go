@@ -29,7 +29,7 @@ type Requested struct {
 // message with its ID tells the pipeline, at a point of the stream, which
 // is where the job starts. load reads the pipeline's checkpoint, and
 // returns the store it read it from.
-func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.Context) (checkpoint.Record, *checkpoint.Store, error), t *outbox.Table, where string) (Requested, error) {
+func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.Context) (checkpoint.Record, *checkpoint.Store, error), t *outbox.Source, where string) (Requested, error) {
 	if len(keys) == 0 {
 		return Requested{}, &wal.SetupError{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
 	}
@@ -38,7 +38,7 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 		return Requested{}, err
 	}
 	defer rows.Close(context.WithoutCancel(ctx))
-	job := checkpoint.Backfill{ID: newID(), Table: t.String(), Where: where}
+	job := checkpoint.Job{ID: newID(), Table: t.String(), Where: where}
 	plan, _, err := r.plan(ctx, rows, job)
 	if err != nil {
 		return Requested{}, err
@@ -69,15 +69,15 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 // Watch follows job r in the checkpoint topic, calling show with its
 // state (zero until the pipeline started it) about once a second, until
 // it is done or ctx ends. A job that ended on an error returns it.
-func Watch(ctx context.Context, store *checkpoint.Store, r Requested, show func(checkpoint.Backfill)) (checkpoint.Backfill, error) {
+func Watch(ctx context.Context, store *checkpoint.Store, r Requested, show func(checkpoint.Job)) (checkpoint.Job, error) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		recs, err := store.Load(ctx, false)
 		if err != nil {
-			return checkpoint.Backfill{}, err
+			return checkpoint.Job{}, err
 		}
-		var job checkpoint.Backfill
+		var job checkpoint.Job
 		if rec, ok := recs[r.key]; ok {
 			if j := rec.FindBackfill(r.ID); j != nil {
 				job = *j

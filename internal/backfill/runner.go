@@ -27,7 +27,7 @@ type Runner struct {
 	StatementTimeout time.Duration // backfill.statement_timeout
 	// ReaderRole is backfill.reader_role: what a condition runs as.
 	ReaderRole string
-	Tables     []*outbox.Table
+	Tables     []*outbox.Source
 	// MaxInFlight and MaxInFlightBytes bound the first start's
 	// unacknowledged events; the progress is saved once every
 	// StatusInterval.
@@ -51,7 +51,7 @@ type Runner struct {
 }
 
 // plan works out job's queries on conn.
-func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Backfill) (*Plan, *decode.RowDecoder, error) {
+func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*Plan, *decode.RowDecoder, error) {
 	t := Table(r.Tables, job.Table)
 	if t == nil {
 		return nil, nil, &Error{Msg: fmt.Sprintf("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)}
@@ -75,7 +75,7 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Backfi
 }
 
 // Check has the server check each job's queries.
-func (r *Runner) Check(ctx context.Context, jobs []checkpoint.Backfill) error {
+func (r *Runner) Check(ctx context.Context, jobs []checkpoint.Job) error {
 	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func (r *Runner) Check(ctx context.Context, jobs []checkpoint.Backfill) error {
 const progressEvery = 5 * time.Second
 
 // progressLog logs a job's progress: rows, rate and time left.
-func (r *Runner) progressLog(job checkpoint.Backfill, rows int64, since time.Time, final bool) {
+func (r *Runner) progressLog(job checkpoint.Job, rows int64, since time.Time, final bool) {
 	rate := float64(rows) / max(time.Since(since).Seconds(), 0.001)
 	l := []any{"table", job.Table, "job", job.ID, "rows", job.Rows, "total", job.Total, "rows_per_second", int64(rate)}
 	if final {
@@ -120,7 +120,7 @@ type Sender interface {
 	// any), are unacknowledged.
 	WaitRoom(ctx context.Context, n int, bytes int64) error
 	// Save writes the checkpoint with job's progress and waits for it.
-	Save(ctx context.Context, job checkpoint.Backfill) error
+	Save(ctx context.Context, job checkpoint.Job) error
 }
 
 // FirstStart sends the first start's jobs (Initial, not done) from
@@ -129,7 +129,7 @@ type Sender interface {
 // confirmed past it until the stream runs; the jobs' progress goes to the
 // checkpoint as it is acknowledged, and an interruption is continued
 // beside the stream (docs/design.md, rule 18).
-func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Backfill, snapshot string, at pglogrepl.LSN) error {
+func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
 	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return err
@@ -156,7 +156,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Bac
 	return err
 }
 
-func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, job checkpoint.Backfill, at pglogrepl.LSN) error {
+func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
 		return err
@@ -303,7 +303,7 @@ func waitDone(ctx context.Context, jobs *Jobs, id string) error {
 }
 
 // runJob runs job's chunks between watermarks until the last.
-func (r *Runner) runJob(ctx context.Context, w *wal.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Backfill) error {
+func (r *Runner) runJob(ctx context.Context, w *wal.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Job) error {
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
 		return err

@@ -77,7 +77,7 @@ const RequestMaxAge = 10 * time.Minute
 
 // RequestOf is the signed request that started job b, as far as the job
 // keeps it.
-func RequestOf(b checkpoint.Backfill) Request {
+func RequestOf(b checkpoint.Job) Request {
 	return Request{ID: b.ID, Table: b.Table, Where: b.Where, RequestedAt: b.RequestedAt, MAC: b.MAC}
 }
 

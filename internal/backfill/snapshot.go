@@ -38,7 +38,7 @@ type Snapshot struct {
 }
 
 // OpenSnapshot opens a snapshot of table t's rows.
-func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Table) (*Snapshot, error) {
+func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot, error) {
 	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return nil, err
@@ -48,7 +48,7 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Table) (*Snapshot, 
 		s.Close(ctx)
 		return nil, fmt.Errorf("open a snapshot of %s: %w", t, err)
 	}
-	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Backfill{ID: "repair", Table: t.String()}); err != nil {
+	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String()}); err != nil {
 		s.Close(ctx)
 		return nil, err
 	}

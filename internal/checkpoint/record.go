@@ -45,10 +45,10 @@ type Record struct {
 	Window Mark
 	// History records what an operator accepted or did: gaps, rewinds. The
 	// newest maxHistory entries are kept.
-	History []Event
+	History []Jump
 	// Backfills are the backfill jobs: unfinished ones in the order they
 	// run, and the newest finished ones (docs/migrating-from-polling.md).
-	Backfills []Backfill
+	Backfills []Job
 	// Tables maps each configured outbox table (as SQL names it) to the
 	// relation id the connector streamed for it up to Confirmed. A table
 	// found with another id was dropped and created again since: the
@@ -82,10 +82,10 @@ type Skip struct {
 	ID        string
 }
 
-// Backfill is one backfill job's durable progress. A running pipeline
+// Job is one backfill job's durable progress. A running pipeline
 // writes it with the confirmed position it belongs to: the rows it counts
 // as sent are acknowledged by Kafka, and a restart continues after After.
-type Backfill struct {
+type Job struct {
 	ID    string
 	Table string // the table, as SQL names it
 	Where string // the condition; "" for every row
@@ -113,7 +113,7 @@ type Backfill struct {
 	MAC         string
 }
 
-func (b Backfill) toJSON() jsonBackfill {
+func (b Job) toJSON() jsonBackfill {
 	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
 	if !b.RequestedAt.IsZero() {
 		t := b.RequestedAt.UTC()
@@ -127,10 +127,10 @@ func (b Backfill) toJSON() jsonBackfill {
 }
 
 // MarshalJSON writes a job as the checkpoint does.
-func (b Backfill) MarshalJSON() ([]byte, error) { return json.Marshal(b.toJSON()) }
+func (b Job) MarshalJSON() ([]byte, error) { return json.Marshal(b.toJSON()) }
 
 // Done reports whether the job finished.
-func (b *Backfill) Done() bool { return !b.Finished.IsZero() }
+func (b *Job) Done() bool { return !b.Finished.IsZero() }
 
 // maxFinishedBackfills is how many finished jobs a record keeps at least;
 // it keeps more while they are younger than KeepFinished, up to
@@ -147,7 +147,7 @@ const (
 const KeepFinished = 20 * time.Minute
 
 // ActiveBackfill returns the first unfinished job, or nil.
-func (r *Record) ActiveBackfill() *Backfill {
+func (r *Record) ActiveBackfill() *Job {
 	for i := range r.Backfills {
 		if !r.Backfills[i].Done() {
 			return &r.Backfills[i]
@@ -157,7 +157,7 @@ func (r *Record) ActiveBackfill() *Backfill {
 }
 
 // FindBackfill returns the job with id, or nil.
-func (r *Record) FindBackfill(id string) *Backfill {
+func (r *Record) FindBackfill(id string) *Job {
 	for i := range r.Backfills {
 		if r.Backfills[i].ID == id {
 			return &r.Backfills[i]
@@ -171,8 +171,8 @@ func (r *Record) FindBackfill(id string) *Backfill {
 // job started within KeepFinished of the newest job (at most
 // maxKeptBackfills in all). It copies the list: a record's slices may be
 // shared with the one last saved.
-func (r *Record) SetBackfill(b Backfill) {
-	jobs := make([]Backfill, 0, len(r.Backfills)+1)
+func (r *Record) SetBackfill(b Job) {
+	jobs := make([]Job, 0, len(r.Backfills)+1)
 	found := false
 	for _, j := range r.Backfills {
 		if j.ID == b.ID {
@@ -211,9 +211,10 @@ type Mark struct {
 	Time time.Time
 }
 
-// Event is one operator action recorded in the checkpoint.
-type Event struct {
-	Kind   string // EventAcceptedGap or EventRewind
+// Jump is a move of the stream's position an operator made (an accepted gap
+// or a rewind), recorded in the checkpoint's history.
+type Jump struct {
+	Kind   string // JumpAcceptedGap or JumpRewind
 	From   pglogrepl.LSN
 	To     pglogrepl.LSN
 	At     time.Time
@@ -221,21 +222,21 @@ type Event struct {
 }
 
 const (
-	EventAcceptedGap = "accepted-gap"
-	EventRewind      = "rewind"
-	maxHistory       = 20
+	JumpAcceptedGap = "accepted-gap"
+	JumpRewind      = "rewind"
+	maxHistory      = 20
 )
 
-// MarshalJSON writes an Event as the checkpoint's history does.
-func (e Event) MarshalJSON() ([]byte, error) {
-	return json.Marshal(jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
+// MarshalJSON writes a Jump as the checkpoint's history does.
+func (e Jump) MarshalJSON() ([]byte, error) {
+	return json.Marshal(jsonJump{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
 }
 
-// AddEvent appends ev to the history, keeping the newest maxHistory.
-func (r *Record) AddEvent(ev Event) {
+// AddJump appends ev to the history, keeping the newest maxHistory.
+func (r *Record) AddJump(ev Jump) {
 	r.History = append(r.History, ev)
 	if n := len(r.History) - maxHistory; n > 0 {
-		r.History = append([]Event(nil), r.History[n:]...)
+		r.History = append([]Jump(nil), r.History[n:]...)
 	}
 }
 
@@ -253,7 +254,7 @@ type jsonMark struct {
 	Time time.Time `json:"time"`
 }
 
-type jsonEvent struct {
+type jsonJump struct {
 	Kind   string    `json:"kind"`
 	From   string    `json:"from_lsn"`
 	To     string    `json:"to_lsn"`
@@ -273,7 +274,7 @@ type jsonRecord struct {
 	UpdatedAt    time.Time         `json:"updated_at"`
 	ReplayWindow *jsonMark         `json:"replay_window,omitempty"`
 	Marks        []jsonMark        `json:"replay_marks,omitempty"`
-	History      []jsonEvent       `json:"history,omitempty"`
+	History      []jsonJump        `json:"history,omitempty"`
 	Backfills    []jsonBackfill    `json:"backfills,omitempty"`
 	Tables       map[string]uint32 `json:"tables,omitempty"`
 	Skips        []jsonSkip        `json:"skips,omitempty"`
@@ -326,7 +327,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.Marks = append(j.Marks, jsonMark{LSN: m.LSN.String(), Time: m.Time.UTC()})
 	}
 	for _, e := range r.History {
-		j.History = append(j.History, jsonEvent{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
+		j.History = append(j.History, jsonJump{Kind: e.Kind, From: e.From.String(), To: e.To.String(), At: e.At.UTC(), Reason: e.Reason})
 	}
 	for _, b := range r.Backfills {
 		j.Backfills = append(j.Backfills, b.toJSON())
@@ -386,7 +387,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		if err != nil {
 			return err
 		}
-		r.History = append(r.History, Event{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
+		r.History = append(r.History, Jump{Kind: e.Kind, From: from, To: to, At: e.At, Reason: e.Reason})
 	}
 	for _, m := range j.Retention {
 		l, err := lsn("retention_marks", m.LSN)
@@ -403,7 +404,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
-		rb := Backfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error, MAC: b.MAC}
 		if b.RequestedAt != nil {
 			rb.RequestedAt = *b.RequestedAt
 		}

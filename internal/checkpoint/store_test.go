@@ -44,7 +44,7 @@ func TestStoreSaveLoad(t *testing.T) {
 		{Slot: "a", SystemID: "1", Confirmed: 100, UpdatedAt: at},
 		{Slot: "b", SystemID: "1", Confirmed: 50, UpdatedAt: at},
 		{Slot: "a", SystemID: "1", Confirmed: 200, CommitLSN: 150, CommitTime: at, UpdatedAt: at,
-			Marks: Marks{{LSN: 10, Time: at}}, Window: Mark{LSN: 10, Time: at}, History: []Event{{Kind: EventRewind, From: 1, To: 2, At: at}}},
+			Marks: Marks{{LSN: 10, Time: at}}, Window: Mark{LSN: 10, Time: at}, History: []Jump{{Kind: JumpRewind, From: 1, To: 2, At: at}}},
 	} {
 		if err := s.Save(ctx, r); err != nil {
 			t.Fatalf("save %d: %v", i, err)

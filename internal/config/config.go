@@ -42,7 +42,7 @@ type Config struct {
 	Name     string
 	Postgres wal.Config
 	Kafka    sink.Config
-	Tables   []*outbox.Table
+	Tables   []*outbox.Source
 	// SchemaRegistry is where tables with a schema (json-schema, avro,
 	// protobuf) find it.
 	SchemaRegistry schema.Config
@@ -139,7 +139,7 @@ func (c *Config) Validate() error {
 	// Validation fills in the tables: fill copies, so that tables shared
 	// with a pipeline already running (a replay next to the stream, in one
 	// process) are never written while that pipeline reads them.
-	tables := make([]*outbox.Table, len(c.Tables))
+	tables := make([]*outbox.Source, len(c.Tables))
 	for i, t := range c.Tables {
 		tables[i] = t.Clone()
 	}
@@ -320,7 +320,7 @@ func (c *Config) WALTables() []wal.Table {
 		if t.IsMessage() {
 			continue
 		}
-		wt := wal.Table{Schema: t.Name.Schema, Name: t.Name.Name}
+		wt := wal.Table{TableName: t.Name}
 		for f, name := range t.Columns {
 			if name != "" {
 				wt.Columns = append(wt.Columns, name)

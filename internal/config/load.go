@@ -378,7 +378,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 	}
 	if len(fc.Tables) == 0 {
 		// Debezium's default layout, so that a config-less start works.
-		cfg.Tables = []*outbox.Table{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
+		cfg.Tables = []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
 	}
 	for i, ft := range fc.Tables {
 		t, err := ft.table()
@@ -390,8 +390,8 @@ func Load(path string, env Environ) (Config, Log, error) {
 	return cfg, lc, nil
 }
 
-func (ft fileTable) table() (*outbox.Table, error) {
-	t := &outbox.Table{
+func (ft fileTable) table() (*outbox.Source, error) {
+	t := &outbox.Source{
 		MessagePrefix:     ft.MessagePrefix,
 		Topic:             ft.Topic,
 		Key:               ft.Key,
@@ -472,7 +472,7 @@ func (ft fileTable) table() (*outbox.Table, error) {
 		t.Retention = &outbox.Retention{After: r.After, BatchSize: r.BatchSize, Mode: r.Mode}
 	}
 	if b := ft.Backfill; b != nil {
-		t.Backfill = &outbox.Backfill{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}
+		t.Backfill = &outbox.BackfillOptions{Where: strings.TrimSpace(b.Where), ChunkSize: b.ChunkSize}
 		if strings.TrimSpace(b.OrderBy) != "" {
 			cols, err := pgident.ParseList(b.OrderBy)
 			if err != nil {

@@ -12,9 +12,9 @@ import (
 // tables that one reads; the race detector caught it in
 // TestReplayWindowAdvancesAndRefusesOlder.
 func TestValidateLeavesCallersTablesAlone(t *testing.T) {
-	shared := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns,
+	shared := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns,
 		Additional: []outbox.Additional{{Column: "tenant", Placement: outbox.PlaceHeader}}}
-	cfg := Config{Tables: []*outbox.Table{shared}}
+	cfg := Config{Tables: []*outbox.Source{shared}}
 	cfg.Postgres.URL = "postgres://u@h/d"
 	cfg.Kafka.Brokers = []string{"k:1"}
 	if err := cfg.Validate(); err != nil {

@@ -113,8 +113,8 @@ type column struct {
 // INSERT needs: for a configured table (or a partition of one) its
 // columns, for any other relation its name.
 type relation struct {
-	table *outbox.Table // nil: no configured table maps it
-	name  string        // the relation's qualified name, for an unmapped one
+	table *outbox.Source // nil: no configured table maps it
+	name  string         // the relation's qualified name, for an unmapped one
 	// id is the configured table's relation id: the relation's own, or
 	// its root's for a partition; fresh is whether that differs from the
 	// one Known gave for the table.
@@ -130,8 +130,8 @@ type relation struct {
 // Decoder decodes one replication session's pgoutput stream. It is not safe
 // for concurrent use; the replication loop owns it.
 type Decoder struct {
-	tables   map[outbox.TableName]*outbox.Table
-	messages map[string]*outbox.Table
+	tables   map[outbox.TableName]*outbox.Source
+	messages map[string]*outbox.Source
 	rels     map[uint32]*relation
 	begin    Begin
 	inTx     bool
@@ -144,13 +144,13 @@ type Decoder struct {
 	// row, not the partitioned table (docs/design.md, "Table changes").
 	// ok is false for a relation that is no partition of a configured
 	// table. An error ends the session, which retries (a *LookupError).
-	Partition func(rel Relation) (t *outbox.Table, root uint32, ok bool, err error)
+	Partition func(rel Relation) (t *outbox.Source, root uint32, ok bool, err error)
 	// Fresh, when set, tells whether relation id of table t is one the
 	// connector has not streamed for t before (the table was dropped and
 	// created again, or added back to the publication): its events are
 	// marked Message.Fresh. It is asked when a Relation message arrives
 	// and on Refresh.
-	Fresh func(t *outbox.Table, id uint32) bool
+	Fresh func(t *outbox.Source, id uint32) bool
 }
 
 // LookupError is a failed Partition lookup: the catalog could not be read,
@@ -171,10 +171,10 @@ func (d *Decoder) Refresh() {
 }
 
 // New returns a Decoder for the given sources.
-func New(sources []*outbox.Table) *Decoder {
+func New(sources []*outbox.Source) *Decoder {
 	d := &Decoder{
-		tables:   map[outbox.TableName]*outbox.Table{},
-		messages: map[string]*outbox.Table{},
+		tables:   map[outbox.TableName]*outbox.Source{},
+		messages: map[string]*outbox.Source{},
 		rels:     map[uint32]*relation{},
 	}
 	for _, t := range sources {
@@ -296,8 +296,8 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 }
 
 // newEvent starts an event of the open transaction from source t.
-func (d *Decoder) newEvent(t *outbox.Table) outbox.Event {
-	return outbox.Event{Table: t, CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, XID: d.begin.XID}
+func (d *Decoder) newEvent(t *outbox.Source) outbox.Event {
+	return outbox.Event{Source: t, CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, XID: d.begin.XID}
 }
 
 // eventMessage is the KindEvent message for ev.

@@ -78,8 +78,8 @@ var outboxCols = []col{
 	{"type", oidText}, {"payload", oidJSONB},
 }
 
-func testTable() *outbox.Table {
-	return &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
+func testTable() *outbox.Source {
+	return &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
 }
 
 func field(ev outbox.Event, f outbox.Field) string { return string(ev.Fields[f].B) }
@@ -95,7 +95,7 @@ func mustDecode(t *testing.T, d *Decoder, data []byte) Message {
 
 func TestDecodeTransaction(t *testing.T) {
 	tbl := testTable()
-	d := New([]*outbox.Table{tbl})
+	d := New([]*outbox.Source{tbl})
 	ts := time.Date(2026, 11, 22, 10, 0, 0, 123456000, time.UTC)
 
 	if m := mustDecode(t, d, beginMsg(0x1000, 42, ts)); m.Kind != KindBegin || m.XID != 42 || m.Commit != 0x1000 {
@@ -115,7 +115,7 @@ func TestDecodeTransaction(t *testing.T) {
 		in[i] = 0
 	}
 	ev := m.Event
-	if ev.Table != tbl || field(ev, outbox.FieldID) != "6f1c" || field(ev, outbox.FieldAggregateType) != "order" ||
+	if ev.Source != tbl || field(ev, outbox.FieldID) != "6f1c" || field(ev, outbox.FieldAggregateType) != "order" ||
 		field(ev, outbox.FieldAggregateID) != "o-1" || field(ev, outbox.FieldEventType) != "OrderCreated" ||
 		field(ev, outbox.FieldPayload) != payload || ev.Fields[outbox.FieldPayload].Kind != outbox.KindJSON ||
 		ev.CommitLSN != 0x1000 || !ev.CommitTime.Equal(ts) || ev.XID != 42 || !ev.Fields[outbox.FieldTimestamp].Null() {
@@ -145,7 +145,7 @@ func TestDecodeValues(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := New([]*outbox.Table{testTable()})
+			d := New([]*outbox.Source{testTable()})
 			cols := append([]col(nil), outboxCols...)
 			cols[4].oid = tt.payloadOID
 			mustDecode(t, d, beginMsg(1, 1, pgEpoch))
@@ -171,14 +171,14 @@ func TestDecodeValues(t *testing.T) {
 }
 
 func TestDecodeMappingAndTables(t *testing.T) {
-	camel := &outbox.Table{
+	camel := &outbox.Source{
 		Name: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"},
 		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregateType", outbox.FieldAggregateID: "aggregateId",
 			outbox.FieldEventType: "eventType", outbox.FieldPayload: "payload", outbox.FieldTenant: "tenantId"},
 		Extra: []string{"status"},
 		Topic: "x",
 	}
-	d := New([]*outbox.Table{testTable(), camel})
+	d := New([]*outbox.Source{testTable(), camel})
 	mustDecode(t, d, beginMsg(1, 7, pgEpoch))
 	// Column order differs from the mapping order, and there are extra columns.
 	mustDecode(t, d, relationMsg(2, "tenant", "OutboxEvent",
@@ -187,7 +187,7 @@ func TestDecodeMappingAndTables(t *testing.T) {
 	mustDecode(t, d, relationMsg(3, "public", "orders", col{"id", oidText}))
 	m := mustDecode(t, d, insertMsg(2, s("t1"), s("{}"), s("kitchen.task.claimed"), s("task-9"), s("Task"), s("cuid1"), s("pending")))
 	ev := m.Event
-	if m.Kind != KindEvent || ev.Table != camel || field(ev, outbox.FieldID) != "cuid1" || field(ev, outbox.FieldAggregateType) != "Task" ||
+	if m.Kind != KindEvent || ev.Source != camel || field(ev, outbox.FieldID) != "cuid1" || field(ev, outbox.FieldAggregateType) != "Task" ||
 		field(ev, outbox.FieldAggregateID) != "task-9" || field(ev, outbox.FieldEventType) != "kitchen.task.claimed" ||
 		field(ev, outbox.FieldPayload) != "{}" || field(ev, outbox.FieldTenant) != "t1" || len(ev.Extra) != 1 || string(ev.Extra[0].B) != "pending" {
 		t.Fatalf("event = %+v", ev)
@@ -214,10 +214,10 @@ func TestDecodeMappingAndTables(t *testing.T) {
 // lookup is a LookupError (retried), not a malformed message.
 func TestDecodePartitions(t *testing.T) {
 	root := testTable()
-	d := New([]*outbox.Table{root})
+	d := New([]*outbox.Source{root})
 	var asked []string
 	var fail error
-	d.Partition = func(rel Relation) (*outbox.Table, uint32, bool, error) {
+	d.Partition = func(rel Relation) (*outbox.Source, uint32, bool, error) {
 		asked = append(asked, rel.Name)
 		if fail != nil {
 			return nil, 0, false, fail
@@ -231,8 +231,8 @@ func TestDecodePartitions(t *testing.T) {
 	mustDecode(t, d, relationMsg(11, "public", "outbox_2026_01", outboxCols...))
 	mustDecode(t, d, relationMsg(12, "public", "orders", col{"id", oidText}))
 	m := mustDecode(t, d, insertMsg(11, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
-	if m.Kind != KindEvent || m.Event.Table != root || field(m.Event, outbox.FieldID) != "i" {
-		t.Fatalf("insert into a leaf partition: kind %v table %v", m.Kind, m.Event.Table)
+	if m.Kind != KindEvent || m.Event.Source != root || field(m.Event, outbox.FieldID) != "i" {
+		t.Fatalf("insert into a leaf partition: kind %v table %v", m.Kind, m.Event.Source)
 	}
 	if m := mustDecode(t, d, insertMsg(12, s("x"))); m.Kind != KindUnmapped || m.Relation != "public.orders" {
 		t.Fatalf("insert into another table: kind %v relation %q", m.Kind, m.Relation)
@@ -251,9 +251,9 @@ func TestDecodePartitions(t *testing.T) {
 // Relation message on, and Refresh asks again for the cached relations.
 func TestDecodeFresh(t *testing.T) {
 	tbl := testTable()
-	d := New([]*outbox.Table{tbl})
+	d := New([]*outbox.Source{tbl})
 	streamed := uint32(1)
-	d.Fresh = func(t *outbox.Table, id uint32) bool { return t == tbl && id != streamed }
+	d.Fresh = func(t *outbox.Source, id uint32) bool { return t == tbl && id != streamed }
 	insert := func(rel uint32) Message {
 		mustDecode(t, d, beginMsg(1, 1, pgEpoch))
 		m := mustDecode(t, d, insertMsg(rel, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
@@ -291,7 +291,7 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := New([]*outbox.Table{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
+			d := New([]*outbox.Source{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
 			var err error
 			for _, b := range tt.msgs {
 				if _, err = d.Decode(b); err != nil {
@@ -317,10 +317,10 @@ func messageMsg(transactional bool, prefix, content string) []byte {
 }
 
 func TestDecodeTypedValues(t *testing.T) {
-	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "event_outbox"},
+	tbl := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "event_outbox"},
 		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldPayload: "payload", outbox.FieldTimestamp: "created_at", outbox.FieldVersion: "v"},
 		Extra:   []string{"flag", "blob"}}
-	d := New([]*outbox.Table{tbl})
+	d := New([]*outbox.Source{tbl})
 	mustDecode(t, d, beginMsg(1, 1, pgEpoch))
 	mustDecode(t, d, relationMsg(5, "public", "event_outbox",
 		col{"id", oidInt4}, col{"payload", oidJSONB}, col{"created_at", oidTimestamptz}, col{"v", oidNumeric},
@@ -347,13 +347,13 @@ func TestDecodeTypedValues(t *testing.T) {
 }
 
 func TestDecodeLogicalMessages(t *testing.T) {
-	src := &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, Extra: []string{"group_id"}}
-	d := New([]*outbox.Table{testTable(), src})
+	src := &outbox.Source{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, Extra: []string{"group_id"}}
+	d := New([]*outbox.Source{testTable(), src})
 	mustDecode(t, d, beginMsg(0x3000, 9, pgEpoch))
 	content := `{"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"Paid","payload":{"total":12.5,"items":["a"]},"version":2,"group_id":"g-1","timestamp":"2026-11-22T10:00:00Z"}`
 	m := mustDecode(t, d, messageMsg(true, "outbox", content))
 	ev := m.Event
-	if m.Kind != KindEvent || ev.Table != src || field(ev, outbox.FieldID) != "e1" || field(ev, outbox.FieldAggregateID) != "o-1" ||
+	if m.Kind != KindEvent || ev.Source != src || field(ev, outbox.FieldID) != "e1" || field(ev, outbox.FieldAggregateID) != "o-1" ||
 		field(ev, outbox.FieldPayload) != `{"total":12.5,"items":["a"]}` || ev.Fields[outbox.FieldPayload].Kind != outbox.KindJSON ||
 		field(ev, outbox.FieldVersion) != "2" || ev.Fields[outbox.FieldVersion].Kind != outbox.KindNumber ||
 		ev.Fields[outbox.FieldTimestamp].Kind != outbox.KindTimestamp || string(ev.Extra[0].B) != "g-1" ||
@@ -386,11 +386,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{'R', 0, 0, 0, 1, 0, 0, 'd', 0xff, 0xff})
 	f.Add(messageMsg(true, "outbox", `{"id":"1","payload":{}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d := New([]*outbox.Table{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
+		d := New([]*outbox.Source{testTable(), {MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields}})
 		_, _ = d.Decode(beginMsg(1, 1, pgEpoch))
 		_, _ = d.Decode(relationMsg(1, "public", "outbox", outboxCols...))
 		m, err := d.Decode(data)
-		if err == nil && m.Kind == KindEvent && m.Event.Table == nil {
+		if err == nil && m.Kind == KindEvent && m.Event.Source == nil {
 			t.Fatalf("event without table")
 		}
 	})

@@ -19,8 +19,8 @@ type RowDecoder struct {
 }
 
 // NewRowDecoder maps t's fields onto a query's result columns.
-func NewRowDecoder(t *outbox.Table, cols []Column) (*RowDecoder, error) {
-	d := New([]*outbox.Table{t})
+func NewRowDecoder(t *outbox.Source, cols []Column) (*RowDecoder, error) {
+	d := New([]*outbox.Source{t})
 	if err := d.cacheRelation(Relation{Namespace: t.Name.Schema, Name: t.Name.Name, Columns: cols}); err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func (rd *RowDecoder) Row(vals [][]byte, lsn pglogrepl.LSN, at time.Time) (Messa
 			rd.d.vals[i] = tupleValue{kind: colText, data: v}
 		}
 	}
-	m, err := rd.d.row(rd.rel, outbox.Event{Table: rd.rel.table, CommitLSN: lsn, CommitTime: at})
+	m, err := rd.d.row(rd.rel, outbox.Event{Source: rd.rel.table, CommitLSN: lsn, CommitTime: at})
 	if err != nil {
 		return Message{}, fmt.Errorf("backfill row: %w", err)
 	}

@@ -91,7 +91,7 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.saved
-	r.History = append([]checkpoint.Event(nil), r.History...)
+	r.History = append([]checkpoint.Jump(nil), r.History...)
 	if pos.LSN > r.Confirmed {
 		r.Confirmed = pos.LSN
 	}

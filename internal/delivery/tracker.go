@@ -20,7 +20,7 @@ type Txn struct {
 	commitTime time.Time
 	// backfills, when set, is the backfill jobs' state once this
 	// transaction is delivered; tables, the tables' relation ids.
-	backfills *[]checkpoint.Backfill
+	backfills *[]checkpoint.Job
 	tables    map[string]uint32
 }
 
@@ -40,7 +40,7 @@ type Position struct {
 	// Backfills, when set, is the backfill jobs' state at LSN: that of the
 	// last resolved transaction that carried one (Tracker.Note). Tables,
 	// when set, is the tables' relation ids there (Tracker.NoteTables).
-	Backfills *[]checkpoint.Backfill
+	Backfills *[]checkpoint.Job
 	Tables    map[string]uint32
 }
 
@@ -134,7 +134,7 @@ func (t *Tracker) Ack(tx *Txn, size int, err error) {
 
 // Note attaches the backfill jobs' state to tx: once tx is delivered, and
 // the watermark passes it, checkpoints record jobs.
-func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Backfill) {
+func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Job) {
 	t.mu.Lock()
 	tx.backfills = &jobs
 	t.mu.Unlock()

@@ -102,7 +102,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{} // nothing after at counts as delivered now
 	}
 	rec.UpdatedAt = time.Now()
-	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
+	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
 	if err := store.Save(ctx, rec); err != nil {
 		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 	}
@@ -270,7 +270,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		// had, and skipping them as delivered would drop them.
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{}
 	}
-	rec.AddEvent(checkpoint.Event{Kind: checkpoint.EventAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
+	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
 	if err := store.Save(ctx, rec); err != nil {
 		return Accepted{}, err
 	}

@@ -35,7 +35,7 @@ type Ops struct {
 // checkRetention is what keeps table t's retention from working, or "":
 // DELETE on it (mode delete), or owning it and its partitions, which
 // detaching and dropping them need (drop_partitions).
-func checkRetention(ctx context.Context, cfg wal.Config, t *outbox.Table) string {
+func checkRetention(ctx context.Context, cfg wal.Config, t *outbox.Source) string {
 	conn, err := wal.ConnectSQL(ctx, cfg)
 	if err != nil {
 		return ""
@@ -120,7 +120,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	if len(probs) == 0 {
 		// The backfills' conditions and orders, which need the tables.
 		for _, j := range backfill.InitialJobs(o.Config.Tables, false) {
-			if err := o.backfills().Check(ctx, []checkpoint.Backfill{j}); err != nil {
+			if err := o.backfills().Check(ctx, []checkpoint.Job{j}); err != nil {
 				probs = append(probs, "postgres: "+errtext.OneLine(err))
 			}
 		}
@@ -216,7 +216,7 @@ func checkTakeover(ctx context.Context, cfg wal.Config) string {
 
 // RequestBackfill is cdc backfill (backfill.Runner.Request) for the
 // config's pipeline and its checkpoint.
-func (o *Ops) RequestBackfill(ctx context.Context, t *outbox.Table, where string) (backfill.Requested, error) {
+func (o *Ops) RequestBackfill(ctx context.Context, t *outbox.Source, where string) (backfill.Requested, error) {
 	load := func(ctx context.Context) (checkpoint.Record, *checkpoint.Store, error) {
 		conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 		if err != nil {
@@ -231,6 +231,6 @@ func (o *Ops) RequestBackfill(ctx context.Context, t *outbox.Table, where string
 
 // WatchBackfill follows job r, which RequestBackfill started
 // (backfill.Watch).
-func (o *Ops) WatchBackfill(ctx context.Context, r backfill.Requested, show func(checkpoint.Backfill)) (checkpoint.Backfill, error) {
+func (o *Ops) WatchBackfill(ctx context.Context, r backfill.Requested, show func(checkpoint.Job)) (checkpoint.Job, error) {
 	return backfill.Watch(ctx, o.store, r, show)
 }

@@ -79,15 +79,15 @@ type PublicationStatus struct {
 
 // CheckpointStatus is the pipeline's checkpoint record.
 type CheckpointStatus struct {
-	Topic        string             `json:"topic"`
-	ConfirmedLSN string             `json:"confirmed_lsn"`
-	CommitLSN    string             `json:"commit_lsn"`
-	CommitTime   *time.Time         `json:"commit_time,omitempty"`
-	UpdatedAt    time.Time          `json:"updated_at"`
-	Version      string             `json:"connector_version"`
-	History      []checkpoint.Event `json:"history,omitempty"`
+	Topic        string            `json:"topic"`
+	ConfirmedLSN string            `json:"confirmed_lsn"`
+	CommitLSN    string            `json:"commit_lsn"`
+	CommitTime   *time.Time        `json:"commit_time,omitempty"`
+	UpdatedAt    time.Time         `json:"updated_at"`
+	Version      string            `json:"connector_version"`
+	History      []checkpoint.Jump `json:"history,omitempty"`
 	// Backfills are the running and the last finished backfills.
-	Backfills []checkpoint.Backfill `json:"backfills,omitempty"`
+	Backfills []checkpoint.Job `json:"backfills,omitempty"`
 }
 
 // WindowStatus is the replay window.

@@ -134,13 +134,13 @@ type Additional struct {
 	As        string // header or envelope field name; default: Column
 }
 
-// Table is one configured source of events: an outbox table, or (when
+// Source is one configured source of events: an outbox table, or (when
 // MessagePrefix is set) transactional logical decoding messages with that
 // prefix. The routing options are plain data that route reads.
 //
-// Validate fills the defaults and the derived fields below; after it a Table
+// Validate fills the defaults and the derived fields below; after it a Source
 // is read-only, and the pipeline shares it between stages.
-type Table struct {
+type Source struct {
 	Name          TableName // the table; zero for a message source
 	MessagePrefix string    // the pg_logical_emit_message prefix; "" for a table
 	Columns       Columns
@@ -180,7 +180,7 @@ type Table struct {
 	// Backfill, when set, sends the rows already in the table that match
 	// its condition on the first start (docs/migrating-from-polling.md),
 	// and is the default of cdc backfill for this table.
-	Backfill *Backfill
+	Backfill *BackfillOptions
 	// Retention, when set, has the connector delete the table's rows
 	// whose events Kafka has acknowledged, once they are older than
 	// Retention.After (internal/retention).
@@ -197,9 +197,9 @@ type Table struct {
 	SourceTemplate Template
 }
 
-// Backfill selects the rows of a table to send that were committed before
+// BackfillOptions selects the rows of a table to send that were committed before
 // the slot existed: a poller's pending rows.
-type Backfill struct {
+type BackfillOptions struct {
 	// Where is an SQL condition on the table's columns; "" takes every row.
 	Where string
 	// OrderBy lists the columns (catalog form, ascending) that give the
@@ -210,7 +210,7 @@ type Backfill struct {
 	ChunkSize int
 }
 
-// DefaultMaxTopics is Table.MaxTopics' default: room for the aggregate
+// DefaultMaxTopics is Source.MaxTopics' default: room for the aggregate
 // types of a large domain, and a bound on what rows can create.
 const DefaultMaxTopics = 100
 
@@ -236,7 +236,7 @@ const (
 // DefaultRetentionBatch is Retention.BatchSize's default.
 const DefaultRetentionBatch = 5000
 
-func (r *Retention) validate(t *Table) error {
+func (r *Retention) validate(t *Source) error {
 	if t.IsMessage() {
 		return fmt.Errorf("%s: retention applies to tables, not logical decoding messages", t)
 	}
@@ -263,10 +263,10 @@ func (r *Retention) validate(t *Table) error {
 const DefaultChunkSize = 1000
 
 // IsMessage reports whether the source is logical decoding messages.
-func (t *Table) IsMessage() bool { return t.MessagePrefix != "" }
+func (t *Source) IsMessage() bool { return t.MessagePrefix != "" }
 
 // String names the source in messages: the table, or message prefix "p".
-func (t *Table) String() string {
+func (t *Source) String() string {
 	if t.IsMessage() {
 		return fmt.Sprintf("message prefix %q", t.MessagePrefix)
 	}
@@ -274,7 +274,7 @@ func (t *Table) String() string {
 }
 
 // ExtraIndex returns column's index in Extra (and so in Event.Extra), or -1.
-func (t *Table) ExtraIndex(column string) int {
+func (t *Source) ExtraIndex(column string) int {
 	for i, c := range t.Extra {
 		if c == column {
 			return i
@@ -283,7 +283,7 @@ func (t *Table) ExtraIndex(column string) int {
 	return -1
 }
 
-func (t *Table) addExtra(column string) int {
+func (t *Source) addExtra(column string) int {
 	if i := t.ExtraIndex(column); i >= 0 {
 		return i
 	}
@@ -293,12 +293,12 @@ func (t *Table) addExtra(column string) int {
 
 // Needed lists every column the decoder must find: mapped fields and
 // extras.
-func (t *Table) Needed() []string {
+func (t *Source) Needed() []string {
 	return append(t.Columns.Names(), t.Extra...)
 }
 
 // Clone returns a copy of t that shares nothing Validate writes.
-func (t *Table) Clone() *Table {
+func (t *Source) Clone() *Source {
 	c := *t
 	c.Additional = slices.Clone(t.Additional)
 	c.Extra = slices.Clone(t.Extra)
@@ -316,7 +316,7 @@ func (t *Table) Clone() *Table {
 
 // Validate reports a configuration error in t, fills defaults and derives
 // Extra and the parsed templates. It is idempotent.
-func (t *Table) Validate() error {
+func (t *Source) Validate() error {
 	t.Extra = nil
 	if t.Name.Name == "" && t.MessagePrefix == "" {
 		return fmt.Errorf("outbox source: set a table name or a message prefix")
@@ -448,9 +448,9 @@ func (v Value) Null() bool { return v.B == nil }
 // the COMMIT message, after the rows, and events are produced as soon as
 // they are decoded. The checkpoint tracker attaches it to the transaction.
 type Event struct {
-	Table  *Table
+	Source *Source
 	Fields [NumFields]Value
-	Extra  []Value // Table.Extra's columns, in that order
+	Extra  []Value // Source.Extra's columns, in that order
 	// Raw is the whole message content of a logical decoding message, kept
 	// for the dead-letter topic.
 	Raw []byte
@@ -501,5 +501,5 @@ func quoteArg(s string) string {
 
 // Invalid returns the EventError for ev.
 func Invalid(ev *Event, format string, args ...any) *EventError {
-	return &EventError{Table: ev.Table.String(), EventID: ev.ID(), CommitLSN: ev.CommitLSN, Reason: fmt.Sprintf(format, args...)}
+	return &EventError{Table: ev.Source.String(), EventID: ev.ID(), CommitLSN: ev.CommitLSN, Reason: fmt.Sprintf(format, args...)}
 }

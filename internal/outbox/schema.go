@@ -49,7 +49,7 @@ func (s *Schema) Registered() bool { return s.Format != "" && s.Format != Schema
 
 // validate fills s's defaults and checks it against the table's other
 // settings.
-func (s *Schema) validate(t *Table) error {
+func (s *Schema) validate(t *Source) error {
 	switch s.Format {
 	case "", SchemaJSON:
 		s.Format = SchemaJSON

@@ -36,7 +36,7 @@ type Template struct{ Parts []TemplatePart }
 // ({aggregate_type}, {aggregate_id}, {event_type}, {id}, {tenant},
 // {version}), {schema}, {table}, {prefix}, and {column:NAME} for any other
 // column (or JSON member), which it adds to t.Extra.
-func (t *Table) parseTemplate(tmpl string) (Template, error) {
+func (t *Source) parseTemplate(tmpl string) (Template, error) {
 	var tp Template
 	rest := tmpl
 	for rest != "" {
@@ -89,7 +89,7 @@ func (t *Table) parseTemplate(tmpl string) (Template, error) {
 // LiteralTopic is the table's topic when its template has no
 // placeholders, lowercased as the table asks; "" when a row's fields
 // choose it.
-func (t *Table) LiteralTopic() string {
+func (t *Source) LiteralTopic() string {
 	var b strings.Builder
 	for _, part := range t.TopicTemplate.Parts {
 		if part.Kind != PartLiteral {
@@ -105,7 +105,7 @@ func (t *Table) LiteralTopic() string {
 
 // TopicFromRow reports whether a row's fields fill part of the topic: its
 // template has a field or {column:...} placeholder.
-func (t *Table) TopicFromRow() bool {
+func (t *Source) TopicFromRow() bool {
 	for _, p := range t.TopicTemplate.Parts {
 		if p.Kind == PartField || p.Kind == PartColumn {
 			return true
@@ -117,7 +117,7 @@ func (t *Table) TopicFromRow() bool {
 // FixedTopics are the topics the table's events go to whatever the row:
 // its literal topic, and its dead-letter topic when on_invalid sends there
 // and the name has no placeholder.
-func (t *Table) FixedTopics() []string {
+func (t *Source) FixedTopics() []string {
 	var topics []string
 	if topic := t.LiteralTopic(); topic != "" {
 		topics = append(topics, topic)

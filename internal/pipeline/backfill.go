@@ -186,7 +186,7 @@ func chunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
 // Save writes the checkpoint with job's progress, through the session's
 // producer (in exactly-once mode, in the transaction with the rows it
 // counts), and waits for it.
-func (s *session) Save(ctx context.Context, job checkpoint.Backfill) error {
+func (s *session) Save(ctx context.Context, job checkpoint.Job) error {
 	edit := func(r *checkpoint.Record) { r.SetBackfill(job) }
 	if s.eos != nil {
 		return s.eos.CommitNow(ctx, edit)

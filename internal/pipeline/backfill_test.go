@@ -39,8 +39,8 @@ CREATE TABLE event_outbox (
   published_at timestamptz
 );`
 
-func pollerTable(prefix string, b *outbox.Backfill) *outbox.Table {
-	return &outbox.Table{
+func pollerTable(prefix string, b *outbox.BackfillOptions) *outbox.Source {
+	return &outbox.Source{
 		Name: outbox.TableName{Schema: "public", Name: "event_outbox"},
 		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregate_type", outbox.FieldAggregateID: "aggregate_id",
 			outbox.FieldEventType: "event_type", outbox.FieldPayload: "payload"},
@@ -140,7 +140,7 @@ func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 	testenv.Eventually(t, 10*time.Second, "the writers to start", func() bool { return written.Load() > 50 })
 
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
 	if exactlyOnce {
 		e.cfg.Delivery = config.DeliveryExactlyOnce
 	}
@@ -227,16 +227,16 @@ func TestBackfillBadInput(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `ALTER TABLE event_outbox ADD COLUMN note_at timestamptz`,
 		`INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'x', '{}')`)
 	for _, tc := range []struct {
-		b    outbox.Backfill
+		b    outbox.BackfillOptions
 		want string
 	}{
-		{outbox.Backfill{Where: "published_at IS NUL"}, `the condition "published_at IS NUL" does not work: syntax error`},
-		{outbox.Backfill{Where: "processed = false"}, `column "processed" does not exist`},
-		{outbox.Backfill{OrderBy: []string{"created"}}, `no column created`},
-		{outbox.Backfill{OrderBy: []string{"note_at"}}, `column note_at can be NULL`},
+		{outbox.BackfillOptions{Where: "published_at IS NUL"}, `the condition "published_at IS NUL" does not work: syntax error`},
+		{outbox.BackfillOptions{Where: "processed = false"}, `column "processed" does not exist`},
+		{outbox.BackfillOptions{OrderBy: []string{"created"}}, `no column created`},
+		{outbox.BackfillOptions{OrderBy: []string{"note_at"}}, `column note_at can be NULL`},
 	} {
 		e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-		e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &tc.b)}
+		e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &tc.b)}
 		e.cfg.Postgres.Slot = fmt.Sprintf("bad_%d", time.Now().UnixNano())
 		// cdc check lists it,
 		chk, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
@@ -301,7 +301,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	var mu sync.Mutex
 	var windows []window
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, nil)}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, nil)}
 	e.onChunk = func(low, high pglogrepl.LSN, read, sent int) {
 		mu.Lock()
 		windows = append(windows, window{low, high})
@@ -312,7 +312,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	if err := e.start(t).stop(t); err != nil {
 		t.Fatal(err)
 	}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 200})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 200})}
 	r := e.start(t)
 
 	next := make([]int, aggs)
@@ -335,7 +335,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Job) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('i', i) FROM generate_series(1, 500) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 100})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 100})}
 	var worst atomic.Int64 // the longest commit -> ack of a live event, in ns
 	e.onDelivered = func(rec *kgo.Record, err error) {
 		if err == nil && string(rec.Value) != "" && strings.Contains(string(rec.Value), `"live"`) {
@@ -508,7 +508,7 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Job) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +535,7 @@ func TestBackfillConditionIsContained(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `CREATE SEQUENCE side_effect`, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-1', 'old', '{}' FROM generate_series(1, 10)`)
 	cfg := newEnvConfig(db, kafka)
-	cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 100})}
+	cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 100})}
 	cfg.Backfill.StatementTimeout = time.Second
 	e := &env{db: db, kafka: kafka, cfg: cfg}
 	e.start(t)
@@ -575,12 +575,12 @@ func TestBackfillColumnNamedUser(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE events (id serial PRIMARY KEY, kind text NOT NULL, "user" text NOT NULL, "order" text NOT NULL, payload jsonb NOT NULL)`,
 		`INSERT INTO events (kind, "user", "order", payload) SELECT 'account', 'user-' || i, 'Created', jsonb_build_object('i', i) FROM generate_series(1, 200) i`)
 	cfg := newEnvConfig(db, kafka)
-	cfg.Tables = []*outbox.Table{{
+	cfg.Tables = []*outbox.Source{{
 		Name: outbox.TableName{Schema: "public", Name: "events"},
 		Columns: outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "kind", outbox.FieldAggregateID: "user",
 			outbox.FieldEventType: "order", outbox.FieldPayload: "payload"},
 		Topic:    kafka.Prefix + outbox.DefaultTopic,
-		Backfill: &outbox.Backfill{OrderBy: []string{"id"}, ChunkSize: 50},
+		Backfill: &outbox.BackfillOptions{OrderBy: []string{"id"}, ChunkSize: 50},
 	}}
 	e := &env{db: db, kafka: kafka, cfg: cfg}
 	e.start(t)
@@ -682,7 +682,7 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 10), 'old', '{}' FROM generate_series(1, 2000) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 20})}
 	e.cfg.UnhealthyAfter = time.Second
 	e.cfg.MaxInFlight = 40 // each chunk waits for the one before: steady, slow progress
 	var stuck atomic.Bool

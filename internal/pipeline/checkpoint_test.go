@@ -129,7 +129,7 @@ func TestSlotDroppedWhileStoppedIsRefused(t *testing.T) {
 		t.Fatalf("AcceptGap = %+v, %v", a, err)
 	}
 	after, _ := loadCheckpoint(t, e)
-	if h := after.History; len(h) != 1 || h[0].Kind != checkpoint.EventAcceptedGap || h[0].From != rec.Confirmed || h[0].To != a.To || after.Confirmed != a.To {
+	if h := after.History; len(h) != 1 || h[0].Kind != checkpoint.JumpAcceptedGap || h[0].From != rec.Confirmed || h[0].To != a.To || after.Confirmed != a.To {
 		t.Fatalf("checkpoint after accepting the gap: %+v", after)
 	}
 	if again, err := e.newPipeline(t).Ops().AcceptGap(context.Background()); err != nil || again.Gap != nil {

@@ -102,7 +102,7 @@ func TestReplicasStartTogether(t *testing.T) {
 			testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'order', 'agg-' || (i % 50), 'old', jsonb_build_object('i', i) FROM generate_series(1, 3000) i`)
 			cfg := newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)
-			cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 200})}
+			cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 200})}
 			a := (&env{db: db, kafka: kafka, cfg: cfg}).launch(t, ioDiscard{})
 			b := (&env{db: db, kafka: kafka, cfg: cfg}).launch(t, ioDiscard{})
 			testenv.Eventually(t, time.Minute, "a replica to stream", func() bool { return a.tracker.Load() != nil || b.tracker.Load() != nil })

@@ -68,17 +68,17 @@ func newHotPath(t testing.TB) *hotPath { return newHotPathSized(t, 0) }
 // newHotPathSized is newHotPath with a payload of size bytes, or the
 // benchmarks' usual 120 when size is 0.
 func newHotPathSized(t testing.TB, size int) *hotPath {
-	tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
+	tbl := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: outbox.DefaultTopic}
 	if err := tbl.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := route.New([]*outbox.Table{tbl})
+	r, err := route.New([]*outbox.Source{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &Pipeline{router: r}
 	p.cfg.Kafka.MaxMessageBytes = 1 << 20
-	s := &session{p: p, dec: decode.New([]*outbox.Table{tbl})}
+	s := &session{p: p, dec: decode.New([]*outbox.Source{tbl})}
 	payload := `{"i": 417, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`
 	if size > 0 {
 		payload = `{"i": 417, "pad": "` + strings.Repeat("x", size-20) + `"}`

@@ -76,7 +76,7 @@ func newEnvConfig(db string, kafka *testenv.Kafka) config.Config {
 	return config.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
-		Tables: []*outbox.Table{{
+		Tables: []*outbox.Source{{
 			Name:    outbox.TableName{Schema: "public", Name: "outbox"},
 			Columns: outbox.DefaultColumns,
 			Topic:   kafka.Prefix + outbox.DefaultTopic,
@@ -840,7 +840,7 @@ func TestDeadLetterPolicy(t *testing.T) {
 	dlq := k.Prefix + "outbox.dead-letter"
 	e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
 	e.cfg.Tables[0].DeadLetterTopic = dlq
-	e.cfg.Tables = append(e.cfg.Tables, &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields,
+	e.cfg.Tables = append(e.cfg.Tables, &outbox.Source{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields,
 		Topic: k.Prefix + outbox.DefaultTopic, OnInvalid: outbox.OnInvalidDeadLetter, DeadLetterTopic: dlq})
 	// Hold dead-letter writes until the test has looked at the slot.
 	h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlq, Err: kerr.NotLeaderForPartition, Count: -1})

@@ -22,7 +22,7 @@ func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
 	cfg := config.Config{
 		Postgres: wal.Config{URL: "postgres://cdc@127.0.0.1:1/app"},
 		Kafka:    sink.Config{Brokers: []string{"127.0.0.1:1"}},
-		Tables: []*outbox.Table{
+		Tables: []*outbox.Source{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, OnInvalid: outbox.OnInvalidDeadLetter},
 			{Name: outbox.TableName{Schema: "billing", Name: "events"}, Columns: outbox.DefaultColumns, Topic: "billing.events",
 				Schema: outbox.Schema{Format: outbox.SchemaAvro}},

@@ -18,7 +18,7 @@ import (
 // copy vanishes with the connection however the replay ends
 // (docs/design.md, rule 17). progress, if set, is called about four times a
 // second from another goroutine.
-func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(replay.Progress)) (replay.Summary, error) {
+func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(replay.Status)) (replay.Summary, error) {
 	started := time.Now()
 	if p.cfg.Replay.Window == 0 {
 		return replay.Summary{}, &wal.SetupError{Msg: "no replay window: set replay.window (for example 24h) in the config and let the connector run; a replay reaches back only as far as the window"}
@@ -58,7 +58,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	s.dec = s.newDecoder(pt, nil)
 	acks := replay.NewAcks(s.tracker, f, k)
 
-	report := func() replay.Progress { return f.Progress(start, s.tracker.Acked()) }
+	report := func() replay.Status { return f.Progress(start, s.tracker.Acked()) }
 	stopReports := replay.Report(progress, report)
 	runErr := stream.Run(ctx, s.handle, acks)
 	if errors.Is(runErr, replay.ErrDone) {
@@ -74,7 +74,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	stream.Close(context.WithoutCancel(ctx), acks)
 	sum := f.Summary(report(), time.Since(started))
 	if progress != nil {
-		progress(sum.Progress)
+		progress(sum.Status)
 	}
 	if runErr == nil && ctx.Err() != nil {
 		runErr = ctx.Err()

@@ -269,7 +269,7 @@ func TestRewindRedelivers(t *testing.T) {
 		t.Fatalf("rewound %+v, want to %s", done, commit)
 	}
 	rec, _ := loadCheckpoint(t, e)
-	if h := rec.History; len(h) != 1 || h[0].Kind != checkpoint.EventRewind || h[0].To != commit || rec.Confirmed != commit {
+	if h := rec.History; len(h) != 1 || h[0].Kind != checkpoint.JumpRewind || h[0].To != commit || rec.Confirmed != commit {
 		t.Fatalf("checkpoint after the rewind: %+v", rec)
 	}
 	e.start(t)

@@ -109,7 +109,7 @@ func TestReplica(t *testing.T) {
 		testenv.Exec(t, primary, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
 			SELECT 'order', 'b-' || (i % 9), 'Pending', '{}' FROM generate_series(1, 200) i`)
 		pair.CaughtUp(t)
-		e.cfg.Tables[0].Backfill = &outbox.Backfill{ChunkSize: 50}
+		e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 50}
 		r := e.start(t)
 		conn := connect(t, primary)
 		for i := 0; i < 20; i++ {

@@ -103,7 +103,7 @@ func TestSchemaFormatsEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e.cfg.Tables[0].Backfill = &outbox.Backfill{}
+			e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{}
 			conn := connect(t, e.db)
 			insertEventTx(t, conn, "order", "k-0", "OrderPlaced", `'{"id": "o-0", "qty": 5}'`)
 			r := e.start(t)
@@ -483,7 +483,7 @@ func TestRegistryWaitDuringFirstStartBackfill(t *testing.T) {
 	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
 	subject := e.kafka.Prefix + "outbox.event.order-value"
 	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D2s"
-	e.cfg.Tables[0].Backfill = &outbox.Backfill{ChunkSize: 10}
+	e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 10}
 	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
 		SELECT 'order', 'o-' || i, 'OrderPlaced', jsonb_build_object('id', 'o-' || i, 'qty', i) FROM generate_series(1, 30) i`)
 	reg.Stop()

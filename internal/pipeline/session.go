@@ -235,7 +235,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 // streams, or nil when no table has one. It deletes only what the saved
 // checkpoint covers, and keeps its marks in the checkpoint.
 func (p *Pipeline) cleaner() *retention.Cleaner {
-	var tables []*outbox.Table
+	var tables []*outbox.Source
 	for _, t := range p.cfg.Tables {
 		if t.Retention != nil {
 			tables = append(tables, t)
@@ -402,7 +402,7 @@ func (s *session) event(m *decode.Message) error {
 		// A template that expands to the checkpoint topic: a row writer
 		// would be writing the connector's own state (rule 23).
 		cause := outbox.Invalid(ev, "its topic is the checkpoint topic %q, which only the connector and the operator write; fix the row's routing fields or the table's topic template", rec.Topic)
-		if rec.Topic == ev.Table.DeadLetterTopic || ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+		if rec.Topic == ev.Source.DeadLetterTopic || ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
 			return cause
 		}
 		if rec, err = s.deadLetter(ev, cause); err != nil {
@@ -410,12 +410,12 @@ func (s *session) event(m *decode.Message) error {
 		}
 	}
 	if s.p.log.IsTrace() {
-		s.p.log.Trace("event", "source", ev.Table.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
+		s.p.log.Trace("event", "source", ev.Source.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
 	}
 	if !s.kafka.TopicKnown(rec.Topic) {
 		err := s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) })
 		var refused *sink.TopicRefusedError
-		if errors.As(err, &refused) && rec.Topic != ev.Table.DeadLetterTopic {
+		if errors.As(err, &refused) && rec.Topic != ev.Source.DeadLetterTopic {
 			// The row's fields chose a name the brokers refuse: the
 			// event's problem, for on_invalid, not the stream's.
 			cause := outbox.Invalid(ev, "%v; fix the row's routing fields or the table's topic template", err)
@@ -464,7 +464,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 	if errors.As(cause, &ee) {
 		reason = ee.Brief() // the reason, without what to do when stopping on it
 	}
-	if ev.Table.OnInvalid != outbox.OnInvalidDeadLetter {
+	if ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
 		if !s.skipped(ev) {
 			return nil, cause
 		}
@@ -475,11 +475,11 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 		// Too large for the dead-letter topic too: the row's problem
 		// still, so its dead letter keeps the reason and what fits.
 		route.TruncateDeadLetter(rec, limit, sink.RecordSize)
-		s.p.log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Table.String(), "id", ev.ID(), "bytes", n, "limit", limit)
+		s.p.log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Source.String(), "id", ev.ID(), "bytes", n, "limit", limit)
 	}
 	s.p.DeadLettered.Add(1)
-	s.p.m.DeadLetter(ev.Table.String())
-	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Table.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
+	s.p.m.DeadLetter(ev.Source.String())
+	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Source.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
 	return rec, nil
 }
 
@@ -487,7 +487,7 @@ func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error)
 // topic: the topic itself when it is static (or a dead letter), the
 // template when a row's fields choose it, so that rows cannot make series
 // without bound.
-func metricTopic(t *outbox.Table, topic string) string {
+func metricTopic(t *outbox.Source, topic string) string {
 	if parts := t.TopicTemplate.Parts; (len(parts) == 1 && parts[0].Kind == outbox.PartLiteral) || topic == t.DeadLetterTopic {
 		return topic
 	}
@@ -514,7 +514,7 @@ func (s *session) skipped(ev *outbox.Event) bool {
 // here, so the ack does no lookups.
 func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
 	tx, onDelivered, m := s.tx, s.p.opts.OnDelivered, s.p.m
-	events := s.counters.Get(s.p.m, ev.Table, metricTopic(ev.Table, rec.Topic))
+	events := s.counters.Get(s.p.m, ev.Source, metricTopic(ev.Source, rec.Topic))
 	var stamped time.Time
 	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
 		stamped, _ = route.ParseTimestamp(string(v.B))

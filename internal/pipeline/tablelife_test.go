@@ -242,7 +242,7 @@ func TestPartitionedOutboxBackfill(t *testing.T) {
 	testenv.Exec(t, e.db, partitionedSchema)
 	testenv.Exec(t, e.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type, payload)
 		SELECT '2026-01-01'::timestamptz + (i % 80) * interval '1 day', 'order', 'b-' || (i % 9), 'Pending', '{}' FROM generate_series(1, 200) i`)
-	e.cfg.Tables[0].Backfill = &outbox.Backfill{ChunkSize: 50}
+	e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 50}
 	e.start(t)
 	conn := connect(t, e.db)
 	for i := 0; i < 20; i++ {

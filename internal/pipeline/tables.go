@@ -53,35 +53,35 @@ const maxFresh = 100_000
 type tableWatch struct {
 	p      *Pipeline
 	log    hclog.Logger
-	byName map[string]*outbox.Table // the configured tables, by SQL name
+	byName map[string]*outbox.Source // the configured tables, by SQL name
 
 	mu sync.Mutex
 	// streamed is the relation id streamed for each table, as the
 	// checkpoint will record it; suspect, for a table whose id the
 	// checkpoint does not hold (written before it kept them) and which
 	// was not in the publication, the relation whose events are fresh.
-	streamed map[*outbox.Table]uint32
-	suspect  map[*outbox.Table]uint32
+	streamed map[*outbox.Source]uint32
+	suspect  map[*outbox.Source]uint32
 	// pending are the repairs announced and not yet reached by the
 	// stream, by id; repairing, the tables they are for.
 	pending   map[string]*repair
-	repairing map[*outbox.Table]bool
+	repairing map[*outbox.Source]bool
 
 	// The stream's goroutine alone uses these: the ids of fresh events
 	// it met, by table, and the relations it reported as unmapped.
-	fresh    map[*outbox.Table]map[string]struct{}
-	overflow map[*outbox.Table]bool
+	fresh    map[*outbox.Source]map[string]struct{}
+	overflow map[*outbox.Source]bool
 	unmapped map[string]bool
 
 	// The watch's goroutine alone uses this: tables found missing.
-	missing map[*outbox.Table]bool
+	missing map[*outbox.Source]bool
 }
 
 // repair is a recreated table's rows still to send, where the stream
 // reaches its ControlRepair message.
 type repair struct {
 	id    string
-	table *outbox.Table
+	table *outbox.Source
 	rel   uint32             // the table's relation id now
 	snap  *backfill.Snapshot // nil: nothing to read (published since it was created)
 }
@@ -90,11 +90,11 @@ type repair struct {
 // session starts at, whose Tables tableBaseline filled in.
 func newTableWatch(p *Pipeline, rec checkpoint.Record, cat wal.Catalog) *tableWatch {
 	w := &tableWatch{
-		p: p, log: p.log.Named("tables"), byName: map[string]*outbox.Table{},
-		streamed: map[*outbox.Table]uint32{}, suspect: map[*outbox.Table]uint32{},
-		pending: map[string]*repair{}, repairing: map[*outbox.Table]bool{},
-		fresh: map[*outbox.Table]map[string]struct{}{}, overflow: map[*outbox.Table]bool{}, unmapped: map[string]bool{},
-		missing: map[*outbox.Table]bool{},
+		p: p, log: p.log.Named("tables"), byName: map[string]*outbox.Source{},
+		streamed: map[*outbox.Source]uint32{}, suspect: map[*outbox.Source]uint32{},
+		pending: map[string]*repair{}, repairing: map[*outbox.Source]bool{},
+		fresh: map[*outbox.Source]map[string]struct{}{}, overflow: map[*outbox.Source]bool{}, unmapped: map[string]bool{},
+		missing: map[*outbox.Source]bool{},
 	}
 	for _, t := range p.cfg.Tables {
 		if t.IsMessage() {
@@ -173,7 +173,7 @@ func (p *Pipeline) leftPublication(t wal.Table) error {
 }
 
 // isFresh is the decoder's Decoder.Fresh.
-func (w *tableWatch) isFresh(t *outbox.Table, id uint32) bool {
+func (w *tableWatch) isFresh(t *outbox.Source, id uint32) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if s, ok := w.streamed[t]; ok {
@@ -185,15 +185,15 @@ func (w *tableWatch) isFresh(t *outbox.Table, id uint32) bool {
 
 // noteFresh notes a fresh event the stream met, on its goroutine.
 func (w *tableWatch) noteFresh(ev *outbox.Event) {
-	ids := w.fresh[ev.Table]
+	ids := w.fresh[ev.Source]
 	if ids == nil {
 		ids = map[string]struct{}{}
-		w.fresh[ev.Table] = ids
+		w.fresh[ev.Source] = ids
 	}
 	if len(ids) >= maxFresh {
-		if !w.overflow[ev.Table] {
-			w.overflow[ev.Table] = true
-			w.log.Warn("more events of a recreated table than a repair keeps track of; rows streamed past these may be sent twice by the repair (none is lost)", "table", ev.Table.String(), "tracked", maxFresh)
+		if !w.overflow[ev.Source] {
+			w.overflow[ev.Source] = true
+			w.log.Warn("more events of a recreated table than a repair keeps track of; rows streamed past these may be sent twice by the repair (none is lost)", "table", ev.Source.String(), "tracked", maxFresh)
 		}
 		return
 	}
@@ -330,14 +330,14 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 // startRepair opens a repair of table t, whose relation is rel now and
 // published: a snapshot of its rows (with rows), then the message that
 // tells the stream where to send them.
-func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Table, rel uint32, rows bool, role string) error {
+func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, rel uint32, rows bool, role string) error {
 	r := &repair{id: backfill.NewID(), table: t, rel: rel}
 	if rows {
 		snap, err := w.p.backfills().OpenSnapshot(ctx, t)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
 			return &wal.SetupError{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
-				t, wal.GrantStatement(wal.Table{Schema: t.Name.Schema, Name: t.Name.Name}, role))}
+				t, wal.GrantStatement(wal.Table{TableName: t.Name}, role))}
 		}
 		if err != nil {
 			return err
@@ -470,13 +470,13 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 // that does not, or for relations of a broader publication.
 type partitions struct {
 	cfg    wal.Config
-	tables []*outbox.Table
+	tables []*outbox.Source
 	conn   *pgx.Conn
 }
 
 // lookup returns the configured table that rel is a partition of, at any
 // depth, and that table's relation id.
-func (pt *partitions) lookup(ctx context.Context, rel decode.Relation) (*outbox.Table, uint32, bool, error) {
+func (pt *partitions) lookup(ctx context.Context, rel decode.Relation) (*outbox.Source, uint32, bool, error) {
 	if pt.conn == nil {
 		conn, err := wal.ConnectSQL(ctx, pt.cfg)
 		if err != nil {
@@ -524,7 +524,7 @@ func (pt *partitions) close(ctx context.Context) {
 // and, with a watch, the fresh events of recreated tables marked.
 func (s *session) newDecoder(pt *partitions, w *tableWatch) *decode.Decoder {
 	d := decode.New(s.p.cfg.Tables)
-	d.Partition = func(rel decode.Relation) (t *outbox.Table, root uint32, ok bool, err error) {
+	d.Partition = func(rel decode.Relation) (t *outbox.Source, root uint32, ok bool, err error) {
 		err = s.blocking(func() (err error) {
 			t, root, ok, err = pt.lookup(s.ctx, rel)
 			return err

@@ -88,7 +88,7 @@ func TestForgedBackfillFailIsIgnored(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('i', i) FROM generate_series(1, 4000) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 20})}
 	chunks := make(chan struct{}, 1000)
 	e.onChunk = func(_, _ pglogrepl.LSN, _, _ int) { chunks <- struct{}{} }
 	r := e.start(t)
@@ -107,7 +107,7 @@ func TestForgedBackfillFailIsIgnored(t *testing.T) {
 		b, _ := json.Marshal(map[string]string{"type": "backfill-fail", "run": run, "job": req.ID, "error": "forged"})
 		testenv.Exec(t, db, "SELECT pg_logical_emit_message(true, '"+decode.ControlPrefix+"', '"+string(b)+"')")
 	}
-	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Job) {})
 	if err != nil {
 		t.Fatalf("the backfill ended on %v; want it to run to its end", err)
 	}
@@ -241,7 +241,7 @@ func TestBackfillDataErrorEndsTheJob(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 10), 'old', jsonb_build_object('n', i) FROM generate_series(1, 4000) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 20})}
 	e.start(t)
 	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
@@ -255,7 +255,7 @@ func TestBackfillDataErrorEndsTheJob(t *testing.T) {
 	}
 	// The last row, which the job reaches last, no longer has a number.
 	testenv.Exec(t, db, `UPDATE event_outbox SET payload = '{"n": "secret-value"}' WHERE id = 4000`)
-	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {})
+	job, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Job) {})
 	if err == nil || !job.Done() {
 		t.Fatalf("the job: %+v, %v; want it ended on the bad value", job, err)
 	}
@@ -274,7 +274,7 @@ func forgeJob(t *testing.T, e *env, where string) {
 	if !ok {
 		t.Fatal("no checkpoint to copy")
 	}
-	rec.Backfills = append(rec.Backfills, checkpoint.Backfill{ID: "f00df00df00df00d", Table: "public.outbox", Where: where, Started: time.Now()})
+	rec.Backfills = append(rec.Backfills, checkpoint.Job{ID: "f00df00df00df00d", Table: "public.outbox", Where: where, Started: time.Now()})
 	v, err := json.Marshal(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +351,7 @@ func TestReplayedBackfillRequestRunsNothing(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 3), 'old', '{}' FROM generate_series(1, 5) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, nil)}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, nil)}
 	r := e.start(t)
 	admin, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
@@ -367,7 +367,7 @@ func TestReplayedBackfillRequestRunsNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Backfill) {}); err != nil {
+		if _, err := admin.Ops().WatchBackfill(ctx, req, func(checkpoint.Job) {}); err != nil {
 			t.Fatal(err)
 		}
 		if i == 0 {
@@ -536,7 +536,7 @@ func TestBackfillReaderRole(t *testing.T) {
 		`CREATE ROLE `+reader+` NOLOGIN`, `GRANT SELECT ON event_outbox TO `+reader)
 	t.Cleanup(func() { testenv.Exec(t, db, `DROP OWNED BY `+reader, `DROP ROLE `+reader) })
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Table{pollerTable(kafka.Prefix, &outbox.Backfill{ChunkSize: 20})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 20})}
 	e.cfg.Backfill.ReaderRole = reader
 	e.start(t)
 	c := kafka.NewConsumer(t, kafka.AllTopics())

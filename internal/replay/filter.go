@@ -47,7 +47,7 @@ func (r Range) String() string {
 type Request struct {
 	Range
 	// Tables limits the replay to these sources; empty: every source.
-	Tables []*outbox.Table
+	Tables []*outbox.Source
 	// TopicSuffix is appended to every topic, dead-letter topics included.
 	TopicSuffix string
 	// AggregateTypes, AggregateIDs and EventTypes limit the replay to
@@ -79,7 +79,7 @@ func (ff fieldFilter) matches(ev *outbox.Event) bool {
 
 // fieldFilters builds r's field filters, refusing a filter on a field that
 // none of the replayed sources maps: it could only match nothing.
-func (r Request) fieldFilters(all []*outbox.Table) ([]fieldFilter, error) {
+func (r Request) fieldFilters(all []*outbox.Source) ([]fieldFilter, error) {
 	sources := r.Tables
 	if len(sources) == 0 {
 		sources = all
@@ -113,8 +113,8 @@ func (r Request) fieldFilters(all []*outbox.Table) ([]fieldFilter, error) {
 	return out, nil
 }
 
-// Progress is a replay's state, reported while it runs.
-type Progress struct {
+// Status is a replay's state, reported while it runs.
+type Status struct {
 	Start, End pglogrepl.LSN // the WAL it reads
 	At         pglogrepl.LSN // the commit LSN of the transaction it is at
 	Events     int64         // events sent
@@ -123,7 +123,7 @@ type Progress struct {
 
 // Summary is what a finished replay did.
 type Summary struct {
-	Progress
+	Status
 	Skipped                 int64         // events read in the WAL but outside the range, tables or filters
 	Transactions            int64         // transactions with at least one event sent
 	FirstCommit, LastCommit pglogrepl.LSN // commit LSNs of the first and last transaction sent
@@ -167,8 +167,8 @@ type Filter struct {
 	Range
 	end    pglogrepl.LSN
 	suffix string
-	tables map[*outbox.Table]bool // nil: every source
-	fields []fieldFilter          // all must match
+	tables map[*outbox.Source]bool // nil: every source
+	fields []fieldFilter           // all must match
 
 	inRange bool
 	open    bool // between BEGIN and COMMIT
@@ -204,7 +204,7 @@ func (f *Filter) Commit() { f.open = false }
 
 // Take reports whether ev is re-sent, counting it.
 func (f *Filter) Take(ev *outbox.Event) bool {
-	if !f.inRange || (f.tables != nil && !f.tables[ev.Table]) {
+	if !f.inRange || (f.tables != nil && !f.tables[ev.Source]) {
 		f.skipped++
 		return false
 	}
@@ -265,7 +265,7 @@ func (a *Acks) Err() error {
 // NewFilter is the filter of request r over the configured sources all. It
 // refuses a topic suffix Kafka would not take, and a field filter that
 // could match nothing. EndAt sets where it ends.
-func NewFilter(r Request, all []*outbox.Table) (*Filter, error) {
+func NewFilter(r Request, all []*outbox.Source) (*Filter, error) {
 	if err := route.ValidTopic("x" + r.TopicSuffix); r.TopicSuffix != "" && err != nil {
 		return nil, fmt.Errorf("--topic-suffix %q: use only letters, digits, '.', '_' and '-'", r.TopicSuffix)
 	}
@@ -275,7 +275,7 @@ func NewFilter(r Request, all []*outbox.Table) (*Filter, error) {
 	}
 	f := &Filter{Range: r.Range, suffix: r.TopicSuffix, fields: fields}
 	if len(r.Tables) > 0 {
-		f.tables = map[*outbox.Table]bool{}
+		f.tables = map[*outbox.Source]bool{}
 		for _, t := range r.Tables {
 			f.tables[t] = true
 		}
@@ -291,13 +291,13 @@ func (f *Filter) Suffix() string { return f.suffix }
 
 // Progress is the replay's state, acked the events Kafka acknowledged;
 // safe from any goroutine.
-func (f *Filter) Progress(start pglogrepl.LSN, acked uint64) Progress {
-	return Progress{Start: start, End: f.end, At: pglogrepl.LSN(f.at.Load()), Events: f.sent.Load(), Acked: acked}
+func (f *Filter) Progress(start pglogrepl.LSN, acked uint64) Status {
+	return Status{Start: start, End: f.end, At: pglogrepl.LSN(f.at.Load()), Events: f.sent.Load(), Acked: acked}
 }
 
 // Summary is what the replay did, once its stream has stopped.
-func (f *Filter) Summary(p Progress, elapsed time.Duration) Summary {
-	return Summary{Progress: p, Skipped: f.skipped, Transactions: f.txns,
+func (f *Filter) Summary(p Status, elapsed time.Duration) Summary {
+	return Summary{Status: p, Skipped: f.skipped, Transactions: f.txns,
 		FirstCommit: f.firstLSN, LastCommit: f.lastLSN, FirstTime: f.firstTime, LastTime: f.lastTime, Elapsed: elapsed}
 }
 

@@ -14,12 +14,12 @@ import (
 func TestReplayFilterNeedsAMappedField(t *testing.T) {
 	cols := outbox.DefaultColumns
 	cols[outbox.FieldAggregateType] = ""
-	unmapped := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "commands"}, Columns: cols}
-	_, err := Request{AggregateTypes: []string{"order"}}.fieldFilters([]*outbox.Table{unmapped})
+	unmapped := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "commands"}, Columns: cols}
+	_, err := Request{AggregateTypes: []string{"order"}}.fieldFilters([]*outbox.Source{unmapped})
 	if err == nil || !strings.Contains(err.Error(), "--aggregate-type: none of the replayed sources maps aggregate_type") {
 		t.Fatalf("err = %v", err)
 	}
-	ffs, err := Request{EventTypes: []string{"Paid"}}.fieldFilters([]*outbox.Table{unmapped})
+	ffs, err := Request{EventTypes: []string{"Paid"}}.fieldFilters([]*outbox.Source{unmapped})
 	if err != nil || len(ffs) != 1 {
 		t.Fatalf("event type filter: %v, %d filters", err, len(ffs))
 	}

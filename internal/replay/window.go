@@ -185,7 +185,7 @@ func Open(ctx context.Context, conn *wal.Conn, r Range, rec checkpoint.Record, s
 // Report calls progress, if set, with report() four times a second from
 // another goroutine, until stop is called; stop returns once the last call
 // has.
-func Report(progress func(Progress), report func() Progress) (stop func()) {
+func Report(progress func(Status), report func() Status) (stop func()) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	stopped, done := make(chan struct{}), make(chan struct{})
 	go func() {

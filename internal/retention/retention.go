@@ -26,7 +26,7 @@ import (
 // checkpoint, so that a restart does not start counting ages afresh.
 type Cleaner struct {
 	Postgres wal.Config
-	Tables   []*outbox.Table // the tables with Retention
+	Tables   []*outbox.Source // the tables with Retention
 	// Confirmed is the saved checkpoint's confirmed position: every
 	// transaction that ended at or before it is delivered.
 	Confirmed func() pglogrepl.LSN
@@ -196,7 +196,7 @@ func (c *Cleaner) prune(now time.Time, confirmed pglogrepl.LSN) {
 const written = `((CASE WHEN t.xmin::text::bigint <= (x.next & 4294967295) THEN x.next >> 32 ELSE (x.next >> 32) - 1 END) << 32 | t.xmin::text::bigint)`
 
 // delete deletes t's rows written below mark's xmin, in batches.
-func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Table, mark checkpoint.RetentionMark) error {
+func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, mark checkpoint.RetentionMark) error {
 	name := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
 	// tableoid with ctid: a partitioned table's partitions each number
 	// their own rows.
@@ -239,7 +239,7 @@ var rangeUpper = regexp.MustCompile(`^FOR VALUES FROM \(.*\) TO \('((?:[^']|'')*
 
 // dropPartitions detaches and drops t's partitions whose range ends at
 // or before horizon and which hold no row written at or above mark's xmin.
-func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Table, mark checkpoint.RetentionMark, horizon time.Time) error {
+func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Source, mark checkpoint.RetentionMark, horizon time.Time) error {
 	parent := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
 	rows, err := conn.Query(ctx, `SELECT n.nspname, c.relname, pg_get_expr(c.relpartbound, c.oid)
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -301,7 +301,7 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.
 
 // failed says what retention could not do to t, with the grant it needs
 // when that is why.
-func (c *Cleaner) failed(t *outbox.Table, what string, err error) error {
+func (c *Cleaner) failed(t *outbox.Source, what string, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42501" {
 		fix := "GRANT DELETE ON " + t.String() + " TO <the connector's role>"

@@ -39,7 +39,7 @@ func envelope(tr *tableRoute, ev *outbox.Event) ([]byte, error) {
 		b = append(b, ':')
 		b = appendJSON(b, v)
 	}
-	if ev.Table.Columns[outbox.FieldID] != "" {
+	if ev.Source.Columns[outbox.FieldID] != "" {
 		add("event_id", ev.Fields[outbox.FieldID])
 	}
 	add("occurred_at", outbox.Value{B: []byte(occurredAt(ev).UTC().Format(time.RFC3339Nano)), Kind: outbox.KindText})
@@ -50,7 +50,7 @@ func envelope(tr *tableRoute, ev *outbox.Event) ([]byte, error) {
 		{"aggregate_type", outbox.FieldAggregateType}, {"aggregate_id", outbox.FieldAggregateID},
 		{"event_type", outbox.FieldEventType}, {"version", outbox.FieldVersion}, {"tenant", outbox.FieldTenant},
 	} {
-		if ev.Table.Columns[f.field] != "" {
+		if ev.Source.Columns[f.field] != "" {
 			add(f.name, ev.Fields[f.field])
 		}
 	}
@@ -73,7 +73,7 @@ func ceAttributes(ev *outbox.Event) (id, source, typ, subject, tm string, err er
 	if ev.Fields[outbox.FieldEventType].Null() {
 		return "", "", "", "", "", fmt.Errorf("CloudEvents needs a type: the event type is NULL or not mapped")
 	}
-	if source, err = expand(ev.Table.SourceTemplate, ev); err != nil {
+	if source, err = expand(ev.Source.SourceTemplate, ev); err != nil {
 		return "", "", "", "", "", fmt.Errorf("cloudevents_source: %v", err)
 	}
 	if v := ev.Fields[outbox.FieldAggregateID]; !v.Null() {

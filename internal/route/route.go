@@ -85,7 +85,7 @@ const maxCachedTopics = 4096
 // Router turns events into Kafka records. It is not safe for concurrent
 // use: the replication loop owns it.
 type Router struct {
-	routes map[*outbox.Table]*tableRoute
+	routes map[*outbox.Source]*tableRoute
 	// The commit LSN header is the same for every event of a transaction:
 	// format it once per transaction, not once per event. Records only
 	// read the shared bytes.
@@ -107,10 +107,10 @@ func (r *Router) commitLSN(ev *outbox.Event) []byte {
 }
 
 // New resolves each source's headers. The tables must have been validated
-// (outbox.Table.Validate), which parsed their templates; New only reads
+// (outbox.Source.Validate), which parsed their templates; New only reads
 // them.
-func New(tables []*outbox.Table) (*Router, error) {
-	r := &Router{routes: make(map[*outbox.Table]*tableRoute, len(tables))}
+func New(tables []*outbox.Source) (*Router, error) {
+	r := &Router{routes: make(map[*outbox.Source]*tableRoute, len(tables))}
 	for _, t := range tables {
 		tr := &tableRoute{topics: map[string]string{}, distinct: map[string]struct{}{}}
 		for k := range t.Headers {
@@ -167,7 +167,7 @@ func ValidTopic(name string) error {
 
 // normalize applies the normalisations the source turned on, and only
 // those.
-func normalize(topic string, t *outbox.Table) string {
+func normalize(topic string, t *outbox.Source) string {
 	if t.TopicLowercase {
 		topic = strings.ToLower(topic)
 	}
@@ -187,27 +187,27 @@ func normalize(topic string, t *outbox.Table) string {
 
 // topic expands and checks ev's topic.
 func (r *Router) topic(tr *tableRoute, ev *outbox.Event) (string, error) {
-	tp := ev.Table.TopicTemplate
-	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral && !ev.Table.TopicLowercase && ev.Table.TopicReplaceIllegal == "" {
+	tp := ev.Source.TopicTemplate
+	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral && !ev.Source.TopicLowercase && ev.Source.TopicReplaceIllegal == "" {
 		return tp.Parts[0].Text, nil // checked by Validate
 	}
 	var err error
 	r.scratch, err = appendExpanded(r.scratch[:0], tp, ev)
 	if err != nil {
-		return "", outbox.Invalid(ev, "topic template %q: %v", ev.Table.Topic, err)
+		return "", outbox.Invalid(ev, "topic template %q: %v", ev.Source.Topic, err)
 	}
 	if topic, ok := tr.topics[string(r.scratch)]; ok {
 		return topic, nil
 	}
-	topic := normalize(string(r.scratch), ev.Table)
+	topic := normalize(string(r.scratch), ev.Source)
 	if err := ValidTopic(topic); err != nil {
 		return "", outbox.Invalid(ev, "%v", err)
 	}
 	if _, ok := tr.distinct[topic]; !ok {
 		// A row's fields choose its topic: bound what rows can create
 		// (topics, and what the connector keeps per topic).
-		if len(tr.distinct) >= ev.Table.MaxTopics {
-			return "", outbox.Invalid(ev, "its topic %q would be the topic template's %d-th distinct topic, past tables[].max_topics (%d); raise it if the domain has that many, or fix the row's routing fields", topic, len(tr.distinct)+1, ev.Table.MaxTopics)
+		if len(tr.distinct) >= ev.Source.MaxTopics {
+			return "", outbox.Invalid(ev, "its topic %q would be the topic template's %d-th distinct topic, past tables[].max_topics (%d); raise it if the domain has that many, or fix the row's routing fields", topic, len(tr.distinct)+1, ev.Source.MaxTopics)
 		}
 		tr.distinct[topic] = struct{}{}
 	}
@@ -247,17 +247,17 @@ type recordBlock struct {
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
 // when ev cannot be delivered as configured.
 func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
-	tr := r.routes[ev.Table]
-	if ev.Fields[outbox.FieldID].Null() && ev.Table.Columns[outbox.FieldID] != "" {
+	tr := r.routes[ev.Source]
+	if ev.Fields[outbox.FieldID].Null() && ev.Source.Columns[outbox.FieldID] != "" {
 		return nil, outbox.Invalid(ev, "the event id is NULL")
 	}
 	topic, err := r.topic(tr, ev)
 	if err != nil {
 		return nil, err
 	}
-	key, err := expandBytes(ev.Table.KeyTemplate, ev)
+	key, err := expandBytes(ev.Source.KeyTemplate, ev)
 	if err != nil {
-		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Table.Key, err)
+		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Source.Key, err)
 	}
 	// The record and its headers in one allocation.
 	b := &recordBlock{rec: kgo.Record{Topic: topic, Key: key, Timestamp: ev.CommitTime}}
@@ -265,11 +265,11 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	rec.Headers = r.headers(b.headers[:0], tr, ev)
 
 	payload := ev.Fields[outbox.FieldPayload]
-	if ev.Table.Tombstone && len(payload.B) == 0 {
+	if ev.Source.Tombstone && len(payload.B) == 0 {
 		rec.Value = nil // a tombstone for the key, whatever the format
 		return rec, nil
 	}
-	switch ev.Table.Format {
+	switch ev.Source.Format {
 	case outbox.FormatEnvelope:
 		rec.Value, err = envelope(tr, ev)
 	case outbox.FormatCloudEventsBinary:
@@ -304,18 +304,18 @@ func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 	if value == nil {
 		value = []byte{}
 	}
-	dl := &kgo.Record{Topic: ev.Table.DeadLetterTopic, Value: value, Timestamp: ev.CommitTime}
-	if key, err := expandBytes(ev.Table.KeyTemplate, ev); err == nil {
+	dl := &kgo.Record{Topic: ev.Source.DeadLetterTopic, Value: value, Timestamp: ev.CommitTime}
+	if key, err := expandBytes(ev.Source.KeyTemplate, ev); err == nil {
 		dl.Key = key
 	}
-	tr := r.routes[ev.Table]
+	tr := r.routes[ev.Source]
 	dl.Headers = r.headers(make([]kgo.RecordHeader, 0, 16), tr, ev)
 	if topic, err := r.topic(tr, ev); err == nil {
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(topic)})
 	}
 	dl.Headers = append(dl.Headers,
 		kgo.RecordHeader{Key: HeaderDeadLetterError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderDeadLetterSource, Value: []byte(ev.Table.String())},
+		kgo.RecordHeader{Key: HeaderDeadLetterSource, Value: []byte(ev.Source.String())},
 		kgo.RecordHeader{Key: HeaderDeadLetterLSN, Value: r.commitLSN(ev)},
 		kgo.RecordHeader{Key: HeaderDeadLetterID, Value: []byte(ev.ID())},
 	)

@@ -17,8 +17,8 @@ import (
 
 var commitTime = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
-func table(mod func(*outbox.Table)) *outbox.Table {
-	t := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
+func table(mod func(*outbox.Source)) *outbox.Source {
+	t := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}
 	if mod != nil {
 		mod(t)
 	}
@@ -30,8 +30,8 @@ func table(mod func(*outbox.Table)) *outbox.Table {
 
 func text(s string) outbox.Value { return outbox.Value{B: []byte(s), Kind: outbox.KindText} }
 
-func event(t *outbox.Table) *outbox.Event {
-	ev := &outbox.Event{Table: t, CommitLSN: 0x16B3748, CommitTime: commitTime, Extra: make([]outbox.Value, len(t.Extra))}
+func event(t *outbox.Source) *outbox.Event {
+	ev := &outbox.Event{Source: t, CommitLSN: 0x16B3748, CommitTime: commitTime, Extra: make([]outbox.Value, len(t.Extra))}
 	ev.Fields[outbox.FieldID] = text("e-1")
 	ev.Fields[outbox.FieldAggregateType] = text("order")
 	ev.Fields[outbox.FieldAggregateID] = text("o-7")
@@ -40,9 +40,9 @@ func event(t *outbox.Table) *outbox.Event {
 	return ev
 }
 
-func record(t *testing.T, tbl *outbox.Table, ev *outbox.Event) *kgo.Record {
+func record(t *testing.T, tbl *outbox.Source, ev *outbox.Event) *kgo.Record {
 	t.Helper()
-	r, err := New([]*outbox.Table{tbl})
+	r, err := New([]*outbox.Source{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestPayloadFormat(t *testing.T) {
 }
 
 func TestTombstone(t *testing.T) {
-	tbl := table(func(t *outbox.Table) { t.Tombstone = true; t.Format = outbox.FormatEnvelope })
+	tbl := table(func(t *outbox.Source) { t.Tombstone = true; t.Format = outbox.FormatEnvelope })
 	for _, payload := range []outbox.Value{{Kind: outbox.KindJSON}, {B: []byte{}, Kind: outbox.KindText}} {
 		ev := event(tbl)
 		ev.Fields[outbox.FieldPayload] = payload
@@ -108,7 +108,7 @@ func TestTombstone(t *testing.T) {
 
 // TestSeed004Envelope produces seed 004's envelope and x- headers exactly.
 func TestSeed004Envelope(t *testing.T) {
-	tbl := table(func(t *outbox.Table) {
+	tbl := table(func(t *outbox.Source) {
 		t.Name = outbox.TableName{Schema: "public", Name: "event_outbox"}
 		t.Columns = outbox.Columns{outbox.FieldID: "id", outbox.FieldAggregateType: "aggregate_type", outbox.FieldAggregateID: "aggregate_id",
 			outbox.FieldEventType: "event_type", outbox.FieldPayload: "payload", outbox.FieldTimestamp: "created_at"}
@@ -136,7 +136,7 @@ func TestSeed004Envelope(t *testing.T) {
 }
 
 func TestEnvelopeTypes(t *testing.T) {
-	tbl := table(func(t *outbox.Table) {
+	tbl := table(func(t *outbox.Source) {
 		t.Format = outbox.FormatEnvelope
 		t.Columns[outbox.FieldVersion] = "v"
 		t.Additional = []outbox.Additional{{Column: "n", Placement: outbox.PlaceEnvelope}, {Column: "b", Placement: outbox.PlaceEnvelope},
@@ -163,8 +163,8 @@ func TestEnvelopeTypes(t *testing.T) {
 }
 
 func TestCloudEvents(t *testing.T) {
-	mod := func(format string) func(*outbox.Table) {
-		return func(t *outbox.Table) {
+	mod := func(format string) func(*outbox.Source) {
+		return func(t *outbox.Source) {
 			t.Format = format
 			t.CloudEventsSource = "/shop/{aggregate_type}"
 			t.Columns[outbox.FieldTraceparent] = "traceparent"
@@ -212,7 +212,7 @@ func TestTemplates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.tmpl, func(t *testing.T) {
-			tbl := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: tt.tmpl}
+			tbl := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: tt.tmpl}
 			err := tbl.Validate()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -239,11 +239,11 @@ func TestTopicNormalisationIsOptIn(t *testing.T) {
 	plain := table(nil)
 	ev := event(plain)
 	ev.Fields[outbox.FieldAggregateType] = text("Kitchen Task/v2")
-	r, _ := New([]*outbox.Table{plain})
+	r, _ := New([]*outbox.Source{plain})
 	if _, err := r.Record(ev); err == nil {
 		t.Fatal("an illegal topic was accepted without normalisation turned on")
 	}
-	norm := table(func(t *outbox.Table) { t.TopicLowercase = true; t.TopicReplaceIllegal = "_" })
+	norm := table(func(t *outbox.Source) { t.TopicLowercase = true; t.TopicReplaceIllegal = "_" })
 	ev = event(norm)
 	ev.Fields[outbox.FieldAggregateType] = text("Kitchen Task/v2")
 	if rec := record(t, norm, ev); rec.Topic != "outbox.event.kitchen_task_v2" {
@@ -253,7 +253,7 @@ func TestTopicNormalisationIsOptIn(t *testing.T) {
 
 func TestKeyFromColumn(t *testing.T) {
 	// Seed 003's command_outbox has no aggregate columns.
-	tbl := table(func(t *outbox.Table) {
+	tbl := table(func(t *outbox.Source) {
 		t.Name.Name = "command_outbox"
 		t.Columns = outbox.Columns{outbox.FieldID: "id", outbox.FieldEventType: "command_type", outbox.FieldPayload: "payload"}
 		t.Topic, t.Key = "commands", "{column:correlation_key}"
@@ -280,7 +280,7 @@ func TestPoisonEvents(t *testing.T) {
 		{"NULL id", func(e *outbox.Event) { e.Fields[outbox.FieldID] = outbox.Value{} }, "event id is NULL"},
 	}
 	tbl := table(nil)
-	r, _ := New([]*outbox.Table{tbl})
+	r, _ := New([]*outbox.Source{tbl})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ev := event(tbl)
@@ -295,8 +295,8 @@ func TestPoisonEvents(t *testing.T) {
 }
 
 func TestDeadLetter(t *testing.T) {
-	tbl := table(func(t *outbox.Table) { t.OnInvalid = outbox.OnInvalidDeadLetter; t.DeadLetterTopic = "dlq" })
-	r, _ := New([]*outbox.Table{tbl})
+	tbl := table(func(t *outbox.Source) { t.OnInvalid = outbox.OnInvalidDeadLetter; t.DeadLetterTopic = "dlq" })
+	r, _ := New([]*outbox.Source{tbl})
 	// An illegal topic: the original headers are kept, and the topic that
 	// cannot be formed is left out.
 	ev := event(tbl)
@@ -322,12 +322,12 @@ func TestDeadLetter(t *testing.T) {
 		t.Fatalf("dead letter with a NULL key = key %q headers %v", dl.Key, headers(dl))
 	}
 
-	msg := &outbox.Table{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, OnInvalid: outbox.OnInvalidDeadLetter}
+	msg := &outbox.Source{MessagePrefix: "outbox", Columns: outbox.DefaultMessageFields, OnInvalid: outbox.OnInvalidDeadLetter}
 	if err := msg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r, _ = New([]*outbox.Table{msg})
-	mev := &outbox.Event{Table: msg, Raw: []byte("not json")}
+	r, _ = New([]*outbox.Source{msg})
+	mev := &outbox.Event{Source: msg, Raw: []byte("not json")}
 	if dl := r.DeadLetter(mev, "bad"); string(dl.Value) != "not json" || headers(dl)["dead_letter_source"] != `message prefix "outbox"` {
 		t.Fatalf("message dead letter = %+v", dl)
 	}
@@ -337,7 +337,7 @@ func TestDeadLetter(t *testing.T) {
 // every transaction, not only the first.
 func TestCommitLSNHeader(t *testing.T) {
 	tbl := table(nil)
-	r, _ := New([]*outbox.Table{tbl})
+	r, _ := New([]*outbox.Source{tbl})
 	for _, lsn := range []pglogrepl.LSN{0x16B3748, 0x16B3748, 0x1_0000_00AB, 0, 0xFFFFFFFF_FFFFFFFF, 0x16B3748} {
 		ev := event(tbl)
 		ev.CommitLSN = lsn
@@ -370,8 +370,8 @@ func TestParseTimestamp(t *testing.T) {
 // distinct topics; an event whose row would make another is invalid, for
 // on_invalid, and the topics already made stay open to later events.
 func TestMaxTopics(t *testing.T) {
-	tbl := table(func(t *outbox.Table) { t.Topic = "events.{aggregate_type}"; t.MaxTopics = 3 })
-	r, err := New([]*outbox.Table{tbl})
+	tbl := table(func(t *outbox.Source) { t.Topic = "events.{aggregate_type}"; t.MaxTopics = 3 })
+	r, err := New([]*outbox.Source{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,12 +400,12 @@ func TestMaxTopics(t *testing.T) {
 // the source's normalisation, also once it has filled and started over, and
 // an illegal expansion is never cached as legal.
 func TestTopicCache(t *testing.T) {
-	tbl := table(func(t *outbox.Table) {
+	tbl := table(func(t *outbox.Source) {
 		t.Topic = "events.{aggregate_type}"
 		t.TopicLowercase = true
 		t.MaxTopics = 2 * (maxCachedTopics + 10)
 	})
-	r, err := New([]*outbox.Table{tbl})
+	r, err := New([]*outbox.Source{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,8 +438,8 @@ func TestTopicCache(t *testing.T) {
 // with cloudevents-structured: the attribute is escaped as JSON, never in
 // Go's syntax (\x01), so the event is delivered, not judged invalid.
 func TestStructuredJSONWithControlBytes(t *testing.T) {
-	tbl := table(func(t *outbox.Table) { t.Format = outbox.FormatCloudEventsStructured })
-	r, err := New([]*outbox.Table{tbl})
+	tbl := table(func(t *outbox.Source) { t.Format = outbox.FormatCloudEventsStructured })
+	r, err := New([]*outbox.Source{tbl})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
 
-// expand fills a template (parsed by outbox.Table.Validate) from ev. A NULL
+// expand fills a template (parsed by outbox.Source.Validate) from ev. A NULL
 // value used by the template is an error.
 func expand(tp outbox.Template, ev *outbox.Event) (string, error) {
 	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral {
@@ -40,11 +40,11 @@ func appendExpanded(b []byte, tp outbox.Template, ev *outbox.Event) ([]byte, err
 		case outbox.PartLiteral:
 			b = append(b, p.Text...)
 		case outbox.PartSchema:
-			b = append(b, ev.Table.Name.Schema...)
+			b = append(b, ev.Source.Name.Schema...)
 		case outbox.PartTable:
-			b = append(b, ev.Table.Name.Name...)
+			b = append(b, ev.Source.Name.Name...)
 		case outbox.PartPrefix:
-			b = append(b, ev.Table.MessagePrefix...)
+			b = append(b, ev.Source.MessagePrefix...)
 		default:
 			v := value(p, ev)
 			if v.Null() {

@@ -28,7 +28,7 @@ func BenchmarkEncode(b *testing.B) {
 				b.Fatal(err)
 			}
 			r := newRegistryB(b, reg.URL)
-			tb := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Schema: outbox.Schema{Format: tc.format}}
+			tb := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Schema: outbox.Schema{Format: tc.format}}
 			if err := tb.Validate(); err != nil {
 				b.Fatal(err)
 			}

@@ -71,7 +71,7 @@ type Registry struct {
 	invalid func(source string)
 
 	mu      sync.Mutex // guards sources against cdc check's Check
-	sources map[*outbox.Table]*sourceCache
+	sources map[*outbox.Source]*sourceCache
 	codecs  map[codecKey]codec // by id: subjects that share a schema share its codec
 	// missing is when the registry first said each subject does not
 	// exist, for MissingAfter; a subject it gives is forgotten.
@@ -107,7 +107,7 @@ func New(cfg Config, m *metrics.Metrics, log hclog.Logger) (*Registry, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Table]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}, missing: map[string]time.Time{}}
+	r := &Registry{cfg: cfg, cl: cl, log: log, sources: map[*outbox.Source]*sourceCache{}, codecs: map[codecKey]codec{}, invalid: func(string) {}, missing: map[string]time.Time{}}
 	for i := range r.lookups {
 		r.lookups[i] = nop{}
 	}
@@ -160,7 +160,7 @@ func (c Config) authorize(req *http.Request) error {
 // Miss says that Encode needs a schema it has not cached, or wants the
 // latest one re-read before judging an event. Resolve fetches it.
 type Miss struct {
-	table   *outbox.Table
+	table   *outbox.Source
 	subject string
 	topic   string
 	typ     string // event type, for the record strategies
@@ -177,7 +177,7 @@ func (m *Miss) Error() string {
 // schema must be fetched first, and an *outbox.EventError when the payload
 // does not match. Sources without a registry schema pass untouched.
 func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
-	sc := &ev.Table.Schema
+	sc := &ev.Source.Schema
 	if r == nil || !sc.Registered() {
 		return nil
 	}
@@ -191,7 +191,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 		}
 	}
 	r.mu.Lock()
-	sch := r.sources[ev.Table]
+	sch := r.sources[ev.Source]
 	var e, ke *entry
 	if sch != nil {
 		e = sch.value[valueTopic(sc, rec.Topic)][string(typ)]
@@ -201,10 +201,10 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 	}
 	r.mu.Unlock()
 	if e == nil {
-		return &Miss{table: ev.Table, subject: subject(sc, rec.Topic, string(typ), false), topic: rec.Topic, typ: string(typ)}
+		return &Miss{table: ev.Source, subject: subject(sc, rec.Topic, string(typ), false), topic: rec.Topic, typ: string(typ)}
 	}
 	if sc.Key && ke == nil {
-		return &Miss{table: ev.Table, subject: subject(sc, rec.Topic, "", true), topic: rec.Topic, key: true}
+		return &Miss{table: ev.Source, subject: subject(sc, rec.Topic, "", true), topic: rec.Topic, key: true}
 	}
 	value, err := r.frame(e, sc, rec.Value)
 	if err != nil {
@@ -225,7 +225,7 @@ func (r *Registry) Encode(rec *kgo.Record, ev *outbox.Event) error {
 	}
 	rec.Value = value
 	e.fresh = false
-	if ct := contentType[sc.Format]; ct != nil && ev.Table.Format == outbox.FormatCloudEventsBinary {
+	if ct := contentType[sc.Format]; ct != nil && ev.Source.Format == outbox.FormatCloudEventsBinary {
 		for i := range rec.Headers {
 			if rec.Headers[i].Key == "content-type" {
 				rec.Headers[i].Value = ct // CloudEvents' datacontenttype: what data now is
@@ -270,11 +270,11 @@ func (r *Registry) mismatch(e *entry, ev *outbox.Event, topic, typ string, key b
 	if key {
 		what = "key"
 	}
-	if (ev.Table.Schema.Version == 0 || key) && !e.fresh {
-		return &Miss{table: ev.Table, subject: e.subject, topic: topic, typ: typ, key: key, recheck: e}
+	if (ev.Source.Schema.Version == 0 || key) && !e.fresh {
+		return &Miss{table: ev.Source, subject: e.subject, topic: topic, typ: typ, key: key, recheck: e}
 	}
 	e.fresh = false
-	r.invalid(ev.Table.String())
+	r.invalid(ev.Source.String())
 	return outbox.Invalid(ev, "its %s does not match schema subject %q version %d (id %d): %s", what, e.subject, e.version, e.id, errtext.OneLine(err))
 }
 
@@ -469,7 +469,7 @@ func (r *Registry) Apply(ctx context.Context, rec *kgo.Record, ev *outbox.Event,
 		if err := wait(func() error { return r.resolveRetrying(ctx, m) }); err != nil {
 			var me *missingError
 			if errors.As(err, &me) {
-				r.invalid(ev.Table.String())
+				r.invalid(ev.Source.String())
 				return outbox.Invalid(ev, "%s, for %s now (schema_registry.missing_subject_after %s): register the subject, and the next such event goes through", errtext.OneLine(me.err), me.since.Round(time.Second), r.cfg.MissingAfter)
 			}
 			return err
@@ -550,7 +550,7 @@ func (r *Registry) resolveRetrying(ctx context.Context, m *Miss) error {
 // subject with schema.key). It changes nothing in the registry: a subject
 // auto_register would fill is reported only when schema.file does not
 // compile. It returns one line per problem.
-func (r *Registry) Check(ctx context.Context, tables []*outbox.Table) []string {
+func (r *Registry) Check(ctx context.Context, tables []*outbox.Source) []string {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	if _, err := r.cl.Subjects(ctx); err != nil {

@@ -38,17 +38,17 @@ const orderAvroV2 = `{"type":"record","name":"Order","namespace":"shop","fields"
 	`{"name":"id","type":"string"},{"name":"qty","type":"int"},{"name":"note","type":["null","string"],"default":null},` +
 	`{"name":"currency","type":"string","default":"EUR"}]}`
 
-func table(t *testing.T, s outbox.Schema) *outbox.Table {
+func table(t *testing.T, s outbox.Schema) *outbox.Source {
 	t.Helper()
-	tb := &outbox.Table{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Schema: s}
+	tb := &outbox.Source{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Schema: s}
 	if err := tb.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	return tb
 }
 
-func event(tb *outbox.Table, typ, payload string) *outbox.Event {
-	ev := &outbox.Event{Table: tb}
+func event(tb *outbox.Source, typ, payload string) *outbox.Event {
+	ev := &outbox.Event{Source: tb}
 	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte("e-1")}
 	ev.Fields[outbox.FieldEventType] = outbox.Value{B: []byte(typ)}
 	ev.Fields[outbox.FieldPayload] = outbox.Value{B: []byte(payload), Kind: outbox.KindJSON}

@@ -13,22 +13,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
 // Table is an outbox table the slot streams: its name as the catalog stores
-// it (unquoted), and the columns the decoder reads from it.
+// it (unquoted; String quotes it for SQL), and the columns the decoder
+// reads from it.
 type Table struct {
-	Schema, Name string
-	Columns      []string
+	outbox.TableName
+	Columns []string
 	// Fields names, for each of Columns, the config's field it maps
 	// (aggregate_type, ...), or "" for another column the config reads:
 	// for the columns: block a missing column's error suggests.
 	Fields []string
 }
-
-// String returns the name quoted for SQL, e.g. tenant."OutboxEvent".
-func (t Table) String() string { return pgident.Qualified(t.Schema, t.Name) }
 
 // SlotState is what Setup found of a slot.
 type SlotState struct {

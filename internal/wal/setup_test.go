@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 const outboxDDL = `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 	aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`
 
-var defaultTable = []wal.Table{{Schema: "public", Name: "outbox", Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
+var defaultTable = []wal.Table{{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
 
 func cfg(url string) wal.Config {
 	c := wal.Config{URL: url}
@@ -90,7 +91,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
 			want: "has no column payload"},
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
-			tables: []wal.Table{{Schema: "tenant", Name: "OutboxEvent", Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
+			tables: []wal.Table{{TableName: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
@@ -341,7 +342,7 @@ func TestCheckListsEveryProblem(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User("cdc_weak")
-	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "missing", Columns: []string{"id"}})
+	tables := append(slices.Clone(defaultTable), wal.Table{TableName: outbox.TableName{Schema: "public", Name: "missing"}, Columns: []string{"id"}})
 	_, err = wal.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
 	var ce *wal.CheckError
 	if !errors.As(err, &ce) {
@@ -384,7 +385,7 @@ func TestCheckPublication(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, partitionedDDL, `CREATE TABLE plain (id text, aggregatetype text, aggregateid text, type text, payload jsonb)`,
 		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
-	tables := append(slices.Clone(defaultTable), wal.Table{Schema: "public", Name: "plain", Columns: []string{"id"}})
+	tables := append(slices.Clone(defaultTable), wal.Table{TableName: outbox.TableName{Schema: "public", Name: "plain"}, Columns: []string{"id"}})
 	if _, err := wal.Check(context.Background(), cfg(db), tables); err != nil {
 		t.Fatalf("a publication the role owns, which cdc run fixes: %v", err)
 	}

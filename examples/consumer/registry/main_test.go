@@ -55,7 +55,7 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 	cfg := config.Config{
 		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
-		Tables: []*outbox.Table{
+		Tables: []*outbox.Source{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + "orders",
 				Schema: outbox.Schema{Format: outbox.SchemaAvro}},
 			{Name: outbox.TableName{Schema: "public", Name: "payments"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + "payments",
