@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -31,7 +32,7 @@ type Requested struct {
 // returns the store it read it from.
 func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.Context) (checkpoint.Record, *checkpoint.Store, error), t *outbox.Source, where string) (Requested, error) {
 	if len(keys) == 0 {
-		return Requested{}, &wal.SetupError{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
+		return Requested{}, &errtext.Fatal{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
 	}
 	rows, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
@@ -52,7 +53,7 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 		return Requested{}, err
 	}
 	if a := rec.ActiveBackfill(); a != nil {
-		return Requested{}, &wal.SetupError{Msg: fmt.Sprintf("backfill %s of %s is running (%d of %d rows); wait for it to finish (cdc status shows it), then ask again", a.ID, a.Table, a.Rows, a.Total)}
+		return Requested{}, &errtext.Fatal{Msg: fmt.Sprintf("backfill %s of %s is running (%d of %d rows); wait for it to finish (cdc status shows it), then ask again", a.ID, a.Table, a.Rows, a.Total)}
 	}
 	req := Request{ID: job.ID, Table: job.Table, Where: where, RequestedAt: time.Now()}
 	req.Sign(keys[0], rec.Key())

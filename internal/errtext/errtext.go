@@ -1,8 +1,9 @@
 // Package errtext puts an error's text on one line, for the log and for
 // the one-line errors the commands print. Postgres, yaml.v3 and franz-go
 // write some errors over several lines ("ERROR: ...\nDETAIL: ..."), and a
-// log line or a stored checkpoint field must stay one line. It imports
-// nothing of the project, so every package can use it.
+// log line or a stored checkpoint field must stay one line. Fatal names
+// the errors only an operator can fix, which stop the connector. It
+// imports nothing of the project, so every package can use it.
 package errtext
 
 import "strings"

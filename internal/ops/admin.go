@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -31,7 +32,7 @@ type Rewound struct {
 // cdc run re-delivers from there. Only r's From bound is used.
 func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	if o.Config.Replay.Window == 0 {
-		return Rewound{}, &wal.SetupError{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
+		return Rewound{}, &errtext.Fatal{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
 	}
 	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
@@ -50,14 +51,14 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		return Rewound{}, err
 	}
 	if main.Active {
-		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
+		return Rewound{}, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
 	}
 	replaySlot, err := wal.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
 	if !replaySlot.Exists || replaySlot.WALStatus == "lost" {
-		return Rewound{}, &wal.SetupError{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", o.Config.ReplaySlot())}
+		return Rewound{}, &errtext.Fatal{Msg: fmt.Sprintf("the replay slot %q is missing or lost, so there is nothing to rewind to; let the connector run with replay.window set", o.Config.ReplaySlot())}
 	}
 	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 	if err != nil {
@@ -157,10 +158,10 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 	if slot.Active {
 		// A running session writes its own checkpoints, which would
 		// not carry the skip.
-		return "", &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before cdc skip", o.Config.Postgres.Slot, slot.ActivePID)}
+		return "", &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before cdc skip", o.Config.Postgres.Slot, slot.ActivePID)}
 	}
 	if slot.Exists && lsn < slot.ConfirmedFlush {
-		return "", &wal.SetupError{Msg: fmt.Sprintf("the transaction at %s is before the slot's position %s: the connector is past it already; check --lsn against the error", lsn, slot.ConfirmedFlush)}
+		return "", &errtext.Fatal{Msg: fmt.Sprintf("the transaction at %s is before the slot's position %s: the connector is past it already; check --lsn against the error", lsn, slot.ConfirmedFlush)}
 	}
 	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 	if err != nil {
@@ -202,7 +203,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		return Accepted{}, err
 	}
 	if slot.Active {
-		return Accepted{}, &wal.SetupError{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector first", o.Config.Postgres.Slot, slot.ActivePID)}
+		return Accepted{}, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector first", o.Config.Postgres.Slot, slot.ActivePID)}
 	}
 	conn, err := wal.Connect(ctx, o.Config.Postgres, o.Log.Named("wal"))
 	if err != nil {

@@ -186,7 +186,7 @@ func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record
 	}
 	rec, ok := recs[checkpoint.Key(o.Config.Postgres.Slot, sys.ID)]
 	if !ok {
-		return checkpoint.Record{}, nil, &wal.SetupError{Msg: fmt.Sprintf("no checkpoint for slot %q of database system %s in topic %q: start the connector (cdc run) with this config first", o.Config.Postgres.Slot, sys.ID, o.Config.Checkpoint.Topic)}
+		return checkpoint.Record{}, nil, &errtext.Fatal{Msg: fmt.Sprintf("no checkpoint for slot %q of database system %s in topic %q: start the connector (cdc run) with this config first", o.Config.Postgres.Slot, sys.ID, o.Config.Checkpoint.Topic)}
 	}
 	return rec, store, nil
 }

@@ -397,7 +397,7 @@ func (e *decodeError) Unwrap() error { return e.err }
 // Permanent reports whether err must stop the connector rather than start
 // a new session. This is the one place that decides.
 func Permanent(err error) bool {
-	for _, target := range []any{new(*wal.SetupError), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
+	for _, target := range []any{new(*errtext.Fatal), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
 		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*delivery.TxnTimeoutError),
 		new(*schema.RefusedError)} {
 		if errors.As(err, target) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -21,7 +22,7 @@ import (
 func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(replay.Status)) (replay.Summary, error) {
 	started := time.Now()
 	if p.cfg.Replay.Window == 0 {
-		return replay.Summary{}, &wal.SetupError{Msg: "no replay window: set replay.window (for example 24h) in the config and let the connector run; a replay reaches back only as far as the window"}
+		return replay.Summary{}, &errtext.Fatal{Msg: "no replay window: set replay.window (for example 24h) in the config and let the connector run; a replay reaches back only as far as the window"}
 	}
 	f, err := replay.NewFilter(r, p.cfg.Tables)
 	if err != nil {

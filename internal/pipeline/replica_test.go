@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -140,7 +141,7 @@ func TestReplica(t *testing.T) {
 		}
 		setFeedback("off")
 		err := waitFatal(t, e.launch(t, discard{}))
-		if !errors.As(err, new(*wal.SetupError)) || !strings.Contains(err.Error(), "hot_standby_feedback") {
+		if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), "hot_standby_feedback") {
 			t.Fatalf("with hot_standby_feedback off: got %v; want a setup error naming it", err)
 		}
 		// Dead catalog rows on the primary, vacuumed while nothing holds

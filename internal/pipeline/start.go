@@ -72,7 +72,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
-		return 0, &wal.SetupError{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
+		return 0, &errtext.Fatal{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
 			"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
 				"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
 	}

@@ -13,10 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // The outbox table's life (docs/operations.md, "The outbox table's life";
@@ -264,7 +264,7 @@ func TestPartitionedOutboxOtherPublication(t *testing.T) {
 	r := e.launch(t, discard{})
 	err := waitFatal(t, r)
 	want := `ALTER PUBLICATION outbox_cdc SET (publish_via_partition_root = true)`
-	if !errors.As(err, new(*wal.SetupError)) || !strings.Contains(err.Error(), want) {
+	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("got %v, want a setup error that says: %s", err, want)
 	}
 
@@ -346,7 +346,7 @@ func TestRecreatedOutboxLeastPrivileged(t *testing.T) {
 	var role string
 	testenv.QueryRow(t, e.cfg.Postgres.URL, `SELECT current_user`, nil, &role)
 	add, grant := "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox", "GRANT SELECT ON public.outbox TO "+role
-	if !errors.As(err, new(*wal.SetupError)) || !strings.Contains(err.Error(), add) || !strings.Contains(err.Error(), grant) {
+	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), add) || !strings.Contains(err.Error(), grant) {
 		t.Fatalf("got %v; want a setup error that says to run %q and %q", err, add, grant)
 	}
 	w.waitWrites(t, 50) // while the connector is stopped, and the table unpublished
@@ -427,7 +427,7 @@ func TestTableLeftPublication(t *testing.T) {
 	testenv.Exec(t, e.db, `ALTER PUBLICATION outbox_cdc DROP TABLE outbox`)
 	err := waitFatal(t, r)
 	want := "outbox table public.outbox left publication outbox_cdc (someone removed it)"
-	if !errors.As(err, new(*wal.SetupError)) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox") {
+	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox") {
 		t.Fatalf("got %v, want a setup error that says %q and the statement", err, want)
 	}
 	err = waitFatal(t, e.launch(t, discard{}))

@@ -167,7 +167,7 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 // in the publication.
 func (p *Pipeline) leftPublication(t wal.Table) error {
 	pub := p.cfg.Postgres.Publication
-	return &wal.SetupError{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
+	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
 		"as the publication's owner run: %s; then send the rows it received while it was out with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
 		t, pub, wal.AddStatement(pub, t), p.configFile(), t)}
 }
@@ -233,7 +233,7 @@ func (w *tableWatch) run(ctx context.Context, fail func(error)) {
 		if err == nil {
 			err = w.check(ctx, conn)
 		}
-		var fatal *wal.SetupError
+		var fatal *errtext.Fatal
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -306,7 +306,7 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 				if !cat.Publication.Owned {
 					why = "it does not own the publication"
 				}
-				return &wal.SetupError{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the new table is not in publication %s, so its inserts do not reach the connector (which may not add it: %s); "+
+				return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the new table is not in publication %s, so its inserts do not reach the connector (which may not add it: %s); "+
 					"as the owner of the publication and the table run: %s; %s; then start the connector again: it sends the rows the new table received meanwhile, each once",
 					t, cfg.Publication, why, wal.AddStatement(cfg.Publication, st.Table), wal.GrantStatement(st.Table, cat.Role))}
 			}
@@ -336,7 +336,7 @@ func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.
 		snap, err := w.p.backfills().OpenSnapshot(ctx, t)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
-			return &wal.SetupError{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
+			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
 				t, wal.GrantStatement(wal.Table{TableName: t.Name}, role))}
 		}
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
@@ -139,7 +140,7 @@ func AddToPublication(ctx context.Context, cfg Config, conn *pgx.Conn, publicati
 		conn = primary
 	}
 	if _, err := conn.Exec(ctx, AddStatement(publication, t)); err != nil {
-		return setupErrorf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, publication, err, AddStatement(publication, t))
+		return errtext.Fatalf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, publication, err, AddStatement(publication, t))
 	}
 	return nil
 }

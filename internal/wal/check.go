@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
 
@@ -52,10 +53,10 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		warnings = append(warnings, "max_slot_wal_keep_size is unlimited (-1): a connector stopped for long keeps every byte of WAL since until the disk is full; as a superuser run: ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf(); (size it to hours of your WAL; docs/operations.md, \"Lost slot\")")
 	}
 	if walLevel != "logical" {
-		add(setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel))
+		add(errtext.Fatalf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel))
 	}
 	if version < 140000 {
-		add(setupErrorf("PostgreSQL %d is older than 14, the oldest the connector is tested on; upgrade", version/10000))
+		add(errtext.Fatalf("PostgreSQL %d is older than 14, the oldest the connector is tested on; upgrade", version/10000))
 	}
 
 	// A hot standby (docs/operations.md, "Streaming from a replica"): what
@@ -78,7 +79,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 				return warnings, fmt.Errorf("read the primary's wal_level: %w", err)
 			}
 			if primaryLevel != "logical" {
-				add(setupErrorf("the primary (postgres.primary_url) has wal_level %s; a standby decodes only WAL written at wal_level = logical: on the primary run ALTER SYSTEM SET wal_level = logical and restart it", primaryLevel))
+				add(errtext.Fatalf("the primary (postgres.primary_url) has wal_level %s; a standby decodes only WAL written at wal_level = logical: on the primary run ALTER SYSTEM SET wal_level = logical and restart it", primaryLevel))
 			}
 		}
 	}
@@ -89,7 +90,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 		return warnings, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !replication && !super {
-		add(setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user)))
+		add(errtext.Fatalf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user)))
 	}
 
 	var present []Table
@@ -104,7 +105,7 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 			return warnings, fmt.Errorf("read privileges on %s: %w", t, err)
 		}
 		if !sel {
-			add(setupErrorf("role %s may not SELECT from outbox table %s; as its owner run: GRANT SELECT ON %s TO %s", pgident.Quote(user), t, t, pgident.Quote(user)))
+			add(errtext.Fatalf("role %s may not SELECT from outbox table %s; as its owner run: GRANT SELECT ON %s TO %s", pgident.Quote(user), t, t, pgident.Quote(user)))
 		}
 	}
 	switch {
@@ -133,15 +134,15 @@ func Check(ctx context.Context, cfg Config, tables []Table, otherSlots ...string
 
 	st, err := InspectSlot(ctx, conn, cfg.Slot)
 	if err != nil {
-		var se *SetupError
+		var se *errtext.Fatal
 		if !errors.As(err, &se) {
 			return warnings, err
 		}
 		add(err)
 	} else if st.Conflicting {
-		add(setupErrorf("replication slot %q on this standby was invalidated (the primary removed rows it needed): set hot_standby_feedback = on; see \"Streaming from a replica\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
+		add(errtext.Fatalf("replication slot %q on this standby was invalidated (the primary removed rows it needed): set hot_standby_feedback = on; see \"Streaming from a replica\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
 	} else if st.WALStatus == "lost" {
-		add(setupErrorf("replication slot %q is lost: Postgres removed WAL it still needed; see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
+		add(errtext.Fatalf("replication slot %q is lost: Postgres removed WAL it still needed; see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", cfg.Slot))
 	}
 	if err := checkCapacity(ctx, conn, append([]string{cfg.Slot}, otherSlots...)); err != nil {
 		add(err)
@@ -187,7 +188,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 		if len(probs) == 0 {
 			return nil
 		}
-		return setupErrorf("%s", strings.Join(probs, "; "))
+		return errtext.Fatalf("%s", strings.Join(probs, "; "))
 	}
 	if super {
 		return nil
@@ -219,7 +220,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 	if len(why) == 0 {
 		return nil
 	}
-	return setupErrorf("publication %s does not exist, and role %s may not create it (%s); as the tables' owner or a superuser run: %s", name, pgident.Quote(user), strings.Join(why, ", "), create)
+	return errtext.Fatalf("publication %s does not exist, and role %s may not create it (%s); as the tables' owner or a superuser run: %s", name, pgident.Quote(user), strings.Join(why, ", "), create)
 }
 
 // checkCapacity checks that the slots among slots that do not exist yet
@@ -245,5 +246,5 @@ func checkCapacity(ctx context.Context, conn *pgx.Conn, slots []string) error {
 	if len(why) == 0 {
 		return nil
 	}
-	return setupErrorf("%s", strings.Join(why, "; "))
+	return errtext.Fatalf("%s", strings.Join(why, "; "))
 }

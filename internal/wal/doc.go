@@ -32,7 +32,7 @@
 //     done by advancing a slot, never by the start LSN.
 //   - Setup never creates a slot: whether a missing slot is a first start
 //     or a gap is the pipeline's decision, against its checkpoint. A lost
-//     slot is a *SetupError.
+//     slot is a *errtext.Fatal.
 //   - Temporary slots are made on the replication connection that streams
 //     them (Conn.CopySlot), so they vanish with it however it ends.
 package wal

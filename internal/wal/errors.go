@@ -22,20 +22,6 @@ var (
 	ErrSlotVanished = errors.New("replication slot vanished")
 )
 
-// SetupError is a precondition the operator must fix; reconnecting cannot
-// help, so the connector exits.
-type SetupError struct {
-	Msg string
-	Err error // ErrSlotLost, ErrSlotVanished, or nil
-}
-
-func (e *SetupError) Error() string { return e.Msg }
-func (e *SetupError) Unwrap() error { return e.Err }
-
-func setupErrorf(format string, args ...any) error {
-	return &SetupError{Msg: fmt.Sprintf(format, args...)}
-}
-
 // DeadConnError is a replication connection the walsender has said
 // nothing on for longer than ReceiveTimeout, though asked to answer: the
 // network drops what crosses it, or the server froze. A new session

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
@@ -71,7 +72,7 @@ func (s SlotState) Retained() int64 {
 // publication when it is missing (or makes it fit, where the role owns
 // it: ensurePublication), and reports on cfg.Slot and on the catalog. It never creates
 // a slot: the pipeline decides that against its checkpoint. Every failure a
-// user must fix is a *SetupError that says how; a lost slot is one. Logical
+// user must fix is a *errtext.Fatal that says how; a lost slot is one. Logical
 // decoding message sources need no table: cfg.Messages covers them.
 func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, Catalog, error) {
 	conn, err := ConnectSQL(ctx, cfg)
@@ -85,7 +86,7 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, fmt.Errorf("read wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return SlotState{}, Catalog{}, setupErrorf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
+		return SlotState{}, Catalog{}, errtext.Fatalf("wal_level is %s; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres", walLevel)
 	}
 
 	var version int
@@ -95,7 +96,7 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 	if version < 140000 {
 		// pgoutput's messages option, which carries logical decoding
 		// message sources and the connector's own backfill watermarks.
-		return SlotState{}, Catalog{}, setupErrorf("PostgreSQL %d is older than 14, the oldest the connector supports; upgrade", version/10000)
+		return SlotState{}, Catalog{}, errtext.Fatalf("PostgreSQL %d is older than 14, the oldest the connector supports; upgrade", version/10000)
 	}
 
 	var user, db string
@@ -105,7 +106,7 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !replication {
-		return SlotState{}, Catalog{}, setupErrorf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
+		return SlotState{}, Catalog{}, errtext.Fatalf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
 	}
 
 	standby, err := InRecovery(ctx, conn)
@@ -136,13 +137,13 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, err
 	}
 	if st.Conflicting {
-		return SlotState{}, Catalog{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
+		return SlotState{}, Catalog{}, &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q on this standby was invalidated: the primary removed catalog rows it needed (or its wal_level fell below logical), and it can decode nothing more; "+
 				"set hot_standby_feedback = on on the standby (and keep wal_level = logical on the primary), recover the events after its confirmed position %s from the outbox table, "+
 				"then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one", cfg.Slot, st.ConfirmedFlush)}
 	}
 	if st.WALStatus == "lost" {
-		return SlotState{}, Catalog{}, &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf(
+		return SlotState{}, Catalog{}, &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
 				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
 	}
@@ -154,14 +155,14 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 // removes catalog rows the slot needs and Postgres invalidates it.
 func checkStandby(ctx context.Context, conn *pgx.Conn, version int) error {
 	if version/10000 < MinStandbyMajor {
-		return setupErrorf("postgres.url is a hot standby of PostgreSQL %d, and logical decoding on a standby needs PostgreSQL %d or later: point postgres.url at the primary, or upgrade", version/10000, MinStandbyMajor)
+		return errtext.Fatalf("postgres.url is a hot standby of PostgreSQL %d, and logical decoding on a standby needs PostgreSQL %d or later: point postgres.url at the primary, or upgrade", version/10000, MinStandbyMajor)
 	}
 	var feedback string
 	if err := conn.QueryRow(ctx, "SHOW hot_standby_feedback").Scan(&feedback); err != nil {
 		return fmt.Errorf("read hot_standby_feedback: %w", err)
 	}
 	if feedback != "on" {
-		return setupErrorf("postgres.url is a hot standby with hot_standby_feedback off: the primary's vacuum would remove catalog rows the slot needs, and Postgres would invalidate it; on the standby run ALTER SYSTEM SET hot_standby_feedback = on and SELECT pg_reload_conf()")
+		return errtext.Fatalf("postgres.url is a hot standby with hot_standby_feedback off: the primary's vacuum would remove catalog rows the slot needs, and Postgres would invalidate it; on the standby run ALTER SYSTEM SET hot_standby_feedback = on and SELECT pg_reload_conf()")
 	}
 	return nil
 }
@@ -207,7 +208,7 @@ func standbyPublication(ctx context.Context, conn *pgx.Conn, cfg Config, tables 
 			break
 		}
 		if time.Now().After(deadline) {
-			return Catalog{}, setupErrorf("publication %s was made on the primary (postgres.primary_url), and the standby has not replayed it after a minute: is the standby replicating from that primary?", cfg.Publication)
+			return Catalog{}, errtext.Fatalf("publication %s was made on the primary (postgres.primary_url), and the standby has not replayed it after a minute: is the standby replicating from that primary?", cfg.Publication)
 		}
 		select {
 		case <-ctx.Done():
@@ -236,7 +237,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 		return fmt.Errorf("read columns of %s: %w", t, err)
 	}
 	if len(cols) == 0 {
-		return setupErrorf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))
+		return errtext.Fatalf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))
 	}
 	return missingColumns(t, cols)
 }
@@ -282,14 +283,14 @@ func missingColumns(t Table, cols []string) error {
 	if len(fits) > 0 {
 		msg += fmt.Sprintf("; these columns fit, to paste under the table in the config: columns: {%s}", strings.Join(fits, ", "))
 	}
-	return setupErrorf("%s", msg)
+	return errtext.Fatalf("%s", msg)
 }
 
 // ensurePublication creates the publication when it is missing, with
 // publish_via_partition_root so that a partitioned table's rows arrive
 // under its own name, and makes an existing one fit where the connector's
 // role owns it: it must publish inserts, and partitioned tables via their
-// root. What it may not change is a *SetupError with the statement to run.
+// root. What it may not change is a *errtext.Fatal with the statement to run.
 // A table missing from an existing publication is left to the caller,
 // which knows from its checkpoint whether the table is new, recreated or
 // removed (TableState.Published; AddToPublication). retried: a create
@@ -311,24 +312,24 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 				// use it, if it is what this one needs (docs/design.md, rule 20).
 				return ensurePublication(ctx, conn, name, tables, true, log)
 			}
-			return Catalog{}, setupErrorf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
+			return Catalog{}, errtext.Fatalf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
 		}
 		log.Info("created publication", "publication", name, "tables", tableList(tables))
 		return ReadCatalog(ctx, conn, name, tables)
 	}
 	if !pub.Inserts {
-		return Catalog{}, setupErrorf("publication %s does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert')", name, name)
+		return Catalog{}, errtext.Fatalf("publication %s does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert')", name, name)
 	}
 	if p := viaRootProblem(cat); p != "" {
 		if !pub.Owned {
-			return Catalog{}, setupErrorf("%s", p)
+			return Catalog{}, errtext.Fatalf("%s", p)
 		}
 		// The role owns the publication: the connector made it, or was
 		// given it to manage. Rows of leaf partitions already in the WAL
 		// still arrive under the leaves' names; Decoder.Partition maps
 		// them.
 		if _, err := conn.Exec(ctx, ViaRootStatement(name)); err != nil {
-			return Catalog{}, setupErrorf("set publish_via_partition_root on publication %s: %v; run: %s", name, err, ViaRootStatement(name))
+			return Catalog{}, errtext.Fatalf("set publish_via_partition_root on publication %s: %v; run: %s", name, err, ViaRootStatement(name))
 		}
 		log.Info("set publish_via_partition_root on the publication, so that partitioned tables' rows arrive under their own name", "publication", name)
 		return ReadCatalog(ctx, conn, name, tables)
@@ -360,7 +361,7 @@ func NotPublished(publication string, t Table, why, role string) error {
 	if why != "" {
 		why = " (the connector's role may not add it: " + why + ")"
 	}
-	return setupErrorf("publication %s does not include outbox table %s, so its inserts do not reach the connector%s; as the owner of the publication and the table run: %s; %s; "+
+	return errtext.Fatalf("publication %s does not include outbox table %s, so its inserts do not reach the connector%s; as the owner of the publication and the table run: %s; %s; "+
 		"then start the connector again: if the table was dropped and created again after the connector streamed it, it sends the rows the new table holds that were not streamed",
 		publication, t, why, AddStatement(publication, t), GrantStatement(t, role))
 }
@@ -390,7 +391,7 @@ func tableList(tables []Table) string {
 
 // InspectSlot reads slot from pg_replication_slots. A missing slot is
 // Exists false, not an error; one of another kind, plugin or database is a
-// *SetupError.
+// *errtext.Fatal.
 func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, error) {
 	var (
 		plugin, slotType, db string
@@ -421,14 +422,14 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 		return SlotState{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
 	if slotType != "logical" || plugin != "pgoutput" {
-		return SlotState{}, setupErrorf("replication slot %q exists as a %s slot with plugin %q, not pgoutput; choose another postgres.slot, or drop it if nothing else uses it: SELECT pg_drop_replication_slot('%s')", slot, slotType, plugin, slot)
+		return SlotState{}, errtext.Fatalf("replication slot %q exists as a %s slot with plugin %q, not pgoutput; choose another postgres.slot, or drop it if nothing else uses it: SELECT pg_drop_replication_slot('%s')", slot, slotType, plugin, slot)
 	}
 	if slotDB == nil || *slotDB != db {
 		other := ""
 		if slotDB != nil {
 			other = *slotDB
 		}
-		return SlotState{}, setupErrorf("replication slot %q belongs to database %q, not %q; choose another postgres.slot", slot, other, db)
+		return SlotState{}, errtext.Fatalf("replication slot %q belongs to database %q, not %q; choose another postgres.slot", slot, other, db)
 	}
 	st.Exists = true
 	if walStatus != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -52,11 +53,11 @@ func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotS
 	return wal.SlotState{Exists: true, ConfirmedFlush: lsn}, err
 }
 
-func wantSetupError(t *testing.T, err error, want string) {
+func wantFatal(t *testing.T, err error, want string) {
 	t.Helper()
-	var se *wal.SetupError
+	var se *errtext.Fatal
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), want) {
-		t.Fatalf("err = %v; want a *wal.SetupError saying %q", err, want)
+		t.Fatalf("err = %v; want a *errtext.Fatal saying %q", err, want)
 	}
 }
 
@@ -122,7 +123,7 @@ func TestSetupPreconditions(t *testing.T) {
 				tables = defaultTable
 			}
 			_, err := setup(t, url, tables, true)
-			wantSetupError(t, err, tt.want)
+			wantFatal(t, err, tt.want)
 		})
 	}
 }
@@ -259,7 +260,7 @@ func TestWalLevelReplica(t *testing.T) {
 	t.Cleanup(other.Stop) // after the database cleanup NewDatabase registers
 	db := other.NewDatabase(t)
 	_, err = setup(t, db, defaultTable, true)
-	wantSetupError(t, err, "wal_level is replica; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres")
+	wantFatal(t, err, "wal_level is replica; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres")
 }
 
 // TestSlotLost makes Postgres remove WAL a slot still needs, the way
@@ -285,7 +286,7 @@ func TestSlotLost(t *testing.T) {
 		return status == "lost"
 	})
 	_, err = setup(t, db, defaultTable, true)
-	wantSetupError(t, err, "is lost")
+	wantFatal(t, err, "is lost")
 	if !errors.Is(err, wal.ErrSlotLost) {
 		t.Fatalf("err = %v; want ErrSlotLost", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/outboxcdc/cdc/internal/errtext"
 )
 
 // A hot standby of PostgreSQL 16 or later can hold a logical slot and
@@ -34,11 +35,11 @@ func (e *StandbyError) Error() string {
 	return s
 }
 
-// standbyError is a *SetupError (the connector stops: only the operator
+// standbyError is a *errtext.Fatal (the connector stops: only the operator
 // can set primary_url or run the statement) that wraps the StandbyError.
 func standbyError(what, statement string) error {
 	e := &StandbyError{What: what, Statement: statement}
-	return &SetupError{Msg: e.Error(), Err: e}
+	return &errtext.Fatal{Msg: e.Error(), Err: e}
 }
 
 // InRecovery reports whether conn's server is a hot standby.
@@ -65,7 +66,7 @@ func connectPrimary(ctx context.Context, cfg Config, what, statement string) (*p
 	}
 	standby, err := InRecovery(ctx, conn)
 	if err == nil && standby {
-		err = setupErrorf("postgres.primary_url reaches a server in recovery too, which cannot %s either; point it at the primary", what)
+		err = errtext.Fatalf("postgres.primary_url reaches a server in recovery too, which cannot %s either; point it at the primary", what)
 	}
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -197,7 +198,7 @@ func CatchUp(ctx context.Context, cfg Config, conn *pgx.Conn) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return setupErrorf("the standby has not replayed the primary's WAL up to %s after a minute: is it replicating from postgres.primary_url?", end)
+			return errtext.Fatalf("the standby has not replayed the primary's WAL up to %s after a minute: is it replicating from postgres.primary_url?", end)
 		}
 		select {
 		case <-ctx.Done():

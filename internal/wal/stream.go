@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/outboxcdc/cdc/internal/errtext"
 )
 
 // Handler consumes the WAL data of one XLogData message. data is only valid
@@ -108,9 +109,9 @@ func startError(slot string, err error) error {
 		case pe.Code == "55006": // object_in_use: "is active for PID N"
 			return &SlotInUseError{Slot: slot, Err: err}
 		case pe.Code == "42704": // undefined_object
-			return &SetupError{Err: ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
+			return &errtext.Fatal{Err: ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
 		case pe.Code == "55000" && strings.Contains(pe.Message, "can no longer"):
-			return &SetupError{Err: ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
+			return &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
 		}
 	}
 	return fmt.Errorf("start replication on slot %q: %w", slot, err)
