@@ -19,6 +19,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -280,12 +281,8 @@ func Load(path string, env Environ) (Config, Log, error) {
 	if fc.HTTP.TokenFile != "" {
 		// Read now to refuse a missing or empty file at start; the
 		// endpoint reads it again when it changes.
-		b, err := os.ReadFile(fc.HTTP.TokenFile)
-		if err != nil {
+		if _, err := secret.Read(fc.HTTP.TokenFile); err != nil {
 			return Config{}, Log{}, fmt.Errorf("http.token_file: %v", err)
-		}
-		if strings.TrimSpace(string(b)) == "" {
-			return Config{}, Log{}, fmt.Errorf("http.token_file %s is empty", fc.HTTP.TokenFile)
 		}
 		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
 	}
@@ -508,23 +505,16 @@ func yamlError(err error) string {
 // first signing, every one verifying (a key being rotated in or out). The
 // errors never show a key.
 func readSigningKeys(file string) ([][]byte, error) {
-	b, err := os.ReadFile(file)
+	lines, err := secret.Lines(file)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint.signing_key_file: %v", err)
+		return nil, fmt.Errorf("checkpoint.signing_key_file: %v; put a key in it: openssl rand -hex 32 > %s", err, file)
 	}
 	var keys [][]byte
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
+	for i, line := range lines {
 		if len(line) < 32 {
-			return nil, fmt.Errorf("checkpoint.signing_key_file %s: the key on line %d is %d characters; use at least 32 (openssl rand -hex 32)", file, i+1, len(line))
+			return nil, fmt.Errorf("checkpoint.signing_key_file %s: key %d is %d characters; use at least 32 (openssl rand -hex 32)", file, i+1, len(line))
 		}
 		keys = append(keys, []byte(line))
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("checkpoint.signing_key_file %s is empty; put a key in it: openssl rand -hex 32 > %s", file, file)
 	}
 	return keys, nil
 }

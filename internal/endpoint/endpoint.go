@@ -22,10 +22,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -151,11 +151,8 @@ func (t *tokenSource) get() (token string, set bool) {
 	if fi, err := os.Stat(t.file); err != nil {
 		t.current = ""
 	} else if !fi.ModTime().Equal(t.mod) || fi.Size() != t.size {
-		b, err := os.ReadFile(t.file)
-		if err != nil {
-			b = nil
-		}
-		t.current, t.mod, t.size = strings.TrimSpace(string(b)), fi.ModTime(), fi.Size()
+		tok, _ := secret.Read(t.file) // "" while missing or empty: nobody is let in
+		t.current, t.mod, t.size = tok, fi.ModTime(), fi.Size()
 	}
 	return t.current, true
 }

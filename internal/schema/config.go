@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
@@ -85,7 +86,7 @@ func (c *Config) Validate(needed bool) error {
 	}
 	for key, f := range map[string]string{"basic_auth.password_file": c.PasswordFile, "token_file": c.TokenFile} {
 		if f != "" {
-			if _, err := sink.ReadSecret(f); err != nil {
+			if _, err := secret.Read(f); err != nil {
 				return fmt.Errorf("schema_registry.%s: %v", key, err)
 			}
 		}

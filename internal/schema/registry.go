@@ -19,7 +19,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/secret"
 )
 
 // Header names of the schema ids with schema.id_in: header.
@@ -138,7 +138,7 @@ const (
 func (c Config) authorize(req *http.Request) error {
 	switch {
 	case c.TokenFile != "":
-		tok, err := sink.ReadSecret(c.TokenFile)
+		tok, err := secret.Read(c.TokenFile)
 		if err != nil {
 			return fmt.Errorf("schema_registry.token_file: %v", err)
 		}
@@ -146,7 +146,7 @@ func (c Config) authorize(req *http.Request) error {
 	case c.Username != "":
 		pass := c.Password
 		if c.PasswordFile != "" {
-			p, err := sink.ReadSecret(c.PasswordFile)
+			p, err := secret.Read(c.PasswordFile)
 			if err != nil {
 				return fmt.Errorf("schema_registry.basic_auth.password_file: %v", err)
 			}

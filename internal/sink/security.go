@@ -13,6 +13,7 @@ import (
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -79,7 +80,7 @@ func (c *Config) validateSecurity() error {
 			return fmt.Errorf("kafka.sasl.mechanism %s needs a password: kafka.sasl.password_file, or CDC_KAFKA_SASL_PASSWORD", s.Mechanism)
 		}
 		if s.PasswordFile != "" {
-			if _, err := ReadSecret(s.PasswordFile); err != nil {
+			if _, err := secret.Read(s.PasswordFile); err != nil {
 				return fmt.Errorf("kafka.sasl.password_file: %v", err)
 			}
 		}
@@ -87,7 +88,7 @@ func (c *Config) validateSecurity() error {
 		if s.TokenFile == "" {
 			return errors.New("kafka.sasl.mechanism OAUTHBEARER needs kafka.sasl.token_file, a file holding the token (refreshed on disk by your token agent)")
 		}
-		if _, err := ReadSecret(s.TokenFile); err != nil {
+		if _, err := secret.Read(s.TokenFile); err != nil {
 			return fmt.Errorf("kafka.sasl.token_file: %v", err)
 		}
 	case SASLAWSMSKIAM:
@@ -98,19 +99,6 @@ func (c *Config) validateSecurity() error {
 		return fmt.Errorf("kafka.sasl.mechanism %q: use PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM", s.Mechanism)
 	}
 	return nil
-}
-
-// ReadSecret reads a secret file, trimmed of surrounding whitespace.
-func ReadSecret(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
-	}
-	return s, nil
 }
 
 // securityOpts returns the franz-go options for TLS and SASL.
@@ -177,7 +165,7 @@ func (c TLSConfig) Build(key string) (*tls.Config, error) {
 func saslMechanism(c SASLConfig) sasl.Mechanism {
 	password := func() (string, error) {
 		if c.PasswordFile != "" {
-			p, err := ReadSecret(c.PasswordFile)
+			p, err := secret.Read(c.PasswordFile)
 			if err != nil {
 				return "", fmt.Errorf("kafka.sasl.password_file: %v", err)
 			}
@@ -202,7 +190,7 @@ func saslMechanism(c SASLConfig) sasl.Mechanism {
 		return scram.Sha512(fn)
 	case SASLOAuthBearer:
 		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
-			tok, err := ReadSecret(c.TokenFile)
+			tok, err := secret.Read(c.TokenFile)
 			if err != nil {
 				return oauth.Auth{}, fmt.Errorf("kafka.sasl.token_file: %v", err)
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxcdc/cdc/internal/secret"
 )
 
 // Config configures the replication connection.
@@ -167,13 +167,9 @@ func (c Config) pgconnConfig() (*pgconn.Config, error) {
 		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
 	}
 	if c.PasswordFile != "" {
-		b, err := os.ReadFile(c.PasswordFile)
+		pw, err := secret.Read(c.PasswordFile)
 		if err != nil {
 			return nil, fmt.Errorf("postgres.password_file: %v", err)
-		}
-		pw := strings.TrimRight(string(b), "\r\n")
-		if pw == "" {
-			return nil, fmt.Errorf("postgres.password_file %s is empty", c.PasswordFile)
 		}
 		pc.Password = pw
 	}
