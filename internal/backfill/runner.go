@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/retry"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -42,10 +43,8 @@ type Runner struct {
 	// leave room for a chunk of ChunkBytes: the session's tracker.
 	Room func(ctx context.Context) error
 	// A job that was interrupted is retried after Backoff, doubling up
-	// to BackoffMax, each wait spread by Jitter (the pipeline's, for its
-	// reconnects).
+	// to BackoffMax (retry.Backoff, as the pipeline's reconnects).
 	Backoff, BackoffMax time.Duration
-	Jitter              func(time.Duration) time.Duration
 	Log                 hclog.Logger
 	Metrics             *metrics.Metrics
 }
@@ -239,7 +238,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 		}
 		w.Close(ctx)
 	}()
-	backoff := r.Backoff
+	backoff := retry.New(r.Backoff, r.BackoffMax)
 	for ctx.Err() == nil {
 		job, ok := jobs.next()
 		if !ok {
@@ -270,23 +269,17 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 				err = waitDone(ctx, jobs, job.ID)
 			}
 		case err != nil:
-			r.Log.Warn("backfill interrupted; retrying", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err), "retry_in", backoff)
+			r.Log.Warn("backfill interrupted; retrying", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err), "retry_in", backoff.Current())
 		}
 		if err != nil {
 			if conn != nil {
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			}
-			t := time.NewTimer(r.Jitter(backoff))
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-			backoff = min(2*backoff, r.BackoffMax)
+			retry.Sleep(ctx, backoff.Next())
 			continue
 		}
-		backoff = r.Backoff
+		backoff.Reset()
 	}
 }
 

@@ -24,7 +24,7 @@ func (p *Pipeline) backfills() *backfill.Runner {
 		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, Tables: p.cfg.Tables,
 		MaxInFlight: p.cfg.MaxInFlight, MaxInFlightBytes: p.cfg.MaxInFlightBytes, ChunkBytes: chunkBytes(p.cfg.MaxInFlightBytes),
 		StatusInterval: p.cfg.Postgres.StatusInterval,
-		Backoff:        p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax, Jitter: jitter,
+		Backoff:        p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax,
 		Log: p.log, Metrics: p.m,
 	}
 }

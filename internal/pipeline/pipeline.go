@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/retry"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -241,7 +241,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	pctx, stopPoll := context.WithCancel(ctx)
 	go func() { defer close(pollDone); p.Ops().WatchSlots(pctx, p.m) }()
 	defer func() { stopPoll(); <-pollDone }()
-	backoff := p.cfg.RetryBackoff
+	backoff := retry.New(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax)
 	refused := 0  // AuthErrors in a row
 	timeouts := 0 // TxnTimeoutErrors in a row
 	for {
@@ -295,9 +295,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 		p.m.Restarts.Inc()
 		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
-			backoff = p.cfg.RetryBackoff // it ran fine for a while
+			backoff.Reset() // it ran fine for a while
 		}
-		wait := jitter(backoff)
+		retryIn, wait := backoff.Current(), backoff.Next()
 		var inUse *wal.SlotInUseError
 		if errors.As(err, &inUse) {
 			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
@@ -322,16 +322,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				what = "first start, not streaming yet; retrying after an error"
 			}
 			p.setStateWhy(false, what, errtext.OneLine(err))
-			p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", backoff)
+			p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", retryIn)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, wait) {
 			return nil
-		case <-t.C:
 		}
-		backoff = min(2*backoff, p.cfg.RetryBackoffMax)
 	}
 }
 
@@ -340,12 +335,6 @@ func (p *Pipeline) newTracker(from pglogrepl.LSN) *delivery.Tracker {
 	tr := delivery.NewTracker(from, p.cfg.MaxInFlight)
 	tr.LimitBytes(p.cfg.MaxInFlightBytes)
 	return tr
-}
-
-// jitter spreads a reconnect over [d/2, d): instances that lost Postgres
-// or Kafka together do not all come back in the same instant.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }
 
 // maxRefused is how many times in a row a connector that has streamed
