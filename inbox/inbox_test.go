@@ -25,22 +25,12 @@ func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 func newDB(t *testing.T) string {
 	t.Helper()
 	db := testenv.Require(t, pg).NewDatabase(t)
-	conn := connect(t, db)
+	conn := testenv.Connect(t, db)
 	if err := (inbox.Inbox{}).Create(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Exec(t, db, `CREATE TABLE effects (event_id text PRIMARY KEY, consumer text NOT NULL)`)
 	return db
-}
-
-func connect(t *testing.T, db string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
 }
 
 // apply processes eventID in one transaction, the effect being a row in
@@ -72,7 +62,7 @@ func count(t *testing.T, db, sql string) int {
 // back the id too, so the redelivery applies it.
 func TestRedeliveryAppliesOnce(t *testing.T) {
 	db := newDB(t)
-	conn := connect(t, db)
+	conn := testenv.Connect(t, db)
 	ctx := context.Background()
 	for i, want := range []bool{true, false, false} {
 		if ran, err := apply(ctx, conn, "billing", "e-1", nil); err != nil || ran != want {
@@ -106,7 +96,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	ran := 0
 	errs := make(chan error, 8)
 	for w := 0; w < 8; w++ {
-		conn := connect(t, db)
+		conn := testenv.Connect(t, db)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -156,7 +146,7 @@ func TestCrashBeforeOffsetCommit(t *testing.T) {
 		}
 	}
 	group := "inbox-test-" + strings.TrimSuffix(k.Prefix, ".")
-	conn := connect(t, db)
+	conn := testenv.Connect(t, db)
 	// consume applies records until stop says so, committing offsets only
 	// when commit is true; it returns how many records it saw.
 	consume := func(stopAfter int, commit bool) int {
@@ -231,7 +221,7 @@ func TestCleanup(t *testing.T) {
 	testenv.Exec(t, db, `INSERT INTO event_inbox (consumer_name, event_id, processed_at)
 		SELECT 'billing', 'old-' || i, now() - interval '8 days' FROM generate_series(1, 25000) i`,
 		`INSERT INTO event_inbox (consumer_name, event_id) VALUES ('billing', 'new')`)
-	n, err := (inbox.Inbox{}).Cleanup(context.Background(), connect(t, db), 7*24*time.Hour)
+	n, err := (inbox.Inbox{}).Cleanup(context.Background(), testenv.Connect(t, db), 7*24*time.Hour)
 	if err != nil || n != 25000 {
 		t.Fatalf("cleaned %d, err %v; want 25000", n, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -38,25 +37,10 @@ func endpointOf(t *testing.T, p *proc) string {
 	return "http://" + addr
 }
 
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // scrape reads /metrics into families.
 func scrape(t *testing.T, base, token string) map[string]*dto.MetricFamily {
 	t.Helper()
-	code, body := get(t, base+"/metrics", token)
+	code, body := testenv.Get(t, base+"/metrics", token)
 	if code != 200 {
 		t.Fatalf("/metrics: %d %s", code, body)
 	}
@@ -122,16 +106,16 @@ replay: {window: 1h}
 	active := startProc(t, config)
 	base := endpointOf(t, active)
 	testenv.Eventually(t, 30*time.Second, "the active instance to be ready", func() bool {
-		code, _ := get(t, base+"/readyz", "")
+		code, _ := testenv.Get(t, base+"/readyz", "")
 		return code == 200
 	})
-	if code, body := get(t, base+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "cdc_") {
+	if code, body := testenv.Get(t, base+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "cdc_") {
 		t.Fatalf("/metrics without the token: %d %q", code, body)
 	}
-	if code, _ := get(t, base+"/metrics", "wrong"); code != http.StatusUnauthorized {
+	if code, _ := testenv.Get(t, base+"/metrics", "wrong"); code != http.StatusUnauthorized {
 		t.Fatalf("/metrics with a wrong token: %d", code)
 	}
-	if code, body := get(t, base+"/healthz", ""); code != 200 || !strings.Contains(body, "ok") {
+	if code, body := testenv.Get(t, base+"/healthz", ""); code != 200 || !strings.Contains(body, "ok") {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
 	testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'k-' || i, 'E', '{}' FROM generate_series(1, 5) i`)
@@ -166,10 +150,10 @@ replay: {window: 1h}
 	standby := startProc(t, config)
 	sbase := endpointOf(t, standby)
 	testenv.Eventually(t, 30*time.Second, "the standby to say it waits for the slot", func() bool {
-		code, body := get(t, sbase+"/readyz", "")
+		code, body := testenv.Get(t, sbase+"/readyz", "")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, `standby: waiting for replication slot "outbox_cdc"`)
 	})
-	if code, _ := get(t, sbase+"/healthz", ""); code != 200 {
+	if code, _ := testenv.Get(t, sbase+"/healthz", ""); code != 200 {
 		t.Fatalf("a standby's /healthz: %d; it is healthy, only not ready", code)
 	}
 	if v := value(scrape(t, sbase, "metrics-secret"), "cdc_streaming"); v != 0 {

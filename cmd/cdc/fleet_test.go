@@ -45,7 +45,7 @@ http: {listen: "127.0.0.1:0"}
 	}
 	for _, m := range fleet {
 		testenv.Eventually(t, 30*time.Second, m.name+" to be ready", func() bool {
-			code, _ := get(t, m.base+"/readyz", "")
+			code, _ := testenv.Get(t, m.base+"/readyz", "")
 			return code == http.StatusOK
 		})
 		testenv.Exec(t, m.db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)

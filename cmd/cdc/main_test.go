@@ -48,25 +48,7 @@ func TestMain(m *testing.M) {
 // proc is a connector process.
 type proc struct {
 	cmd *exec.Cmd
-	out *lockedBuffer
-}
-
-// lockedBuffer is a process's output, read while the process writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	out *testenv.Buffer
 }
 
 func startProc(t *testing.T, config string) *proc {
@@ -79,7 +61,7 @@ func startCmd(t *testing.T, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "CDC_TEST_EXEC_MAIN=1")
-	out := &lockedBuffer{}
+	out := &testenv.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -39,18 +38,10 @@ func TestNoSecretInLogs(t *testing.T) {
 	secrets := []string{pgSecret, pgWrong, kafkaSecret, kafkaWrong, signingKey, token, tokenWrong}
 
 	certs := testenv.NewCerts(t)
-	srv, err := localpg.StartWith(localpg.Options{
-		Settings: []string{"ssl=on", "ssl_cert_file=server.pem", "ssl_key_file=server-key.pem", "ssl_ca_file=ca.pem", "password_encryption=scram-sha-256"},
-		Files:    []string{certs.ServerCert, certs.ServerKey, certs.CAFile},
-		HBA: `local all all trust
+	srv := testenv.TLSPostgres(t, certs, `local all all trust
 hostnossl all postgres 127.0.0.1/32 trust
 hostssl all cdc_sec 127.0.0.1/32 scram-sha-256
-`,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
+`)
 	testenv.Exec(t, srv.URL, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`,
 		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'before-' || s, 'Placed', '{}' FROM generate_series(1, 20) s`,
@@ -118,8 +109,8 @@ log: {level: trace, kafka: debug}
 	})
 	testenv.Exec(t, srv.URL, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'after-1', 'Placed', '{}')`)
 	for _, tok := range []string{"", tokenWrong, token} {
-		get(t, base+"/readyz", tok)
-		get(t, base+"/metrics", tok)
+		testenv.Get(t, base+"/readyz", tok)
+		testenv.Get(t, base+"/metrics", tok)
 	}
 	finish(true, "backfill", "--config", good, "--table", "outbox", "--no-wait")
 

@@ -1,7 +1,6 @@
 package endpoint
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,21 +18,6 @@ func (fakeSource) Healthy() error        { return nil }
 func (fakeSource) Ready() (bool, string) { return false, "reconnecting after an error" }
 func (fakeSource) Why() string {
 	return `open replication connection to postgres at db.internal:5432: role "cdc" refused`
-}
-
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // TestTokenFileAndReadyz (issue 24): the token file is read again when it
@@ -49,10 +34,10 @@ func TestTokenFileAndReadyz(t *testing.T) {
 	}
 	defer s.Close()
 	base := "http://" + s.Addr()
-	if code, _ := get(t, base+"/metrics", ""); code != http.StatusUnauthorized {
+	if code, _ := testenv.Get(t, base+"/metrics", ""); code != http.StatusUnauthorized {
 		t.Errorf("/metrics without the token: %d, want 401", code)
 	}
-	if code, _ := get(t, base+"/metrics", "first-token"); code != http.StatusOK {
+	if code, _ := testenv.Get(t, base+"/metrics", "first-token"); code != http.StatusOK {
 		t.Errorf("/metrics with the token: %d, want 200", code)
 	}
 	// Rotated: a later modification time, another size.
@@ -61,17 +46,17 @@ func TestTokenFileAndReadyz(t *testing.T) {
 	}
 	later := time.Now().Add(time.Second)
 	os.Chtimes(file, later, later)
-	if code, _ := get(t, base+"/metrics", "first-token"); code != http.StatusUnauthorized {
+	if code, _ := testenv.Get(t, base+"/metrics", "first-token"); code != http.StatusUnauthorized {
 		t.Errorf("/metrics with the old token after rotation: %d, want 401", code)
 	}
-	if code, _ := get(t, base+"/metrics", "the-second-token"); code != http.StatusOK {
+	if code, _ := testenv.Get(t, base+"/metrics", "the-second-token"); code != http.StatusOK {
 		t.Errorf("/metrics with the new token: %d, want 200", code)
 	}
-	code, body := get(t, base+"/readyz", "")
+	code, body := testenv.Get(t, base+"/readyz", "")
 	if code != http.StatusServiceUnavailable || strings.Contains(body, "db.internal") || strings.Contains(body, "cdc") || !strings.Contains(body, "reconnecting") {
 		t.Errorf("/readyz without the token: %d %q; want 503 saying it reconnects, naming no host or role", code, body)
 	}
-	if _, body := get(t, base+"/readyz", "the-second-token"); !strings.Contains(body, "db.internal:5432") {
+	if _, body := testenv.Get(t, base+"/readyz", "the-second-token"); !strings.Contains(body, "db.internal:5432") {
 		t.Errorf("/readyz with the token: %q; want the reason", body)
 	}
 	if s.srv.ReadTimeout == 0 || s.srv.WriteTimeout == 0 || s.srv.IdleTimeout == 0 || s.srv.MaxHeaderBytes == 0 {

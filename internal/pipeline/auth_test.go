@@ -85,7 +85,7 @@ host all cdc_pw 127.0.0.1/32 scram-sha-256
 		defer cancel()
 		go func() { done <- p.Run(ctx) }()
 		testenv.Eventually(t, time.Minute, "the connector to stream", func() bool { return p.State().Streaming })
-		id := insertEvent(t, connect(t, admin), "rot-1", "BeforeRotation")
+		id := insertEvent(t, testenv.Connect(t, admin), "rot-1", "BeforeRotation")
 		c := k.NewConsumer(t, k.AllTopics())
 		c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
 

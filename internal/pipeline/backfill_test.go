@@ -67,7 +67,7 @@ func backfillWriters(t *testing.T, db string, n, aggs int, next []int, stop <-ch
 	committed := map[string]bool{}
 	count = &atomic.Int64{}
 	for w := 0; w < n; w++ {
-		conn := connect(t, db)
+		conn := testenv.Connect(t, db)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -479,7 +479,7 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	live, wait := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(wait)
-		conn := connect(t, db)
+		conn := testenv.Connect(t, db)
 		tick := time.NewTicker(10 * time.Millisecond) // the writer's pace, not a synchronisation
 		defer tick.Stop()
 		for i := 0; ; i++ {

@@ -51,7 +51,7 @@ func loadCheckpoint(t *testing.T, e *env) (checkpoint.Record, bool) {
 func TestCheckpointLeadsTheSlot(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	var last string
 	for i := 0; i < 20; i++ {
 		last = insertEvent(t, conn, fmt.Sprintf("c-%d", i%3), "E")
@@ -105,7 +105,7 @@ func wantGap(t *testing.T, e *env, kind checkpoint.GapKind, mentions ...string) 
 func TestSlotDroppedWhileStoppedIsRefused(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	r := e.start(t)
-	insertEvent(t, connect(t, e.db), "d-1", "Before")
+	insertEvent(t, testenv.Connect(t, e.db), "d-1", "Before")
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 	if err := r.stop(t); err != nil {
@@ -113,7 +113,7 @@ func TestSlotDroppedWhileStoppedIsRefused(t *testing.T) {
 	}
 	rec, _ := loadCheckpoint(t, e)
 	testenv.Exec(t, e.db, `SELECT pg_drop_replication_slot('outbox_cdc')`)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 200; i++ {
 		insertEvent(t, conn, "d-1", "WhileStopped")
 	}
@@ -154,7 +154,7 @@ func TestSlotMovedWhileStoppedIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := loadCheckpoint(t, e)
-	insertEvent(t, connect(t, e.db), "m-1", "Skipped")
+	insertEvent(t, testenv.Connect(t, e.db), "m-1", "Skipped")
 	testenv.Exec(t, e.db, `SELECT pg_switch_wal()`)
 	end := testenv.CurrentWAL(t, e.db)
 	testenv.Eventually(t, 30*time.Second, "the slot to be advanced past the event", func() bool {
@@ -207,7 +207,7 @@ func TestExistingSlotIsAdopted(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	testenv.Exec(t, e.db, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`,
 		`SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`)
-	before := insertEvent(t, connect(t, e.db), "a-1", "BeforeStart")
+	before := insertEvent(t, testenv.Connect(t, e.db), "a-1", "BeforeStart")
 	e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitFor(t, time.Minute, "the event written before the first start", func(recs []*kgo.Record) bool { return ids(recs)[before] > 0 })

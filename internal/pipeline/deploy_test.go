@@ -54,7 +54,7 @@ func TestFirstStartBeforeKafka(t *testing.T) {
 	if err := r.p.Healthy(); err != nil {
 		t.Errorf("/healthz fails while streaming: %v", err)
 	}
-	id := insertEvent(t, connect(t, e.db), "agg-1", "created")
+	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "created")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, 30*time.Second, 1)
 	if got := testenv.Header(c.Records[0], route.HeaderID); got != id || string(c.Records[0].Key) != "agg-1" {
@@ -82,7 +82,7 @@ func TestFirstStartBeforePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, time.Minute, "the pipeline to stream once Postgres is up", func() bool { return r.tracker.Load() != nil })
-	id := insertEvent(t, connect(t, db), "agg-1", "created")
+	id := insertEvent(t, testenv.Connect(t, db), "agg-1", "created")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 30*time.Second, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 }
@@ -169,7 +169,7 @@ func TestStandbyLeavesABusyHolder(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	id := insertEvent(t, connect(t, e.db), "agg-1", "created")
+	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "created")
 	testenv.Eventually(t, 30*time.Second, "the holder to block creating the topic", held.Load)
 	hold := time.NewTimer(4 * e.cfg.Standby.TakeoverAfter) // the fault: how long the broker holds the call
 	<-hold.C

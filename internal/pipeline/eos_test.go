@@ -25,7 +25,7 @@ func TestExactlyOnceDelivers(t *testing.T) {
 	e := newEnv(t, kafka)
 	e.cfg.Delivery = config.DeliveryExactlyOnce
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	want := map[string]bool{}
 	for i := 0; i < 500; i++ {
 		want[insertEvent(t, conn, fmt.Sprintf("agg-%d", i%10), "Created")] = true
@@ -190,7 +190,7 @@ func TestIdleCommitFailureIsNotATimeout(t *testing.T) {
 	e.cfg.Delivery = config.DeliveryExactlyOnce
 	e.cfg.ExactlyOnce.TransactionTimeout = time.Second
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	insertEvent(t, conn, "agg-1", "Created")
 	c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)

@@ -49,7 +49,7 @@ func TestRestoreFromBackup(t *testing.T) {
 			e.cfg.Delivery = config.DeliveryExactlyOnce
 			c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
 			write := func(n int, typ string) map[string]bool {
-				conn := connect(t, db)
+				conn := testenv.Connect(t, db)
 				ids := map[string]bool{}
 				for i := 0; i < n; i++ {
 					ids[insertEvent(t, conn, fmt.Sprintf("agg-%d", i%7), typ)] = true
@@ -147,8 +147,8 @@ func TestTwoDatabasesShareTheCheckpointTopic(t *testing.T) {
 	}
 	ra := a.start(t)
 	rb := b.start(t)
-	idA := insertEvent(t, connect(t, a.db), "agg-a", "created")
-	idB := insertEvent(t, connect(t, b.db), "agg-b", "created")
+	idA := insertEvent(t, testenv.Connect(t, a.db), "agg-a", "created")
+	idB := insertEvent(t, testenv.Connect(t, b.db), "agg-b", "created")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, time.Minute, "an event from each database", func(recs []*kgo.Record) bool {
 		got := ids(recs)

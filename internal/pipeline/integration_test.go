@@ -199,16 +199,6 @@ func waitFatal(t *testing.T, r *running) error {
 	}
 }
 
-func connect(t *testing.T, db string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 func aggType(i int) string {
 	if i%2 == 0 {
 		return "order"
@@ -243,7 +233,7 @@ func TestConcurrentWriters(t *testing.T) {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			conn := connect(t, e.db)
+			conn := testenv.Connect(t, e.db)
 			rng := rand.New(rand.NewSource(int64(w)))
 			ctx := context.Background()
 			for {
@@ -304,7 +294,7 @@ func TestConcurrentWriters(t *testing.T) {
 	// Ground truth from the table itself.
 	type row struct{ aggType, aggID, typ, payload string }
 	want := map[string]row{}
-	rows, err := connect(t, e.db).Query(context.Background(), `SELECT id::text, aggregatetype, aggregateid, type, payload::text FROM outbox`)
+	rows, err := testenv.Connect(t, e.db).Query(context.Background(), `SELECT id::text, aggregatetype, aggregateid, type, payload::text FROM outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +398,7 @@ func ids(recs []*kgo.Record) map[string]int {
 func TestRollbackNeverAppears(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
 
 	before := insertEvent(t, conn, "a-1", "Before")
@@ -438,7 +428,7 @@ func TestRollbackNeverAppears(t *testing.T) {
 func TestInsertThenDeleteInOneTransaction(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
 	var id string
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -469,7 +459,7 @@ func TestInsertThenDeleteInOneTransaction(t *testing.T) {
 func TestQuietOutboxBusyDatabase(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	// Let the connector deliver one event first, so the test also covers
 	// moving on from an acknowledged position.
 	insertEvent(t, conn, "q-1", "First")
@@ -524,7 +514,7 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			k := testenv.NewFakeKafka(t)
 			e := newEnv(t, k)
 			topic := k.Prefix + "outbox.event.order"
-			conn := connect(t, e.db)
+			conn := testenv.Connect(t, e.db)
 			e.start(t)
 
 			// Find keys on partition 0 and elsewhere, by franz-go's own
@@ -594,7 +584,7 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 func TestPoisonEventStops(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ok := insertEvent(t, conn, "p-1", "Fine")
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
@@ -631,7 +621,7 @@ func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	e.cfg.Postgres.StatusInterval = 10 * time.Second // only the final update can confirm
 	e.cfg.Postgres.ConfirmInterval = 10 * time.Second
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 50; i++ {
 		insertEvent(t, conn, fmt.Sprintf("g-%d", i%5), "E")
 	}
@@ -665,7 +655,7 @@ func TestConfirmsArePrompt(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.cfg.Postgres.StatusInterval = 30 * time.Second
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
 	for round := 0; round < 3; round++ {
 		// The event's commit record comes after what its transaction
@@ -741,7 +731,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	})
 	holder.Close(ctx, delivery.NewTracker(st.ConfirmedFlush, 1))
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream once the slot is free", func() bool { return r.tracker.Load() != nil })
-	id := insertEvent(t, connect(t, e.db), "u-1", "AfterWait")
+	id := insertEvent(t, testenv.Connect(t, e.db), "u-1", "AfterWait")
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 1)
 	if got := testenv.Header(c.Records[0], route.HeaderID); got != id {
@@ -754,7 +744,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 func TestSlotVanishedIsFatal(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	testenv.Eventually(t, 30*time.Second, "the slot to be dropped", func() bool {
 		conn.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'outbox_cdc' AND active_pid IS NOT NULL`)
 		_, err := conn.Exec(context.Background(), `SELECT pg_drop_replication_slot('outbox_cdc')`)
@@ -790,7 +780,7 @@ func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
 	e.cfg.MaxInFlight = 5
 	r := e.start(t)
 	first := r.tracker.Load()
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	var pid int
 	testenv.QueryRow(t, e.db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &pid)
 
@@ -845,7 +835,7 @@ func TestDeadLetterPolicy(t *testing.T) {
 	// Hold dead-letter writes until the test has looked at the slot.
 	h := k.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlq, Err: kerr.NotLeaderForPartition, Count: -1})
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 
 	before := testenv.CurrentWAL(t, e.db)
 	poison, xid := insertEventTx(t, conn, "bad/type", "k-1", "Poison", `'{"keep": "these bytes"}'`)

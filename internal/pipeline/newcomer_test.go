@@ -33,7 +33,7 @@ func TestPoisonEventAdviceWorks(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.cfg.Tables[0].DeadLetterTopic = e.kafka.Prefix + "dead-letters"
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	poison, _ := insertEventTx(t, conn, "bad/type", "p-1", "X", `'{}'`)
 	after := insertEvent(t, conn, "p-1", "After")
 	err := waitFatal(t, r)
@@ -138,7 +138,7 @@ func TestDroppedSlotLosslessWayFirst(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.cfg.Replay.Window = time.Hour
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	first := insertEvent(t, conn, "a-1", "Before")
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitFor(t, time.Minute, "the first event", func(recs []*kgo.Record) bool { return ids(recs)[first] == 1 })
@@ -175,7 +175,7 @@ func TestDroppedSlotLosslessWayFirst(t *testing.T) {
 func TestFirstStartSaysWhatItWaitsFor(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	ctx := context.Background()
-	leak := connect(t, e.db)
+	leak := testenv.Connect(t, e.db)
 	tx, err := leak.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestFirstStartSaysWhatItWaitsFor(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedLog
+	var logs testenv.Buffer
 	r := e.launch(t, &logs)
 	want := fmt.Sprintf("pid %d, idle in transaction", pid)
 	testenv.Eventually(t, 30*time.Second, "the first start to say what it waits for", func() bool {

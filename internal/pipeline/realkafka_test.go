@@ -59,7 +59,7 @@ func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 	e.cfg.Kafka.CreateTopics = false
 	r := e.start(t)
 	before := testenv.CurrentWAL(t, e.db)
-	id, xid := insertEventTx(t, connect(t, e.db), "order", "m-1", "Missing", `'{}'`)
+	id, xid := insertEventTx(t, testenv.Connect(t, e.db), "order", "m-1", "Missing", `'{}'`)
 	commit := testenv.CommitLSN(t, e.db, xid, before)
 	err := waitFatal(t, r)
 	var pe *sink.ProduceError
@@ -84,7 +84,7 @@ func TestRealCreatesMissingTopics(t *testing.T) {
 	e.cfg.Kafka.AllowAutoTopicCreation = false
 	e.cfg.Kafka.TopicDefaults = sink.TopicDefaults{Partitions: 2, ReplicationFactor: 1, Configs: map[string]string{"retention.ms": "3600000"}}
 	e.start(t)
-	id := insertEvent(t, connect(t, e.db), "c-1", "Created")
+	id := insertEvent(t, testenv.Connect(t, e.db), "c-1", "Created")
 	c := k.NewConsumer(t, k.AllTopics())
 	c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
 	topic := k.Prefix + "outbox.event.order"
@@ -118,7 +118,7 @@ func TestRealRecordOverTopicMaxMessageBytes(t *testing.T) {
 		t.Fatalf("create topic: %v %v", err, resp.Err)
 	}
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	small := insertEvent(t, conn, "big-1", "Small")
 	c := k.NewConsumer(t, "^"+strings.ReplaceAll(topic, ".", `\.`)+"$")
 	c.WaitCount(t, time.Minute, 1)
@@ -166,7 +166,7 @@ func TestRealBrokerStoppedFor30s(t *testing.T) {
 	r := e.launch(t, logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })
 	session := r.tracker.Load()
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	var pid int
 	testenv.QueryRow(t, e.db, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &pid)
 
@@ -247,7 +247,7 @@ func TestRealDeadLetterOverMaxMessageBytes(t *testing.T) {
 	e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
 	e.cfg.Tables[0].DeadLetterTopic = dlq
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	big, _ := insertEventTx(t, conn, "order", "big-1", "Huge",
 		`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
 	after := insertEvent(t, conn, "big-1", "After")
@@ -301,7 +301,7 @@ func TestRealSecuredKafka(t *testing.T) {
 			e := newEnv(t, k)
 			secured(t, e, mech, "cdc-secret", certs.CAFile)
 			e.start(t)
-			id := insertEvent(t, connect(t, e.db), "s-1", "OverSASL")
+			id := insertEvent(t, testenv.Connect(t, e.db), "s-1", "OverSASL")
 			c := k.NewConsumer(t, k.AllTopics()) // over the plaintext listener
 			c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
 		})
@@ -349,7 +349,7 @@ func TestRealNewTopicsOnAFreshBroker(t *testing.T) {
 				wg.Add(1)
 				go func(w int) {
 					defer wg.Done()
-					conn := connect(t, e.db)
+					conn := testenv.Connect(t, e.db)
 					for i := 0; i < 12; i++ {
 						id, _ := insertEventTx(t, conn, fmt.Sprintf("w%d-topic%d", w, i%3), fmt.Sprintf("k-%d", i), "New", `'{}'`)
 						mu.Lock()
@@ -412,7 +412,7 @@ func TestRealDeadLetterTooLarge(t *testing.T) {
 			e.cfg.Tables[0].DeadLetterTopic = dlq
 			r := e.start(t)
 			before := testenv.CurrentWAL(t, e.db)
-			big, xid := insertEventTx(t, connect(t, e.db), "order", "big-1", "Huge",
+			big, xid := insertEventTx(t, testenv.Connect(t, e.db), "order", "big-1", "Huge",
 				`jsonb_build_object('blob', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000)))`)
 			commit := testenv.CommitLSN(t, e.db, xid, before)
 			if tc.dlqBroker == "" {
@@ -423,7 +423,7 @@ func TestRealDeadLetterTooLarge(t *testing.T) {
 					!strings.Contains(testenv.Header(rec, route.HeaderDeadLetterError), "kafka.max_message_bytes") || len(rec.Value) >= 20000 {
 					t.Fatalf("dead letter %d bytes, headers %v; want the event's, cut and marked, with its reason", len(rec.Value), rec.Headers)
 				}
-				after := insertEvent(t, connect(t, e.db), "agg-1", "After")
+				after := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 				k.NewConsumer(t, k.AllTopics()).WaitFor(t, time.Minute, "the event after", func(recs []*kgo.Record) bool { return ids(recs)[after] == 1 })
 				return
 			}

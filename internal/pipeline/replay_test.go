@@ -62,7 +62,7 @@ func commitOf(recs []*kgo.Record, id string) pglogrepl.LSN {
 // waits until the consumer has seen them; it returns them in commit order.
 func writeEvents(t *testing.T, e *env, c *testenv.Consumer, n int, typ string) []string {
 	t.Helper()
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	var out []string
 	for i := 0; i < n; i++ {
 		out = append(out, insertEvent(t, conn, fmt.Sprintf("k-%d", i%5), typ))
@@ -148,7 +148,7 @@ func TestLiveReplayPastInFlight(t *testing.T) {
 	e.cfg.MaxInFlight = 4
 	e.start(t)
 	from := testenv.CurrentWAL(t, e.db)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	var events []string
 	for i := 0; i < 40; i++ {
 		events = append(events, insertEvent(t, conn, fmt.Sprintf("k-%d", i%5), "E"))
@@ -198,7 +198,7 @@ func TestReplayWindowAdvancesAndRefusesOlder(t *testing.T) {
 	const window = 3 * time.Second
 	e.cfg.Replay.Window = window
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	first := writeEvents(t, e, c, 1, "First")[0]
 	firstCommit := commitOf(c.Records, first)
@@ -299,7 +299,7 @@ func TestReplayFiltered(t *testing.T) {
 	e.cfg.Replay.Window = time.Hour
 	e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	type ev struct{ id, aggType, aggID, typ string }
 	var evs []ev
 	aggTypes, types := []string{"order", "payment", "invoice"}, []string{"Created", "Paid"}

@@ -56,7 +56,7 @@ func TestReplica(t *testing.T) {
 		if !pub {
 			t.Fatal("the publication was not made on the primary")
 		}
-		conn := connect(t, primary)
+		conn := testenv.Connect(t, primary)
 		for i := 0; i < 300; i++ {
 			insertEvent(t, conn, fmt.Sprintf("agg-%d", i%7), "Created")
 		}
@@ -93,7 +93,7 @@ func TestReplica(t *testing.T) {
 		testenv.Exec(t, primary, `CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true)`)
 		pair.CaughtUp(t)
 		r := e.start(t)
-		conn := connect(t, primary)
+		conn := testenv.Connect(t, primary)
 		for i := 0; i < 50; i++ {
 			insertEvent(t, conn, fmt.Sprintf("agg-%d", i%3), "Created")
 		}
@@ -112,7 +112,7 @@ func TestReplica(t *testing.T) {
 		pair.CaughtUp(t)
 		e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 50}
 		r := e.start(t)
-		conn := connect(t, primary)
+		conn := testenv.Connect(t, primary)
 		for i := 0; i < 20; i++ {
 			insertEvent(t, conn, "after", "Created")
 		}

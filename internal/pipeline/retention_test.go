@@ -92,7 +92,7 @@ func TestRetentionKeepsWhatKafkaHasNot(t *testing.T) {
 			stop := make(chan struct{})
 			writerDone := make(chan error, 1)
 			go func() {
-				conn := connect(t, e.db)
+				conn := testenv.Connect(t, e.db)
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
@@ -240,7 +240,7 @@ func TestRetentionDropsPartitions(t *testing.T) {
 		want = append(want, id)
 	}
 	partitions := func() map[string]bool {
-		rows, err := connect(t, e.db).Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
+		rows, err := testenv.Connect(t, e.db).Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -310,7 +310,7 @@ func TestRetentionCheck(t *testing.T) {
 	if err := check(); err != nil && strings.Contains(err.Error(), "DELETE") {
 		t.Fatalf("check after the grant: %v", err)
 	}
-	insertEvent(t, connect(t, e.db), "a-1", "E")
+	insertEvent(t, testenv.Connect(t, e.db), "a-1", "E")
 	p, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
 	if err != nil {
 		t.Fatal(err)

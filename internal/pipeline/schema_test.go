@@ -104,7 +104,7 @@ func TestSchemaFormatsEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{}
-			conn := connect(t, e.db)
+			conn := testenv.Connect(t, e.db)
 			insertEventTx(t, conn, "order", "k-0", "OrderPlaced", `'{"id": "o-0", "qty": 5}'`)
 			r := e.start(t)
 			insertEventTx(t, conn, "order", "k-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
@@ -161,7 +161,7 @@ func TestSchemaRegistryDown(t *testing.T) {
 		}
 	}
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
 	c.WaitCount(t, time.Minute, 1)
@@ -375,7 +375,7 @@ func TestRegistryConformance(t *testing.T) {
 				return 0, "", false
 			})
 			r := e.start(t)
-			conn := connect(t, e.db)
+			conn := testenv.Connect(t, e.db)
 			first, _ := insertEventTx(t, conn, "order", "k-1", "Created", `'{"id": "o-1", "qty": 1}'`)
 			c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 			switch tc.then {
@@ -450,7 +450,7 @@ func TestRegistryWaitExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	c := e.kafka.NewCommittedConsumer(t, e.kafka.AllTopics())
 	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
 	c.WaitCount(t, time.Minute, 1)

@@ -49,7 +49,7 @@ CREATE TABLE outbox_default PARTITION OF outbox DEFAULT;
 // outboxRows is the table's rows, id → aggregate id, the ground truth.
 func outboxRows(t *testing.T, db string) map[string]string {
 	t.Helper()
-	rows, err := connect(t, db).Query(context.Background(), `SELECT id::text, aggregateid FROM outbox`)
+	rows, err := testenv.Connect(t, db).Query(context.Background(), `SELECT id::text, aggregateid FROM outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ type writer struct {
 func startWriter(t *testing.T, db, sql string) *writer {
 	t.Helper()
 	w := &writer{done: make(chan error, 1)}
-	conn := connect(t, db)
+	conn := testenv.Connect(t, db)
 	go func() {
 		ctx := context.Background()
 		for i := 0; !w.stop.Load(); i++ {
@@ -170,7 +170,7 @@ func TestPartitionedOutbox(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	testenv.Exec(t, e.db, partitionedSchema)
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 
@@ -244,7 +244,7 @@ func TestPartitionedOutboxBackfill(t *testing.T) {
 		SELECT '2026-01-01'::timestamptz + (i % 80) * interval '1 day', 'order', 'b-' || (i % 9), 'Pending', '{}' FROM generate_series(1, 200) i`)
 	e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 50}
 	e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 20; i++ {
 		insertEvent(t, conn, "after", "Created")
 	}
@@ -270,7 +270,7 @@ func TestPartitionedOutboxOtherPublication(t *testing.T) {
 
 	// Streamed from a slot made while the publication named the leaves.
 	testenv.Exec(t, e.db, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 30; i++ {
 		insertEvent(t, conn, fmt.Sprintf("leaf-%d", i%3), "Created")
 	}
@@ -395,7 +395,7 @@ func TestRecreatedWhileStopped(t *testing.T) {
 	e.cfg.MaxInFlight = 256
 	r := e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 20; i++ {
 		insertEvent(t, conn, "old", "Created")
 	}
@@ -468,7 +468,7 @@ func TestMigrationsThatHold(t *testing.T) {
 
 	// Inserted and deleted in the same transaction: the INSERT is in the
 	// WAL, and the event is delivered.
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -517,7 +517,7 @@ func TestMappedColumnDropped(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	r := e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	insertEvent(t, conn, "a-1", "Created")
 	c.WaitCount(t, time.Minute, 1)
 	testenv.Exec(t, e.db, `ALTER TABLE outbox DROP COLUMN aggregateid`)
@@ -542,7 +542,7 @@ func TestUnmappedRelation(t *testing.T) {
 	testenv.Exec(t, e.db, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox, other WITH (publish = 'insert')`)
 	r := e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 5; i++ {
 		testenv.Exec(t, e.db, `INSERT INTO other (note) VALUES ('x')`)
 		insertEvent(t, conn, "a", "Created")
@@ -568,7 +568,7 @@ func TestTableMissing(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the table reported missing", func() bool { return missing() == 1 })
 	create := strings.TrimSuffix(strings.TrimPrefix(recreateSQL, "BEGIN;\nDROP TABLE outbox;"), "COMMIT;")
 	testenv.Exec(t, e.db, create[strings.Index(create, "CREATE"):])
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	for i := 0; i < 10; i++ {
 		insertEvent(t, conn, "back", "Created")
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -25,19 +24,11 @@ import (
 func TestPostgresTLS(t *testing.T) {
 	testenv.Require(t, pg)
 	certs := testenv.NewCerts(t)
-	srv, err := localpg.StartWith(localpg.Options{
-		Settings: []string{"ssl=on", "ssl_cert_file=server.pem", "ssl_key_file=server-key.pem", "ssl_ca_file=ca.pem", "password_encryption=scram-sha-256"},
-		Files:    []string{certs.ServerCert, certs.ServerKey, certs.CAFile},
-		HBA: `local all all trust
+	srv := testenv.TLSPostgres(t, certs, `local all all trust
 hostnossl all postgres 127.0.0.1/32 trust
 hostssl all cdc_pw 127.0.0.1/32 scram-sha-256
 hostssl all cdc 127.0.0.1/32 cert
-`,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
+`)
 	admin := srv.URL
 	testenv.Exec(t, admin, schema,
 		`CREATE ROLE cdc_pw LOGIN REPLICATION PASSWORD 'tls-secret'`, `CREATE ROLE cdc LOGIN REPLICATION`,
@@ -69,7 +60,7 @@ hostssl all cdc 127.0.0.1/32 cert
 	started := time.Now()
 	e.logLevel = hclog.Trace
 	// The error is returned, not logged: it is checked below.
-	err = waitFatal(t, e.launch(t, sweptLog(t, 0, "tls-secret")))
+	err := waitFatal(t, e.launch(t, sweptLog(t, 0, "tls-secret")))
 	var tlsErr *wal.TLSError
 	if !errors.As(err, &tlsErr) || !strings.Contains(err.Error(), "sslrootcert") || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "tls-secret") {
 		t.Fatalf("a wrong CA: %v; want a fatal one-line error naming sslrootcert", err)
@@ -93,7 +84,7 @@ hostssl all cdc 127.0.0.1/32 cert
 			e.cfg.Postgres.StatusInterval = 50 * time.Millisecond
 			e.logLevel, e.logOut = hclog.Trace, sweptLog(t, 5, "tls-secret")
 			e.start(t)
-			id := insertEvent(t, connect(t, admin), fmt.Sprintf("tls-%d", i), "OverTLS")
+			id := insertEvent(t, testenv.Connect(t, admin), fmt.Sprintf("tls-%d", i), "OverTLS")
 			c := k.NewConsumer(t, k.AllTopics())
 			c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
 			var ssl bool

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,7 +40,7 @@ func TestForgedBackfillRequestIsIgnored(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	e := newEnv(t, kafka)
 	testenv.Exec(t, e.db, `CREATE FUNCTION spy() RETURNS bool LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the forged condition ran'; END $$`)
-	var logs lockedLog
+	var logs testenv.Buffer
 	r := e.launch(t, &logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
 
@@ -63,7 +62,7 @@ func TestForgedBackfillRequestIsIgnored(t *testing.T) {
 		return counterValue(r.p.Metrics().ForgedRequests) == 2
 	})
 	// An event after the announcements: the stream went past them.
-	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 30*time.Second, "the event after the forged requests", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 	if err := r.stop(t); err != nil {
@@ -119,24 +118,6 @@ func TestForgedBackfillFailIsIgnored(t *testing.T) {
 	}
 }
 
-// lockedLog is a log output the test reads while the pipeline writes it.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // counterValue is a counter's value.
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
@@ -176,7 +157,7 @@ func TestRowRoutedToCheckpointTopic(t *testing.T) {
 			if n := counterValue(r.p.Metrics().ForeignRecords); n < 1 {
 				t.Errorf("cdc_checkpoint_foreign_records_total = %v after a record that is not a checkpoint; want at least 1", n)
 			}
-			conn := connect(t, e.db)
+			conn := testenv.Connect(t, e.db)
 			key := checkpoint.RequestKey(checkpoint.Key("outbox_cdc", systemID(t, e.db)), "routed")
 			if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'E', '{"id": "routed", "table": "public.outbox", "where": "true"}')`,
 				"checkpoints", key); err != nil {
@@ -215,12 +196,12 @@ func TestRowRoutedToCheckpointTopic(t *testing.T) {
 func TestUnknownBackfillRequestIsPassedOver(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	e := newEnv(t, kafka)
-	var logs lockedLog
+	var logs testenv.Buffer
 	r := e.launch(t, &logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
 	sql, args := backfill.ControlMessage("nobody-wrote-this")
 	testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
-	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 10*time.Second, "the event after the unknown request", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
@@ -303,17 +284,17 @@ func TestForgedCheckpointRecordRunsNothing(t *testing.T) {
 			}
 			testenv.Exec(t, e.db, `CREATE FUNCTION public.spy() RETURNS bool LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the forged condition ran'; END $$`)
 			r := e.start(t)
-			insertEvent(t, connect(t, e.db), "agg-1", "Before")
+			insertEvent(t, testenv.Connect(t, e.db), "agg-1", "Before")
 			kafka.NewConsumer(t, kafka.AllTopics()).WaitCount(t, 30*time.Second, 1)
 			if err := r.stop(t); err != nil {
 				t.Fatal(err)
 			}
 			forgeJob(t, e, "public.spy()")
 
-			var logs lockedLog
+			var logs testenv.Buffer
 			r = e.launch(t, &logs)
 			testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
-			id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+			id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 			c := kafka.NewConsumer(t, kafka.AllTopics())
 			c.WaitFor(t, 30*time.Second, "the event after the forged record", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 			if signed {
@@ -419,7 +400,7 @@ func TestAnnouncementFloodDoesNotStallTheStream(t *testing.T) {
 	})
 	testenv.Exec(t, e.db, `SELECT pg_logical_emit_message(true, '`+decode.ControlPrefix+`', json_build_object('type', 'backfill-request', 'id', 'flood-' || i)::text) FROM generate_series(1, 3000) i`)
 	start := time.Now()
-	id := insertEvent(t, connect(t, e.db), "agg-1", "After")
+	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 20*time.Second, "the event after the flood", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
 	if d := time.Since(start); d > 10*time.Second {
@@ -465,7 +446,7 @@ func TestRowProblemsAreDeadLettered(t *testing.T) {
 		return resp, nil, true
 	})
 	r := e.start(t)
-	conn := connect(t, e.db)
+	conn := testenv.Connect(t, e.db)
 	insertEventTx(t, conn, "order", "a-1", "Created", `'{}'`) // a topic of its own: 1 of 3
 	collided, _ := insertEventTx(t, conn, "col.lides", "a-2", "Created", `'{}'`)
 	huge, _ := insertEventTx(t, conn, "order", "a-3", "Huge",

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -120,7 +121,7 @@ func TestSendPacesBatches(t *testing.T) {
 	k.batch.now = clock.now
 
 	acked := sendAll(k, "e0")
-	waitFor(t, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
+	testenv.Eventually(t, 15*time.Second, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
 	more := make([]string, 9)
 	for i := range more {
 		more[i] = fmt.Sprintf("e%d", i+1)
@@ -193,7 +194,7 @@ func TestSendWithoutBatching(t *testing.T) {
 	log := watchProduces(c)
 	k := newSink(t, c, Config{MaxBatchDelay: -1})
 	acked := sendAll(k, "e0")
-	waitFor(t, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
+	testenv.Eventually(t, 15*time.Second, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
 	acked1 := sendAll(k, "e1", "e2")
 	if len(k.batch.held) != 0 {
 		t.Fatal("records were held with batching off")

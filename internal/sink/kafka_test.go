@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/outboxcdc/cdc/internal/delivery"
+	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -66,17 +67,6 @@ func keysFor(p int32, n int) (on, off []string) {
 	return on[:n], off[:n]
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // produceTxns produces one transaction per key, in order, each ending at
 // LSN 10*(i+1).
 func produceTxns(k *Kafka, tr *delivery.Tracker, keys []string, endBase int) {
@@ -121,8 +111,8 @@ func TestRetriableFaultDeliversAfterItClears(t *testing.T) {
 	produceTxns(k, tr, off[:1], 0) // 10
 	produceTxns(k, tr, on[:1], 10) // 20: stuck while the fault lasts
 	produceTxns(k, tr, off[1:], 20)
-	waitFor(t, "the fault to be hit", func() bool { return h.Hits() >= 3 })
-	waitFor(t, "the healthy partitions' acks", func() bool { return tr.InFlight() == 1 })
+	testenv.Eventually(t, 15*time.Second, "the fault to be hit", func() bool { return h.Hits() >= 3 })
+	testenv.Eventually(t, 15*time.Second, "the healthy partitions' acks", func() bool { return tr.InFlight() == 1 })
 	if got := tr.Confirmed(); got != 10 {
 		t.Fatalf("Confirmed() = %s during the fault, want 0/A", got)
 	}

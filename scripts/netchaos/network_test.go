@@ -75,7 +75,7 @@ type netEnv struct {
 	pgProxy *toxiproxy.Proxy
 	kProxy  *toxiproxy.Proxy
 	mode    string
-	out     *lockedBuffer
+	out     *testenv.Buffer
 	cmd     *exec.Cmd
 	http    string // the connector's endpoint
 	payload int    // bytes of each event's payload (0: small)
@@ -153,7 +153,7 @@ func freeAddr(t *testing.T) string {
 func newNet(t *testing.T, mode string) *netEnv {
 	t.Helper()
 	p := testenv.Require(t, pg)
-	n := &netEnv{db: p.NewDatabase(t), mode: mode, out: &lockedBuffer{}}
+	n := &netEnv{db: p.NewDatabase(t), mode: mode, out: &testenv.Buffer{}}
 	testenv.Exec(t, n.db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
@@ -208,14 +208,14 @@ log: {level: info}
 // proc is one cdc run process.
 type proc struct {
 	cmd    *exec.Cmd
-	out    *lockedBuffer
+	out    *testenv.Buffer
 	http   string
 	exited chan struct{}
 }
 
 // launch starts cdc run with config; the test's end stops it (thawing it
 // first if it is frozen) and, if the test failed, prints its output.
-func launch(t *testing.T, config string, out *lockedBuffer) *proc {
+func launch(t *testing.T, config string, out *testenv.Buffer) *proc {
 	t.Helper()
 	p := &proc{out: out, http: freeAddr(t), exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, "run", "--config", config)
@@ -646,21 +646,4 @@ func peakRSS(t *testing.T, pid int) float64 {
 	}
 	t.Fatal("no VmHWM")
 	return 0
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

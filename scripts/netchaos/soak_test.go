@@ -87,7 +87,7 @@ type soak struct {
 	n       *netEnv
 	config  string
 	procs   [2]*proc
-	outs    [2]*lockedBuffer
+	outs    [2]*testenv.Buffer
 	started time.Time
 
 	histMu sync.Mutex
@@ -150,7 +150,7 @@ replay: {window: 1h}
 	s.hist = bufio.NewWriter(f)
 	s.started = time.Now()
 	for i := range s.procs {
-		s.outs[i] = &lockedBuffer{}
+		s.outs[i] = &testenv.Buffer{}
 		s.procs[i] = launch(t, s.config, s.outs[i])
 	}
 	t.Cleanup(func() {
