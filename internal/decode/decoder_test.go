@@ -395,3 +395,18 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestBeginCommitTime reads the commit time of pgoutput's BEGIN, and
+// nothing from other messages or a short one.
+func TestBeginCommitTime(t *testing.T) {
+	at := time.Date(2026, 11, 24, 10, 0, 0, 123456000, time.UTC)
+	b := beginMsg(0x1000, 7, at)
+	if got, ok := BeginCommitTime(b); !ok || !got.Equal(at) {
+		t.Fatalf("BEGIN: %v, %v; want %v", got, ok, at)
+	}
+	for _, data := range [][]byte{b[:20], append([]byte{'C'}, b[1:]...), nil} {
+		if _, ok := BeginCommitTime(data); ok {
+			t.Fatalf("%q read as a BEGIN", data)
+		}
+	}
+}

@@ -217,3 +217,18 @@ func parseTuple(r *reader, vals []tupleValue) []tupleValue {
 	}
 	return vals
 }
+
+// BeginCommitTime is the commit time a pgoutput BEGIN message carries, or
+// false for another message: the replication loop reads it before it hands
+// the message on, to tell a stream that runs live from a backlog.
+func BeginCommitTime(data []byte) (time.Time, bool) {
+	if len(data) == 0 || data[0] != msgBegin {
+		return time.Time{}, false
+	}
+	r := &reader{b: data[1:]}
+	b := parseBegin(r)
+	if r.err != nil {
+		return time.Time{}, false
+	}
+	return b.CommitTime, true
+}

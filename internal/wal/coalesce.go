@@ -3,7 +3,6 @@ package wal
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -80,18 +79,6 @@ func liveAfter(live, atEnd bool, age time.Duration) bool {
 		return age <= 2*liveAge
 	}
 	return atEnd && age < liveAge
-}
-
-// pgEpoch is where pgoutput's timestamps count from.
-var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// beginCommitTime is the commit time a pgoutput BEGIN message carries
-// ('B', final LSN, commit time in µs since pgEpoch, xid), or false.
-func beginCommitTime(data []byte) (time.Time, bool) {
-	if len(data) < 21 || data[0] != 'B' {
-		return time.Time{}, false
-	}
-	return pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(data[9:17]))) * time.Microsecond), true
 }
 
 // batchReads turns batching on, with batch time w, or off.

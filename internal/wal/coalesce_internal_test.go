@@ -3,7 +3,6 @@ package wal
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"runtime"
@@ -73,24 +72,6 @@ func TestCoalescingReads(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestBeginCommitTime reads the commit time of pgoutput's BEGIN, and
-// nothing from other messages or a short one.
-func TestBeginCommitTime(t *testing.T) {
-	at := time.Date(2026, 11, 24, 10, 0, 0, 123456000, time.UTC)
-	b := []byte{'B'}
-	b = binary.BigEndian.AppendUint64(b, 0x1000)
-	b = binary.BigEndian.AppendUint64(b, uint64(at.Sub(pgEpoch).Microseconds()))
-	b = binary.BigEndian.AppendUint32(b, 7)
-	if got, ok := beginCommitTime(b); !ok || !got.Equal(at) {
-		t.Fatalf("BEGIN: %v, %v; want %v", got, ok, at)
-	}
-	for _, data := range [][]byte{b[:20], append([]byte{'C'}, b[1:]...), nil} {
-		if _, ok := beginCommitTime(data); ok {
-			t.Fatalf("%q read as a BEGIN", data)
-		}
 	}
 }
 

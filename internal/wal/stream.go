@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 )
 
@@ -257,7 +258,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 					return fmt.Errorf("parse XLogData: %w", err)
 				}
 				// Batch reads while the stream is live (coalescingConn).
-				if commit, ok := beginCommitTime(xld.WALData); ok {
+				if commit, ok := decode.BeginCommitTime(xld.WALData); ok {
 					if on := liveAfter(live, atEnd, time.Since(commit)); batch != nil && on != live {
 						setLive(on)
 					}
