@@ -57,11 +57,11 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
 	defer pt.close(ctx)
 	s.dec = s.newDecoder(pt, nil)
-	acks := replay.NewAcks(s.tracker, f, k)
+	acks := replay.NewAcks(s.tracker, f)
 
 	report := func() replay.Status { return f.Progress(start, s.tracker.Acked()) }
 	stopReports := replay.Report(progress, report)
-	runErr := stream.Run(ctx, s.handle, acks)
+	runErr := stream.Run(ctx, s.handle, acks, k)
 	if errors.Is(runErr, replay.ErrDone) {
 		runErr = nil
 		// Every event is produced: wait for Kafka to acknowledge them.

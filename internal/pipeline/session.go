@@ -129,6 +129,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		p.setState(false, "session ended")
 	}()
 	var acks sessionAcks
+	var batch wal.Releaser // the producer's batching, at least once
 	if p.cfg.IsExactlyOnce() {
 		c := s.eos
 		c.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
@@ -138,7 +139,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		// A checkpoint's ack is what lets the position move: confirm it
 		// now, not at the loop's next poll.
 		confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
-		acks = streamAcks{confirmer, k}
+		acks, batch = confirmer, k
 	}
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
@@ -188,7 +189,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	go func() { defer close(backfillsDone); runner.Run(bctx, p.bf) }()
 	defer func() { stopBackfills(); <-backfillsDone }()
 
-	runErr := stream.Run(runCtx, s.handle, acks)
+	runErr := stream.Run(runCtx, s.handle, acks, batch)
 	if s.eos != nil {
 		s.eos.Halt()
 	}
@@ -256,21 +257,12 @@ func (p *Pipeline) cleaner() *retention.Cleaner {
 
 // sessionAcks is how a session confirms: what the replication loop reads
 // (wal.Acks), and what shutdown finishes. Its two implementations live side
-// by side in internal/checkpoint: the Confirmer at least once (here with the
-// producer's batching, streamAcks), the Committer exactly once.
+// by side in internal/delivery: the Confirmer at least once, the Committer
+// exactly once.
 type sessionAcks interface {
 	wal.Acks
 	Final(ctx context.Context) error
 }
-
-// streamAcks is what the replication loop reads: the confirmer, and the
-// producer's batching (wal.Releaser: Release, Live and Drained).
-type streamAcks struct {
-	*delivery.Confirmer
-	*sink.Kafka
-}
-
-var _ wal.Releaser = streamAcks{}
 
 // session is one replication session: one replication connection, one
 // Kafka client, one decoder and one tracker. Its methods follow one event

@@ -14,8 +14,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
-	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Range selects transactions by commit LSN or commit time. Zero bounds are
@@ -231,19 +229,8 @@ func (f *Filter) Take(ev *outbox.Event) bool {
 // with no transaction open. Events still in flight are waited for after.
 type Acks struct {
 	*delivery.Tracker
-	f     *Filter
-	kafka *sink.Kafka
+	f *Filter
 }
-
-// The producer's batching (wal.Releaser): a replay of recent events runs
-// live, one batch a read, like the stream. The assertion matters: the loop
-// finds a Releaser by a type assertion, and Acks without one of these
-// methods would hold a live batch for ever.
-var _ wal.Releaser = (*Acks)(nil)
-
-func (a *Acks) Release(now time.Time) time.Time { return a.kafka.Release(now) }
-func (a *Acks) Live(on bool)                    { a.kafka.Live(on) }
-func (a *Acks) Drained() time.Time              { return a.kafka.Drained() }
 
 func (a *Acks) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
 	a.Tracker.Keepalive(walEnd, at)
@@ -302,8 +289,8 @@ func (f *Filter) Summary(p Status, elapsed time.Duration) Summary {
 }
 
 // NewAcks is the replay stream's wal.Acks over its tracker and producer.
-func NewAcks(tr *delivery.Tracker, f *Filter, kafka *sink.Kafka) *Acks {
-	return &Acks{Tracker: tr, f: f, kafka: kafka}
+func NewAcks(tr *delivery.Tracker, f *Filter) *Acks {
+	return &Acks{Tracker: tr, f: f}
 }
 
 // WindowStart is the WAL position from which the replay slot, holding WAL

@@ -43,8 +43,8 @@ type Acks interface {
 	Changed() <-chan struct{}
 }
 
-// Releaser is implemented by Acks whose records wait to be batched: the
-// loop calls Release at every turn, and wakes up by the time it returns
+// Releaser is the producer's batching, for a stream whose records wait to
+// be batched (nil to Run: none): the loop calls Release at every turn, and wakes up by the time it returns
 // (the zero time: no need). While the stream runs live with its reads
 // batched, it says so with Live, and calls Drained each time it has
 // handled all that its reads brought, before it waits for more: Drained
@@ -125,8 +125,9 @@ func startError(slot string, err error) error {
 // Confirms are prompt: while Acks owes anything, the loop looks at
 // Confirmed at least every ConfirmInterval and sends a status update as
 // soon as it moved, at most one per ConfirmInterval. Otherwise a status
-// update goes out every StatusInterval, as a keepalive.
-func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
+// update goes out every StatusInterval, as a keepalive. rel, when not
+// nil, is the producer's batching, which the loop drives.
+func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Releaser) error {
 	now := time.Now()
 	statusAt := now // the next keepalive
 	confirmAt := now
@@ -134,7 +135,6 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks) error {
 	recv := newReceiver(s.conn.Conn())
 	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
-	rel, _ := acks.(Releaser)
 	batch, live := coalescer(s.conn.Conn()), false
 	// atEnd: a keepalive came after the last BEGIN. A walsender sends one
 	// when it has sent all the WAL there is (and the client has not

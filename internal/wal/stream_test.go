@@ -79,7 +79,7 @@ func TestWakeConfirmsAtOnce(t *testing.T) {
 				commits <- struct{}{}
 			}
 			return nil
-		}, acks)
+		}, acks, nil)
 	}()
 	defer func() {
 		cancel()
@@ -300,7 +300,7 @@ func recordCommits(t *testing.T, ctx context.Context, s *wal.Stream, acks wal.Ac
 				commits <- committed{agg, wal.Batching(s), time.Now()}
 			}
 			return nil
-		}, acks)
+		}, acks, releaser(acks))
 	}()
 	next = func() committed {
 		t.Helper()
@@ -345,7 +345,7 @@ func TestReceiveTimeoutEndsASilentSession(t *testing.T) {
 	acks.pos.Store(uint64(st.ConfirmedFlush))
 	done := make(chan error, 1)
 	go func() {
-		done <- s.Run(ctx, func(pglogrepl.LSN, []byte) error { return nil }, acks)
+		done <- s.Run(ctx, func(pglogrepl.LSN, []byte) error { return nil }, acks, nil)
 	}()
 	defer s.Close(context.Background(), acks)
 
@@ -380,4 +380,12 @@ func TestReceiveTimeoutEndsASilentSession(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("a silent walsender's session did not end within 30s")
 	}
+}
+
+// releaser is acks' batching, if it has one.
+func releaser(acks wal.Acks) wal.Releaser {
+	if r, ok := acks.(wal.Releaser); ok {
+		return r
+	}
+	return nil
 }
