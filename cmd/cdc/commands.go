@@ -46,10 +46,8 @@ const memoryHeadroom = 40 << 20
 // default Go lets the heap grow to twice what is live before collecting,
 // so a stall with large payloads would double them. A soft limit of that
 // bound plus room for the rest makes the collector work harder instead
-// (docs/config.md). GOGC=200 below the limit was tried, and costs a
-// seventh more memory in a drain for a tenth less CPU at 20k-40k
-// events/s, with the same p99: Go's default is the one kept
-// (docs/benchmarks.md, "Memory and GOGC").
+// (docs/config.md). GOGC stays Go's default: docs/benchmarks.md, "Memory
+// and GOGC", has what a higher one trades.
 func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64, percent int) {
 	if getenv("GOMEMLIMIT") != "" {
 		return 0, 0

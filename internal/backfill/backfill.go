@@ -43,10 +43,10 @@ type Plan struct {
 // send much more than the budget for the reader to drop.
 const firstLimit = 64
 
-// SetBudget bounds each chunk Read returns to about n bytes of row values
-// (0: no bound); a single row larger than n is read alone. Memory then
-// holds a chunk of n bytes, however large the rows (docs/design.md, rule
-// 22).
+// SetBudget bounds each chunk Read returns to about n bytes of row values (0:
+// no bound); a single row larger than n is read alone. Memory then holds a
+// chunk of n bytes, however large the rows (docs/design.md, "Memory is bounded
+// in bytes").
 func (p *Plan) SetBudget(n int64) {
 	p.budget = n
 	p.limit = min(p.chunk, firstLimit)

@@ -30,19 +30,19 @@
 //   - Reads are read-only transactions: a condition cannot write.
 //
 //   - The first start's job reads in the snapshot the slot exported, and
-//     is sent before the stream's first transaction, in transactions that
-//     end at the slot's consistent point (docs/design.md, rule 18).
+//     is sent before the stream's first transaction, in transactions that end
+//     at the slot's consistent point (docs/design.md, "Backfill consistency").
 //
 //   - Any other job reads each chunk between a low and a high watermark,
-//     logical decoding messages it writes (the DBLog approach). The chunk
-//     is sent at the high watermark, in its transaction, less the rows the
-//     stream met between the watermarks: a chunk neither overtakes nor
-//     doubles the live events around it (TestWatermarksSendWhatTheStreamDidNot),
-//     and its progress is part of the watermark's checkpoint, so a restart
-//     goes on from the last chunk Kafka acknowledged.
+//     logical decoding messages it writes (the DBLog approach). The chunk is
+//     sent at the high watermark, in its transaction, less the rows the stream
+//     met between the watermarks: a chunk neither overtakes nor doubles the
+//     live events around it (TestWatermarksSendWhatTheStreamDidNot), and its
+//     progress is part of the watermark's checkpoint, so a restart goes on from
+//     the last chunk Kafka acknowledged.
 //
 //   - A watermark or a failure names the session's random run, which only
 //     logical decoding can read; a request runs only when its signature
 //     verifies with checkpoint.signing_key_file (TestAdmitChecksTheSignature,
-//     docs/design.md, rule 23).
+//     docs/design.md, "Untrusted input stays data").
 package backfill

@@ -127,7 +127,7 @@ type Sender interface {
 // The events are tracked in transactions that end at at, so nothing is
 // confirmed past it until the stream runs; the jobs' progress goes to the
 // checkpoint as it is acknowledged, and an interruption is continued
-// beside the stream (docs/design.md, rule 18).
+// beside the stream (docs/design.md, "Backfill consistency").
 func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
 	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {

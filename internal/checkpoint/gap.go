@@ -35,12 +35,12 @@ type SlotInfo struct {
 	Address string
 }
 
-// Decide compares the slot with the checkpoint records (Store.Load) and
-// tells a first start from a gap (docs/design.md, rule 16). The slot alone
-// cannot: a slot dropped while the connector was stopped, re-created by
-// someone, or a URL now naming another database all look like "no slot
-// yet" from inside Postgres. A gap is a *GapError, refused until a person
-// accepts it (cdc reset --accept-gap).
+// Decide compares the slot with the checkpoint records (Store.Load) and tells a
+// first start from a gap (docs/design.md, "The slot is not the connector's
+// memory"). The slot alone cannot: a slot dropped while the connector was
+// stopped, re-created by someone, or a URL now naming another database all look
+// like "no slot yet" from inside Postgres. A gap is a *GapError, refused until
+// a person accepts it (cdc reset --accept-gap).
 func Decide(slot, systemID string, s SlotInfo, records map[string]Record) (Start, *Record, error) {
 	rec, ok := records[Key(slot, systemID)]
 	if !ok {
@@ -66,11 +66,12 @@ func Decide(slot, systemID string, s SlotInfo, records map[string]Record) (Start
 	case s.Confirmed > rec.Confirmed:
 		return 0, nil, &GapError{Kind: GapSlotAhead, Slot: slot, SystemID: systemID, Checkpoint: rec, SlotLSN: s.Confirmed}
 	case s.WALEnd != 0 && s.Timeline == rec.Timeline && s.WALEnd < rec.Confirmed:
-		// Everything confirmed was flushed WAL, and a crash replays all
-		// of that: a server whose WAL ends before the checkpoint on the
-		// same timeline was restored from a backup taken before it
-		// (docs/design.md, rule 21). Its new transactions reuse the positions the
-		// checkpoint covers, so comparing them with it means nothing.
+		// Everything confirmed was flushed WAL, and a crash replays all of
+		// that: a server whose WAL ends before the checkpoint on the same
+		// timeline was restored from a backup taken before it (docs/design.md,
+		// "An LSN means something only within its WAL history"). Its new
+		// transactions reuse the positions the checkpoint covers, so comparing
+		// them with it means nothing.
 		return 0, nil, &GapError{Kind: GapHistory, Slot: slot, SystemID: systemID, Checkpoint: rec, SlotLSN: s.WALEnd}
 	}
 	return StartResume, &rec, nil

@@ -14,7 +14,7 @@ import (
 // Requests follows one pipeline's backfill requests in the checkpoint
 // topic, on a goroutine of its own, so that the replication loop, which
 // meets a request's ID in the WAL, finds the request already read instead
-// of reading the whole topic itself (it used to, for up to 15 s). Only that
+// of reading the whole topic itself, for seconds. Only that
 // pipeline's requests are kept; the topic's other records are skipped as
 // they pass.
 type Requests struct {

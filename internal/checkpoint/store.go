@@ -355,9 +355,10 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 			}
 			var rec Record
 			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.Key() != string(r.Key) {
-				// Not a record the connector wrote: someone else produced
-				// to the topic. Skipped and counted, not fatal, or anyone
-				// who may write the topic could stop every start (rule 23).
+				// Not a record the connector wrote: someone else produced to
+				// the topic. Skipped and counted, not fatal, or anyone who may
+				// write the topic could stop every start (docs/design.md,
+				// "Untrusted input stays data").
 				if s.log != nil {
 					s.log.Warn("skipped a record in the checkpoint topic that is not a checkpoint; only the connector and the operator should write this topic", "topic", s.topic, "partition", r.Partition, "offset", r.Offset)
 				}

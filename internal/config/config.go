@@ -25,8 +25,8 @@ const DefaultMaxInFlight = 4096
 
 // DefaultMaxInFlightBytes is max_in_flight_bytes's default: 64 MiB of
 // records waiting for Kafka, which franz-go's batches, the decoded rows and
-// the records each hold once, keeps the connector's memory under about
-// 128 MB however large the payloads.
+// the records each hold once: a bound on the connector's memory however
+// large the payloads (docs/benchmarks.md has what it comes to).
 const DefaultMaxInFlightBytes = 64 << 20
 
 // DefaultUnhealthyAfter is Config.UnhealthyAfter's default: ten of the
@@ -53,10 +53,10 @@ type Config struct {
 	// MaxInFlight is how many events may wait for Kafka's ack before the
 	// replication loop stops reading. Default DefaultMaxInFlight.
 	MaxInFlight int
-	// MaxInFlightBytes is how many bytes of records may wait for Kafka's
-	// ack before the replication loop stops reading, whichever of the two
-	// limits comes first: with large payloads the count alone let a
-	// broker stall fill the memory (docs/design.md, rule 22). Default
+	// MaxInFlightBytes is how many bytes of records may wait for Kafka's ack
+	// before the replication loop stops reading, whichever of the two limits
+	// comes first: with large payloads the count alone let a broker stall fill
+	// the memory (docs/design.md, "Memory is bounded in bytes"). Default
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
 	MaxInFlightBytes int64
 	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
@@ -195,9 +195,8 @@ func (c *Config) Validate() error {
 		// records outside franz-go, where a commit would not see them:
 		// pace with franz-go's linger instead, max_batch_delay long
 		// (unless linger is set), which the commit's flush cuts short.
-		// Without either each record went as soon as the broker answered
-		// the last request: a drain of 100,000 events took 500 to 3,200
-		// requests and up to twice the CPU, against 53 to 163 with it
+		// Without either each record goes as soon as the broker answered
+		// the last request, in many more requests for more CPU
 		// (docs/benchmarks.md). The session's producer gets its
 		// transactional id, which names the database system, when it
 		// connects.
@@ -278,8 +277,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("checkpoint.topic: %v", err)
 	}
 	for _, t := range c.Tables {
-		// Events in the checkpoint topic would be the row writers'
-		// say over the connector's state (rule 23).
+		// Events in the checkpoint topic would be the row writers' say over the
+		// connector's state (docs/design.md, "Untrusted input stays data").
 		if topic := t.LiteralTopic(); topic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
 		}

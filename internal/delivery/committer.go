@@ -15,7 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 )
 
-// Exactly-once delivery (docs/design.md, "Exactly-once"; rule 15). The
+// Exactly-once delivery (docs/design.md, "Exactly-once"). The
 // producer is transactional, with an id fixed by the slot and the database
 // system. A Kafka transaction holds whole Postgres transactions and, last,
 // the checkpoint record of the end of the last of them; it is committed at
@@ -157,9 +157,9 @@ func (c *Committer) Confirmed() pglogrepl.LSN {
 // catchUpScale times the events, and catchUpScale times the interval up to
 // catchUpInterval (and half the transaction timeout; never less than
 // commit_interval). Each commit pauses the stream (Saturated) while the
-// producer flushes and EndTxn runs, about 10 ms on the benchmark's broker:
-// ten of them in a 0.7 s drain of 100,000 events were most of what
-// exactly-once cost over at-least-once (docs/benchmarks.md). A
+// producer flushes and EndTxn runs, a round trip or more to the broker:
+// in a drain they are most of what exactly-once costs over at-least-once
+// (docs/benchmarks.md). A
 // read_committed consumer's latency is the backlog's age then anyway,
 // already past a second. Lag, not Behind: the oldest unresolved
 // transaction's age drops to 0 whenever the acks catch up with the reader

@@ -9,12 +9,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Confirmer is one session's view of what the replication loop may confirm
-// (it implements wal.Acks): the tracker's watermark, but only once a
-// checkpoint at or past it is in Kafka. The slot is therefore never ahead
-// of the checkpoint, so a slot found ahead of its checkpoint on the next
-// start can only mean that something else moved it (docs/design.md, rule
-// 16).
+// Confirmer is one session's view of what the replication loop may confirm (it
+// implements wal.Acks): the tracker's watermark, but only once a checkpoint at
+// or past it is in Kafka. The slot is therefore never ahead of the checkpoint,
+// so a slot found ahead of its checkpoint on the next start can only mean that
+// something else moved it (docs/design.md, "The slot is not the connector's
+// memory").
 //
 // Confirmed starts a checkpoint write when the watermark has passed the
 // last one, one at a time, and never blocks. A watermark that passed new

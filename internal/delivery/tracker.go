@@ -48,13 +48,13 @@ type Position struct {
 // safe for concurrent use: the replication loop calls Begin, Track, Commit and
 // the readers; the Kafka client's promise goroutine calls Ack.
 //
-// Its memory is bounded by what the loop may read before Saturated stops
-// it (docs/design.md, rule 22): events in flight, by count and by bytes,
-// and unresolved transactions, by count. A transaction with nothing left
-// in flight that commits behind an unresolved one is folded into it, so
-// the transactions of other tables (PostgreSQL 14 sends their BEGIN and
-// COMMIT) and logical messages of other prefixes do not pile up while
-// Kafka is down.
+// Its memory is bounded by what the loop may read before Saturated stops it
+// (docs/design.md, "Memory is bounded in bytes"): events in flight, by count
+// and by bytes, and unresolved transactions, by count. A transaction with
+// nothing left in flight that commits behind an unresolved one is folded into
+// it, so the transactions of other tables (PostgreSQL 14 sends their BEGIN and
+// COMMIT) and logical messages of other prefixes do not pile up while Kafka is
+// down.
 type Tracker struct {
 	maxInFlight int
 	maxBytes    int64
@@ -207,11 +207,11 @@ func (t *Tracker) resolveLocked() bool {
 	return true
 }
 
-// Keepalive takes a keepalive's WAL end: every message before it was
-// handled, so when no transaction is open or in flight nothing up to walEnd
-// is owed to Kafka, and the watermark moves there. A quiet outbox in a busy
-// database then does not retain WAL (docs/design.md, rule 5). Never while a
-// transaction is open or in flight: that would confirm past it.
+// Keepalive takes a keepalive's WAL end: every message before it was handled,
+// so when no transaction is open or in flight nothing up to walEnd is owed to
+// Kafka, and the watermark moves there. A quiet outbox in a busy database then
+// does not retain WAL (docs/design.md, "Idle slot, busy database"). Never while
+// a transaction is open or in flight: that would confirm past it.
 func (t *Tracker) Keepalive(walEnd pglogrepl.LSN, at time.Time) {
 	t.mu.Lock()
 	t.atEnd = true

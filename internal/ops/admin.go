@@ -17,9 +17,9 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// The operator commands: cdc rewind, cdc skip and cdc reset --accept-gap. They act on
-// a stopped pipeline's slot and record what they did in its checkpoint, so
-// that the next cdc run starts from there and the history says why.
+// The operator commands: cdc rewind, cdc skip and cdc reset --accept-gap. They
+// act on a stopped pipeline's slot and record what they did in its checkpoint,
+// so that the next cdc run starts from there and the history says why.
 
 // Rewound is what Rewind did.
 type Rewound struct {
@@ -266,9 +266,10 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	}
 	rec.Confirmed, rec.UpdatedAt = at, time.Now()
 	if rec.CommitLSN >= at {
-		// A new WAL history starts at the slot (docs/design.md, rule 21): after a restore,
-		// new transactions reuse the positions the old history's commits
-		// had, and skipping them as delivered would drop them.
+		// A new WAL history starts at the slot (docs/design.md, "An LSN means
+		// something only within its WAL history"): after a restore, new
+		// transactions reuse the positions the old history's commits had, and
+		// skipping them as delivered would drop them.
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{}
 	}
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})

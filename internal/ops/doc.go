@@ -10,8 +10,9 @@
 //     condition that does not parse) in one error; Status reports a Kafka
 //     it cannot reach in CheckpointError and goes on.
 //   - Rewind and AcceptGap refuse a slot in use, and record what they did
-//     in the checkpoint's history, so that the next cdc run starts from
-//     there and cdc status says why (docs/design.md, rules 16 and 21).
+//     in the checkpoint's history, so that the next cdc run starts from there
+//     and cdc status says why (docs/design.md, "The slot is not the connector's
+//     memory", "An LSN means something only within its WAL history").
 //   - Rewind only goes back, and never past the replay window
 //     (replay.WindowStart).
 //   - AcceptGap changes nothing without a gap; after a restore it starts a

@@ -45,10 +45,11 @@ func Parse(s string) (string, error) {
 	return parts[0], nil
 }
 
-// Ident quotes an identifier for SQL, always: a plain lower-case name can
-// still be a reserved word (user, order, select), which bare in a query
-// means something else (user is the role's name). Every statement the
-// connector builds names columns and tables with it (docs/design.md, rule 23).
+// Ident quotes an identifier for SQL, always: a plain lower-case name can still
+// be a reserved word (user, order, select), which bare in a query means
+// something else (user is the role's name). Every statement the connector
+// builds names columns and tables with it (docs/design.md, "Untrusted input
+// stays data").
 func Ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // QualifiedIdent is schema.name for SQL, each part always quoted.

@@ -3,20 +3,20 @@
 //
 //	wal.Stream ──bytes──▶ decode.Decoder ──Event──▶ route.Router ──Record──▶ sink.Kafka
 //	    ▲                                                                      │
-//	    └── Confirmed() ◀── delivery.Confirmer ◀── delivery.Tracker ◀─ ack ┘
+//	    └── Confirmed() ◀── delivery.Confirmer ◀── delivery.Tracker ◀───── ack ┘
 //	                        (or delivery.Committer, exactly once)
 //
-// One session is one replication connection, one Kafka client, one decoder,
-// one tracker, and one of the two ways of confirming behind one interface
-// (session.go). Every session decides, against the checkpoint, whether it
-// may create the slot or must refuse a gap (start.go), under the slot's
-// start lock so that replicas take turns; a first start is a state that
-// lasts until the slot and its checkpoint exist, whatever failed before
-// (docs/design.md, rule 20). A session ends on shutdown, on a fatal error,
-// or on a transient one; transient errors start a new session after a
-// backoff, and Postgres re-sends everything after the slot's confirmed
-// position. An instance that finds the slot held waits as a standby and
-// takes over a silent holder (standby.go).
+// One session is one replication connection, one Kafka client, one decoder, one
+// tracker, and one of the two ways of confirming behind one interface
+// (session.go). Every session decides, against the checkpoint, whether it may
+// create the slot or must refuse a gap (start.go), under the slot's start lock
+// so that replicas take turns; a first start is a state that lasts until the
+// slot and its checkpoint exist, whatever failed before (docs/design.md, "A
+// first start is a state, not a session"). A session ends on shutdown, on a
+// fatal error, or on a transient one; transient errors start a new session
+// after a backoff, and Postgres re-sends everything after the slot's confirmed
+// position. An instance that finds the slot held waits as a standby and takes
+// over a silent holder (standby.go).
 //
 // The session also carries what other packages decide: the backfill
 // chunks internal/backfill hands it at their high watermarks, and the
@@ -35,13 +35,14 @@
 //     and never moves over a gap an operator has not accepted.
 //   - A transaction whose commit the checkpoint's last delivered commit
 //     covers is skipped, in both modes, only within the checkpoint's WAL
-//     history (docs/design.md, rules 7 and 21).
+//     history (docs/design.md, "Re-delivery after a crash", "An LSN means
+//     something only within its WAL history").
 //   - A backfilled row goes through the same routing and tracking as a
 //     streamed one. The first start's rows are each in the snapshot or in
 //     the stream, not both; a chunk beside the stream is sent at its high
 //     watermark, without the rows the stream met between its watermarks,
 //     and its progress is checkpointed with that position
-//     (docs/design.md, rule 18).
+//     (docs/design.md, "Backfill consistency").
 //   - Shutdown stops reading, waits for Kafka's acks up to ShutdownTimeout,
 //     writes the last checkpoint, sends a final status update with what it
 //     covers, and closes.

@@ -1,7 +1,7 @@
 package pipeline
 
 // Exactly-once delivery is delivery.Committer's (docs/design.md,
-// "Exactly-once"; rule 19); the pipeline creates the session's
+// "Exactly-once"); the pipeline creates the session's
 // transactional producer, which fences any other instance, and tells a
 // fenced instance from a failed one.
 
@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -18,8 +19,8 @@ import (
 
 // fence creates the session's transactional producer and fences any other
 // instance of the pipeline, before the checkpoint is read.
-func (p *Pipeline) fence(ctx context.Context, sys wal.System) (*sink.Kafka, error) {
-	if err := p.openStore(ctx); err != nil {
+func (p *Pipeline) fence(ctx context.Context, sys wal.System, opening *checkpoint.Opening) (*sink.Kafka, error) {
+	if err := p.openStore(ctx, opening); err != nil {
 		return nil, err
 	}
 	kcfg := p.cfg.Kafka
@@ -40,8 +41,8 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System) (*sink.Kafka, erro
 }
 
 // slotHeld reports whether a walsender other than this instance's last one
-// streams the slot: after a fence, that another instance took over. When Postgres cannot say, it is taken as no,
-// and the next session finds out.
+// streams the slot: after a fence, that another instance took over. When
+// Postgres cannot say, it is taken as no, and the next session finds out.
 func (p *Pipeline) slotHeld(ctx context.Context) bool {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

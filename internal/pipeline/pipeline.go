@@ -68,7 +68,6 @@ type Pipeline struct {
 	// read (another replica may have moved it).
 	store    *checkpoint.Store
 	progress *delivery.Progress
-	opening  *checkpoint.Opening // opened beside the first start's Postgres work
 	m        *metrics.Metrics
 	// onStandby: the last session's server was a hot standby.
 	onStandby bool
@@ -96,16 +95,16 @@ type Pipeline struct {
 	// confirmed is the last position a session confirmed as it ended, for
 	// the stopped line.
 	confirmed atomic.Uint64
-	// bf is the backfill jobs as the stream has reached them; snapshot
-	// is the first start's exported snapshot, for its backfill.
-	bf       *backfill.Jobs
-	ops      *ops.Ops // the operator commands for cfg
-	snapshot string
+	// bf is the backfill jobs as the stream has reached them.
+	bf  *backfill.Jobs
+	ops *ops.Ops // the operator commands for cfg
 	// announced is what the stream made of the backfill requests it met
 	// (session.request), across sessions.
 	announced announcements
 	// carry is what Kafka acknowledged in a session that Postgres ended,
-	// past its last checkpoint: the next session checkpoints it first.
+	// past its last checkpoint: the next session that resumes checkpoints
+	// it first. It is the pipeline's, not a session's: the sessions that
+	// fail before they reach the checkpoint leave it for the next.
 	carry *delivery.Position
 	// IgnoredMessages counts logical decoding messages that were not
 	// events (non-transactional, or an unknown prefix); DeadLettered counts
@@ -237,97 +236,116 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.log.Info("stopped", append(l, "dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())...)
 		}
 	}()
-	pollDone := make(chan struct{})
-	pctx, stopPoll := context.WithCancel(ctx)
-	go func() { defer close(pollDone); p.Ops().WatchSlots(pctx, p.m) }()
-	defer func() { stopPoll(); <-pollDone }()
+	defer background(ctx, func(ctx context.Context) { p.Ops().WatchSlots(ctx, p.m) })()
 	backoff := retry.New(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax)
-	refused := 0  // AuthErrors in a row
-	timeouts := 0 // TxnTimeoutErrors in a row
+	var streak errorStreak
 	for {
 		started := time.Now()
 		err := p.runSession(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if isFenced(err) && !p.slotHeld(ctx) {
-			// No other instance streams: the broker ended the transaction
-			// itself (it outlived the transaction timeout, during a long
-			// outage say). Its events were not committed; a new session
-			// sends them again.
-			p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
-			err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
-		}
-		var timedOut *delivery.TxnTimeoutError
-		if errors.As(err, &timedOut) {
-			// Once may be an outage that outlasted the timeout; the same
-			// again, with Kafka up, is a transaction too large for it.
-			if timeouts++; timeouts < 2 {
-				p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", errtext.OneLine(err))
-				err = errors.New("kafka aborted a transaction that was open too long")
-			}
-		} else if err != nil {
-			timeouts = 0
-		}
-		if Permanent(err) {
+		err, fatal := p.classify(ctx, err, &streak)
+		if fatal {
 			return err
-		}
-		var tlsErr *wal.TLSError
-		if errors.As(err, &tlsErr) && !p.streamed.Load() {
-			return err // a CA or host name to fix; once streamed, maybe a rotation
-		}
-		var auth *wal.AuthError
-		if errors.As(err, &auth) {
-			// Refused credentials never fix themselves at start. Once it
-			// has streamed, it may be a password being rotated: retry a
-			// few times, then stop.
-			if !p.streamed.Load() {
-				return err
-			}
-			if refused++; refused > maxRefused {
-				return fmt.Errorf("%w (refused %d times in a row)", err, refused)
-			}
-		} else {
-			refused = 0
-		}
-		if err == nil {
-			err = errors.New("session ended without an error")
 		}
 		p.m.Restarts.Inc()
 		if time.Since(started) > 2*p.cfg.RetryBackoffMax {
 			backoff.Reset() // it ran fine for a while
 		}
-		retryIn, wait := backoff.Current(), backoff.Next()
-		var inUse *wal.SlotInUseError
-		if errors.As(err, &inUse) {
-			p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-			p.idleSince.Store(time.Now().UnixNano()) // the holder is alive, or will be taken over
-			if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, wal.ErrStarting) {
-				// A standby watches the holder: it looks again often
-				// enough to take over within about TakeoverAfter of the
-				// holder going silent, and at once after ending it.
-				wait = min(wait, after/4)
-				if p.takeOver(ctx) {
-					wait = 0
-				}
-			}
-			if wait > 0 && !p.waitingLogged {
-				p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", errtext.OneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
-				p.waitingLogged = true
-			}
-		} else {
-			p.waitingLogged = false
-			what := "reconnecting after an error"
-			if p.progress == nil {
-				what = "first start, not streaming yet; retrying after an error"
-			}
-			p.setStateWhy(false, what, errtext.OneLine(err))
-			p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", retryIn)
-		}
-		if !retry.Sleep(ctx, wait) {
+		if !retry.Sleep(ctx, p.retryWait(ctx, err, backoff)) {
 			return nil
 		}
 	}
+}
+
+// errorStreak counts the errors of the sessions in a row that a few of
+// may be retried, and not more.
+type errorStreak struct {
+	refused  int // AuthErrors
+	timeouts int // TxnTimeoutErrors
+}
+
+// classify tells a session's error that stops the connector (fatal) from
+// one a new session may get past, and words the latter for the log.
+func (p *Pipeline) classify(ctx context.Context, err error, streak *errorStreak) (_ error, fatal bool) {
+	if isFenced(err) && !p.slotHeld(ctx) {
+		// No other instance streams: the broker ended the transaction
+		// itself (it outlived the transaction timeout, during a long
+		// outage say). Its events were not committed; a new session
+		// sends them again.
+		p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
+		err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
+	}
+	var timedOut *delivery.TxnTimeoutError
+	if errors.As(err, &timedOut) {
+		// Once may be an outage that outlasted the timeout; the same
+		// again, with Kafka up, is a transaction too large for it.
+		if streak.timeouts++; streak.timeouts < 2 {
+			p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", errtext.OneLine(err))
+			err = errors.New("kafka aborted a transaction that was open too long")
+		}
+	} else if err != nil {
+		streak.timeouts = 0
+	}
+	if Permanent(err) {
+		return err, true
+	}
+	var tlsErr *wal.TLSError
+	if errors.As(err, &tlsErr) && !p.streamed.Load() {
+		return err, true // a CA or host name to fix; once streamed, maybe a rotation
+	}
+	var auth *wal.AuthError
+	if errors.As(err, &auth) {
+		// Refused credentials never fix themselves at start. Once it
+		// has streamed, it may be a password being rotated: retry a
+		// few times, then stop.
+		if !p.streamed.Load() {
+			return err, true
+		}
+		if streak.refused++; streak.refused > maxRefused {
+			return fmt.Errorf("%w (refused %d times in a row)", err, streak.refused), true
+		}
+	} else {
+		streak.refused = 0
+	}
+	if err == nil {
+		err = errors.New("session ended without an error")
+	}
+	return err, false
+}
+
+// retryWait says why the connector is not streaming (the log, /readyz)
+// and returns how long to wait before the next session: the backoff's
+// next wait, or, for a standby waiting on a slot another instance holds,
+// often enough to take over within about standby.takeover_after of the
+// holder going silent, and at once after ending it.
+func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Backoff) time.Duration {
+	retryIn, wait := backoff.Current(), backoff.Next()
+	var inUse *wal.SlotInUseError
+	if !errors.As(err, &inUse) {
+		p.waitingLogged = false
+		what := "reconnecting after an error"
+		if p.progress == nil {
+			what = "first start, not streaming yet; retrying after an error"
+		}
+		p.setStateWhy(false, what, errtext.OneLine(err))
+		p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", retryIn)
+		return wait
+	}
+	p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
+	p.idleSince.Store(time.Now().UnixNano()) // the holder is alive, or will be taken over
+	if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, wal.ErrStarting) {
+		wait = min(wait, after/4)
+		if p.takeOver(ctx) {
+			wait = 0
+		}
+	}
+	if wait > 0 && !p.waitingLogged {
+		p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", errtext.OneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
+		p.waitingLogged = true
+	}
+	return wait
 }
 
 // newTracker is a session's tracker, with the in-flight limits.

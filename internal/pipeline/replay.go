@@ -12,13 +12,13 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// Replay re-sends the transactions of r from the replay window, through
-// the same routing and formats, and waits until Kafka acknowledged every
-// event. It runs beside the main connector: it streams a temporary copy of
-// the replay slot, made on its own replication connection, so that the
-// copy vanishes with the connection however the replay ends
-// (docs/design.md, rule 17). progress, if set, is called about four times a
-// second from another goroutine.
+// Replay re-sends the transactions of r from the replay window, through the
+// same routing and formats, and waits until Kafka acknowledged every event. It
+// runs beside the main connector: it streams a temporary copy of the replay
+// slot, made on its own replication connection, so that the copy vanishes with
+// the connection however the replay ends (docs/design.md, "Replay needs WAL
+// kept on purpose"). progress, if set, is called about four times a second from
+// another goroutine.
 func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(replay.Status)) (replay.Summary, error) {
 	started := time.Now()
 	if p.cfg.Replay.Window == 0 {

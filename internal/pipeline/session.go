@@ -24,35 +24,28 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// runSession sets up, runs and shuts down one replication session.
+// runSession sets up, runs and shuts down one replication session: it
+// opens (openSession), streams with its background tasks beside the
+// stream (besides), and ends (endSession).
 func (p *Pipeline) runSession(ctx context.Context) error {
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
+	k, err := p.connectKafka(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { k.Close() }() // the transactional producer replaces it
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = k.Ping(pingCtx)
-	cancel()
-	if err != nil && !errors.As(err, new(*sink.ConnectError)) {
-		return fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
-	} else if err != nil {
-		return err
-	}
-	p.log.Debug("kafka: brokers answered")
+	var opening *checkpoint.Opening
 	if p.store == nil {
 		// The checkpoint topic's round trips overlap with Postgres's;
 		// openStore takes the store. One this session left untaken is
 		// dropped with it: the next session opens its own.
 		sctx, cancel := context.WithCancel(ctx)
-		defer func() { cancel(); p.opening = nil }()
-		p.opening = checkpoint.StartOpen(sctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
+		defer cancel()
+		opening = checkpoint.StartOpen(sctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
 	}
-
 	var connected func(wal.System) error
 	if p.cfg.IsExactlyOnce() {
 		connected = func(sys wal.System) error {
-			tk, err := p.fence(ctx, sys)
+			tk, err := p.fence(ctx, sys, opening)
 			if err != nil {
 				return err
 			}
@@ -68,58 +61,22 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		return err
 	}
 	defer lock.Release(ctx)
-	conn, from, cat, err := p.start(ctx, connected)
+	o, err := p.start(ctx, opening, connected)
 	if err != nil {
 		return err
 	}
-	s := &session{
-		p:       p,
-		kafka:   k,
-		tracker: p.newTracker(from),
-		ctx:     ctx,
-		skipTo:  p.progress.Saved().CommitLSN,
-		tables:  newTableWatch(p, p.progress.Saved(), cat),
-	}
-	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
-	defer pt.close(ctx)
-	s.dec = s.newDecoder(pt, s.tables)
-	if s.skipTo >= from {
-		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
-			"slot_lsn", from.String(), "through_commit_lsn", s.skipTo.String())
-	}
-	if p.cfg.IsExactlyOnce() {
-		eos := p.cfg.ExactlyOnce
-		s.eos = delivery.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
-			eos.CommitEvents, eos.CommitInterval, p.cfg.Postgres.StatusInterval)
-	}
-	if snap := p.snapshot; snap != "" {
-		// Before anything else on the replication connection, which
-		// would end the snapshot's export (docs/design.md, rule 18).
-		p.snapshot = ""
-		if err := p.backfills().FirstStart(ctx, s, p.progress.Saved().Backfills, snap, from); err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+	s, closeSession, err := p.openSession(ctx, k, o)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
 		}
-	}
-	saved := p.progress.Saved()
-	if s.requests, err = p.store.FollowRequests(saved.Key()); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
-	defer s.requests.Close()
-	p.walsender.Store(conn.PID())
-	stream, err := conn.Start(ctx, p.cfg.Postgres.Slot, from)
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return err
-	}
+	defer closeSession()
 	// The walsender holds the slot now: that is the lock from here on.
 	lock.Release(ctx)
-	s.stream = stream
-	beat := stream.Beat
+
+	beat := s.stream.Beat
 	p.beat.Store(&beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
 	p.streamed.Store(true)
@@ -128,82 +85,178 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		p.idleSince.Store(time.Now().UnixNano())
 		p.setState(false, "session ended")
 	}()
-	var acks sessionAcks
-	var batch wal.Releaser // the producer's batching, at least once
-	if p.cfg.IsExactlyOnce() {
-		c := s.eos
-		c.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
-		acks = c
-	} else {
-		confirmer := delivery.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
-		// A checkpoint's ack is what lets the position move: confirm it
-		// now, not at the loop's next poll.
-		confirmer.OnSaved(func() { p.m.Checkpoints.Inc(); stream.Wake() })
-		acks, batch = confirmer, k
-	}
+	acks, batch := p.acks(s, k)
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
 	}
+	runCtx, watchErr, stop := p.besides(ctx, s)
+	defer stop()
+	runErr := s.stream.Run(runCtx, s.handle, acks, batch)
+	return p.endSession(ctx, s, k, acks, runErr, watchErr)
+}
 
-	watchDone := make(chan struct{})
-	defer close(watchDone)
-	go p.watchKafka(s.tracker, watchDone)
+// connectKafka opens the session's Kafka client and waits until the
+// brokers answer.
+func (p *Pipeline) connectKafka(ctx context.Context) (*sink.Kafka, error) {
+	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = k.Ping(pingCtx)
+	cancel()
+	if err != nil {
+		k.Close()
+		if !errors.As(err, new(*sink.ConnectError)) {
+			return nil, fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
+		}
+		return nil, err
+	}
+	p.log.Debug("kafka: brokers answered")
+	return k, nil
+}
+
+// openSession makes the session of what start opened: its tracker,
+// decoder and table watch, a first start's backfill (in the snapshot of
+// the slot's consistent point), the follower of backfill requests, and
+// the stream, started. It closes o.conn when it fails; close releases what
+// it opened, once the stream is closed.
+func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s *session, close func(), err error) {
+	saved := p.progress.Saved()
+	s = &session{
+		p:       p,
+		kafka:   k,
+		tracker: p.newTracker(o.from),
+		ctx:     ctx,
+		skipTo:  saved.CommitLSN,
+		tables:  newTableWatch(p, saved, o.cat),
+	}
+	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
+	s.dec = s.newDecoder(pt, s.tables)
+	if s.skipTo >= o.from {
+		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
+			"slot_lsn", o.from.String(), "through_commit_lsn", s.skipTo.String())
+	}
+	if p.cfg.IsExactlyOnce() {
+		eos := p.cfg.ExactlyOnce
+		s.eos = delivery.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
+			eos.CommitEvents, eos.CommitInterval, p.cfg.Postgres.StatusInterval)
+	}
+	fail := func(err error) (*session, func(), error) {
+		o.conn.Close(context.WithoutCancel(ctx))
+		if s.requests != nil {
+			s.requests.Close()
+		}
+		pt.close(ctx)
+		return nil, nil, err
+	}
+	if o.snapshot != "" {
+		// Before anything else on the replication connection, which would end
+		// the snapshot's export (docs/design.md, "Backfill consistency").
+		if err := p.backfills().FirstStart(ctx, s, saved.Backfills, o.snapshot, o.from); err != nil {
+			return fail(err)
+		}
+	}
+	saved = p.progress.Saved()
+	if s.requests, err = p.store.FollowRequests(saved.Key()); err != nil {
+		return fail(err)
+	}
+	p.walsender.Store(o.conn.PID())
+	if s.stream, err = o.conn.Start(ctx, p.cfg.Postgres.Slot, o.from); err != nil {
+		return fail(err)
+	}
+	return s, func() { s.requests.Close(); pt.close(ctx) }, nil
+}
+
+// acks is how the session confirms: at least once, a Confirmer, with the
+// producer's batching for the stream to drive; exactly once, the session's
+// Committer. A checkpoint's ack is what lets the position move: it wakes
+// the stream to confirm it now, not at the loop's next poll.
+func (p *Pipeline) acks(s *session, k *sink.Kafka) (sessionAcks, wal.Releaser) {
+	saved := func() { p.m.Checkpoints.Inc(); s.stream.Wake() }
+	if s.eos != nil {
+		s.eos.OnSaved(saved)
+		return s.eos, nil
+	}
+	c := delivery.NewConfirmer(s.tracker, p.progress, p.store, k.Produce, p.cfg.Postgres.ConfirmInterval, p.cfg.Postgres.StatusInterval)
+	c.OnSaved(saved)
+	return c, k
+}
+
+// besides starts the session's background tasks beside the stream: the
+// Kafka watch, the replay window, the tables' watch, retention (on the
+// holder of the slot only) and the backfills. The stream runs with runCtx:
+// what must stop the connector, found by the tables' watch (watchErr),
+// ends it as a shutdown does, so that what Kafka acknowledged is
+// checkpointed and confirmed first and a restart sends nothing twice.
+// stop ends the tasks, the last started first.
+func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Context, watchErr func() error, stop func()) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	// The watch reports the session until it ends, shutdown included.
+	stops = append(stops, background(context.WithoutCancel(ctx), func(wctx context.Context) { p.watchKafka(s.tracker, wctx.Done()) }))
 	if p.cfg.Replay.Window > 0 {
-		windowDone := make(chan struct{})
-		wctx, stopWindow := context.WithCancel(ctx)
-		go func() { defer close(windowDone); p.window().Keep(wctx) }()
-		defer func() { stopWindow(); <-windowDone }()
+		stops = append(stops, background(ctx, p.window().Keep))
 	}
-
-	// The tables' lives are watched beside the stream; what must stop the
-	// connector stops the stream as a shutdown does (runCtx): what Kafka
-	// acknowledged is checkpointed and confirmed first, so a restart sends
-	// nothing twice.
 	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	var watchErr atomic.Pointer[error]
-	tctx, stopWatch := context.WithCancel(ctx)
-	watchTablesDone := make(chan struct{})
-	go func() {
-		defer close(watchTablesDone)
-		s.tables.run(tctx, func(err error) { watchErr.Store(&err); stopRun() })
-	}()
-	defer func() { stopWatch(); <-watchTablesDone }()
-
-	// Retention runs beside the stream, on the holder of the slot only.
+	stops = append(stops, stopRun)
+	var werr atomic.Pointer[error]
+	stops = append(stops, background(ctx, func(tctx context.Context) {
+		s.tables.run(tctx, func(err error) { werr.Store(&err); stopRun() })
+	}))
 	if cl := p.cleaner(); cl != nil {
-		rctx, stopRetention := context.WithCancel(ctx)
-		retentionDone := make(chan struct{})
-		go func() { defer close(retentionDone); cl.Run(rctx) }()
-		defer func() { stopRetention(); <-retentionDone }()
+		stops = append(stops, background(ctx, cl.Run))
 	}
-
-	// Backfills run beside the stream, from the saved checkpoint's state.
+	// Backfills run from the saved checkpoint's state.
 	p.bf.Reset(p.progress.Saved().Backfills)
-	bctx, stopBackfills := context.WithCancel(ctx)
-	backfillsDone := make(chan struct{})
 	runner := p.backfills()
 	runner.Room = func(ctx context.Context) error {
 		return s.tracker.WaitRoom(ctx, max(p.cfg.MaxInFlight/2, 1), max(p.cfg.MaxInFlightBytes-runner.ChunkBytes, 0))
 	}
-	go func() { defer close(backfillsDone); runner.Run(bctx, p.bf) }()
-	defer func() { stopBackfills(); <-backfillsDone }()
+	stops = append(stops, background(ctx, func(bctx context.Context) { runner.Run(bctx, p.bf) }))
+	watchErr = func() error {
+		if e := werr.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}
+	return runCtx, watchErr, stop
+}
 
-	runErr := stream.Run(runCtx, s.handle, acks, batch)
+// background runs task on a goroutine of its own, with a context of its
+// own; stop cancels that context and waits for task to return.
+func background(ctx context.Context, task func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); task(ctx) }()
+	return func() { cancel(); <-done }
+}
+
+// endSession ends a session whose stream returned runErr. On a shutdown,
+// or a stop the tables' watch asked for, it lets Kafka answer what is in
+// flight, writes the last checkpoint and confirms what it covers; when
+// Postgres ended the session while Kafka answers, it carries what Kafka
+// acknowledged to the next session (p.carry). It returns the session's
+// error: nil on a shutdown.
+func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, acks sessionAcks, runErr error, watchErr func() error) error {
 	if s.eos != nil {
 		s.eos.Halt()
 	}
 	stopping := ctx.Err() != nil
-	if werr := watchErr.Load(); werr != nil && ctx.Err() == nil {
-		runErr, stopping = *werr, true
+	if werr := watchErr(); werr != nil && ctx.Err() == nil {
+		runErr, stopping = werr, true
 	}
 	if !stopping && s.eos == nil && acks.Err() == nil {
-		// Postgres ended the session (a restart, a crash, a network cut)
-		// while Kafka answers: let it acknowledge what is in flight, and
-		// carry the position to the next session, which checkpoints it
-		// before it streams (position). The slot's own position goes
-		// back after a Postgres restart (rule 7): what the checkpoint
-		// covers is skipped, not sent again.
+		// Postgres ended the session (a restart, a crash, a network cut) while
+		// Kafka answers: let it acknowledge what is in flight, and carry the
+		// position to the next session, which checkpoints it before it streams
+		// (position). The slot's own position goes back after a Postgres
+		// restart (docs/design.md, "Re-delivery after a crash"): what the
+		// checkpoint covers is skipped, not sent again.
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = k.Flush(fctx)
 		cancel()
@@ -224,7 +277,7 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		}
 		cancel()
 	}
-	final := stream.Close(context.WithoutCancel(ctx), acks)
+	final := s.stream.Close(context.WithoutCancel(ctx), acks)
 	p.confirmed.Store(uint64(final))
 	if ctx.Err() != nil {
 		return nil
@@ -291,12 +344,13 @@ type session struct {
 	// tables watches the outbox tables' lives (tables.go); nil in a
 	// replay.
 	tables *tableWatch
-	// skipTo is the commit LSN of the last transaction the checkpoint
-	// says Kafka holds, in this WAL history (sameHistory); skipping is set
-	// between the BEGIN and COMMIT of a transaction at or below it. A
-	// slot's confirmed position reaches disk only at a server checkpoint,
-	// so after a Postgres restart or crash it goes back (rule 7), and
-	// without the skip everything since was sent again, in either mode.
+	// skipTo is the commit LSN of the last transaction the checkpoint says
+	// Kafka holds, in this WAL history (sameHistory); skipping is set between
+	// the BEGIN and COMMIT of a transaction at or below it. A slot's confirmed
+	// position reaches disk only at a server checkpoint, so after a Postgres
+	// restart or crash it goes back (docs/design.md, "Re-delivery after a
+	// crash"), and without the skip everything since was sent again, in either
+	// mode.
 	skipTo   pglogrepl.LSN
 	skipping bool
 }
@@ -391,8 +445,9 @@ func (s *session) event(m *decode.Message) error {
 		rec.Topic += s.replay.Suffix()
 	}
 	if rec.Topic == s.p.cfg.Checkpoint.Topic {
-		// A template that expands to the checkpoint topic: a row writer
-		// would be writing the connector's own state (rule 23).
+		// A template that expands to the checkpoint topic: a row writer would
+		// be writing the connector's own state (docs/design.md, "Untrusted
+		// input stays data").
 		cause := outbox.Invalid(ev, "its topic is the checkpoint topic %q, which only the connector and the operator write; fix the row's routing fields or the table's topic template", rec.Topic)
 		if rec.Topic == ev.Source.DeadLetterTopic || ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
 			return cause

@@ -13,18 +13,18 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// Active and standby (docs/operations.md, "Active and standby"). Replicas
-// of one config share the slot, which admits one walsender at a time: the
-// one streaming is active, the others wait. A holder that froze or lost its
-// network keeps its walsender until wal_sender_timeout (60 s by default). So
-// a standby watches the holder's lease instead: its walsender's reply_time,
-// when the holder last sent a status update, which a live holder does at
-// least every status_interval even when Kafka is down (rule 10), and while
-// it blocks on Kafka (wal.Stream.While). Once the standby has seen it
-// unchanged for takeover_after, on its own clock, it ends that walsender
-// (pg_terminate_backend, which a role may do to its own backends) and
-// takes the slot. Seeing reply_time takes pg_read_all_stats, which cdc
-// check verifies and docker/init.sql grants. The old holder, when it
+// Active and standby (docs/operations.md, "Active and standby"). Replicas of
+// one config share the slot, which admits one walsender at a time: the one
+// streaming is active, the others wait. A holder that froze or lost its network
+// keeps its walsender until wal_sender_timeout (60 s by default). So a standby
+// watches the holder's lease instead: its walsender's reply_time, when the
+// holder last sent a status update, which a live holder does at least every
+// status_interval even when Kafka is down (docs/design.md, "Status updates
+// under backpressure"), and while it blocks on Kafka (wal.Stream.While). Once
+// the standby has seen it unchanged for takeover_after, on its own clock, it
+// ends that walsender (pg_terminate_backend, which a role may do to its own
+// backends) and takes the slot. Seeing reply_time takes pg_read_all_stats,
+// which cdc check verifies and docker/init.sql grants. The old holder, when it
 // resumes, finds its connection gone before it can confirm anything; in
 // exactly-once mode the new holder has also fenced it.
 
@@ -45,7 +45,7 @@ type lease struct {
 // are logged: the standby goes on waiting.
 //
 // reply_time is NULL for a role without pg_read_all_stats, whatever the
-// holder does (rule 22: NULL means "cannot see", never "healthy" or
+// holder does (NULL means "cannot see", never "healthy" or
 // "silent"): such a standby says once what to grant and waits for
 // wal_sender_timeout instead.
 func (p *Pipeline) takeOver(ctx context.Context) bool {

@@ -19,21 +19,26 @@ import (
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
-// start checks Postgres, opens the replication connection, and works out
-// where the session streams from. Every session compares the slot with the
-// checkpoint (docs/design.md, rule 16): it creates the slot on a first
-// start and refuses a gap. A first start is a state, not a session (rule
-// 21): until the slot and its checkpoint exist, every session is one,
-// whatever ended the sessions before it (Kafka or Postgres not up yet, a
-// fence, a topic); once this process has streamed, a missing slot is a gap.
-func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) (*wal.Conn, pglogrepl.LSN, wal.Catalog, error) {
+// start checks Postgres, opens the replication connection, and works out where
+// the session streams from. Every session compares the slot with the checkpoint
+// (docs/design.md, "The slot is not the connector's memory"): it creates the
+// slot on a first start and refuses a gap. A first start is a state, not a
+// session (docs/design.md, "A first start is a state, not a session"): until
+// the slot and its checkpoint exist, every session is one, whatever ended the
+// sessions before it (Kafka or Postgres not up yet, a fence, a topic); once
+// this process has streamed, a missing slot is a gap.
+//
+// opening, when not nil, is the checkpoint store the session started
+// opening (runSession); connected, when set, runs once the database system
+// is known (exactly once: the fence).
+func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, connected func(wal.System) error) (opened, error) {
 	slot, cat, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
-		return nil, 0, cat, err
+		return opened{}, err
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
-		return nil, 0, cat, err
+		return opened{}, err
 	}
 	p.log.Debug("postgres: replication connection open", "slot_exists", slot.Exists)
 	if conn.Standby() != p.onStandby {
@@ -51,40 +56,53 @@ func (p *Pipeline) start(ctx context.Context, connected func(wal.System) error) 
 		// Postgres has not ended yet): wait as a standby, without
 		// touching the checkpoint or, in exactly-once mode, fencing it.
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, 0, cat, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+		return opened{}, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
 	}
 	if connected != nil {
 		if err := connected(conn.System()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
-			return nil, 0, cat, err
+			return opened{}, err
 		}
 	}
-	from, err := p.position(ctx, conn, slot, cat)
+	from, snapshot, err := p.position(ctx, conn, slot, cat, opening)
 	if err != nil {
-		p.snapshot = "" // it ends with the connection
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, 0, cat, err
+		conn.Close(context.WithoutCancel(ctx)) // the snapshot ends with it
+		return opened{}, err
 	}
-	return conn, from, cat, nil
+	return opened{conn: conn, from: from, cat: cat, snapshot: snapshot}, nil
 }
 
-func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, cat wal.Catalog) (pglogrepl.LSN, error) {
+// opened is what start hands the session.
+type opened struct {
+	conn *wal.Conn     // the replication connection
+	from pglogrepl.LSN // where the session streams from
+	cat  wal.Catalog   // the outbox tables as the catalog has them
+	// snapshot is a first start's exported snapshot of the slot's
+	// consistent point, for its backfill ("" otherwise). It lives as long
+	// as conn runs no other command.
+	snapshot string
+}
+
+// position reads the checkpoint, compares it with the slot, and returns
+// where the session streams from, creating the slot on a first start
+// (with a snapshot for the tables' backfill when they have one).
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, cat wal.Catalog, opening *checkpoint.Opening) (from pglogrepl.LSN, snapshot string, err error) {
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
-		return 0, &errtext.Fatal{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
+		return 0, "", &errtext.Fatal{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
 			"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
 				"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
 	}
 	// Every session reads the checkpoint: another replica may have
 	// streamed, and moved the slot and the checkpoint, since this one
 	// last did (docs/operations.md, "Active and standby").
-	if err := p.openStore(ctx); err != nil {
-		return 0, err
+	if err := p.openStore(ctx, opening); err != nil {
+		return 0, "", err
 	}
 	records, err := p.store.Load(ctx, p.cfg.IsExactlyOnce())
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	p.log.Debug("checkpoint read", "records", len(records))
 	start, rec, err := checkpoint.Decide(p.cfg.Postgres.Slot, sys.ID, ops.SlotInfo(conn, slot), records)
@@ -94,55 +112,19 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 			gap.ConfigFile = p.opts.ConfigFile
 			gap.Rewindable = p.ops.Rewindable(ctx, gap.Checkpoint.Confirmed)
 		}
-		return 0, err
+		return 0, "", err
 	}
-	from := slot.ConfirmedFlush
+	from = slot.ConfirmedFlush
 	switch start {
 	case checkpoint.StartCreate:
-		for _, other := range records {
-			if other.Slot == p.cfg.Postgres.Slot && other.SystemID != sys.ID {
-				p.log.Warn("another database system's checkpoint uses this slot name, written from another address: starting as a separate pipeline; if this connector moved to a new server, events committed there before now are not streamed (backfill them)",
-					"slot", other.Slot, "other_system", other.SystemID, "other_address", other.Address, "address", conn.Address())
-			}
+		if rec, from, snapshot, err = p.firstStart(ctx, conn, cat, records); err != nil {
+			return 0, "", err
 		}
-		rec = p.newRecord(conn, 0)
-		// Every table in the publication before the slot exists: its
-		// consistent point is where the stream starts.
-		if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
-			return 0, err
-		}
-		if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
-			// A condition or order that does not work stops the first
-			// start before anything exists.
-			if err := p.backfills().Check(ctx, rec.Backfills); err != nil {
-				return 0, err
-			}
-			// The backfill reads the rows committed before the slot in
-			// the snapshot of its consistent point (rule 18).
-			err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
-				from, p.snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot)
-				return err
-			})
-			if err != nil {
-				return 0, err
-			}
-			p.log.Info("first start: created the replication slot; rows committed before this position are sent by the tables' backfill, the rest by the stream", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
-		} else {
-			err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
-				from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot)
-				return err
-			})
-			if err != nil {
-				return 0, err
-			}
-			p.log.Warn("first start: created the replication slot; events committed before this position are not streamed (set backfill on a table to send them)", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
-		}
-		rec.Confirmed = from
 	case checkpoint.StartAdopt:
 		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
 		rec = p.newRecord(conn, from)
 		if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		// The slot was made by someone else, or by a first start that
 		// stopped before its checkpoint: the rows before it can only be
@@ -152,13 +134,13 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 		}
 	case checkpoint.StartResume:
 		if err := p.carryOver(ctx, rec); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		if err := p.sameHistory(ctx, conn, rec); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		if err := p.tableBaseline(ctx, rec, cat, false); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		rec.Address = conn.Address()
 	}
@@ -175,15 +157,64 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 	if start != checkpoint.StartResume {
 		// Saved before streaming: from now on a missing slot is a gap.
 		if err := p.store.Save(ctx, *rec); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 	}
 	p.progress = delivery.NewProgress(*rec, p.cfg.Replay.Window)
 	if err := p.window().Prepare(ctx, from); err != nil {
-		p.progress, p.snapshot = nil, ""
-		return 0, err
+		p.progress = nil
+		return 0, "", err
 	}
-	return from, nil
+	return from, snapshot, nil
+}
+
+// firstStart creates the slot of a first start and the checkpoint record
+// that starts at it, with the tables' baseline and their initial backfill
+// jobs; with jobs, the slot comes with an exported snapshot of its
+// consistent point, in which they read the rows committed before it
+// (docs/design.md, "Backfill consistency").
+func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat wal.Catalog, records map[string]checkpoint.Record) (rec *checkpoint.Record, from pglogrepl.LSN, snapshot string, err error) {
+	sys := conn.System()
+	for _, other := range records {
+		if other.Slot == p.cfg.Postgres.Slot && other.SystemID != sys.ID {
+			p.log.Warn("another database system's checkpoint uses this slot name, written from another address: starting as a separate pipeline; if this connector moved to a new server, events committed there before now are not streamed (backfill them)",
+				"slot", other.Slot, "other_system", other.SystemID, "other_address", other.Address, "address", conn.Address())
+		}
+	}
+	rec = p.newRecord(conn, 0)
+	// Every table in the publication before the slot exists: its
+	// consistent point is where the stream starts.
+	if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
+		return nil, 0, "", err
+	}
+	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
+		// A condition or order that does not work stops the first
+		// start before anything exists.
+		if err := p.backfills().Check(ctx, rec.Backfills); err != nil {
+			return nil, 0, "", err
+		}
+		// The backfill reads the rows committed before the slot in the snapshot
+		// of its consistent point (docs/design.md, "Backfill consistency").
+		err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
+			from, snapshot, err = conn.CreateSlotWithSnapshot(ctx, p.cfg.Postgres.Slot)
+			return err
+		})
+		if err != nil {
+			return nil, 0, "", err
+		}
+		p.log.Info("first start: created the replication slot; rows committed before this position are sent by the tables' backfill, the rest by the stream", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
+	} else {
+		err := p.whileCreatingSlot(ctx, conn.Standby(), func() (err error) {
+			from, err = conn.CreateSlot(ctx, p.cfg.Postgres.Slot)
+			return err
+		})
+		if err != nil {
+			return nil, 0, "", err
+		}
+		p.log.Warn("first start: created the replication slot; events committed before this position are not streamed (set backfill on a table to send them)", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
+	}
+	rec.Confirmed = from
+	return rec, from, snapshot, nil
 }
 
 // slotWaitReport is how often a first start says what creating its slot
@@ -276,13 +307,12 @@ func (p *Pipeline) reportSlotWait(ctx context.Context) {
 }
 
 // openStore opens the checkpoint store, creating its topic when missing,
-// or takes the one the session started opening (runSession).
-func (p *Pipeline) openStore(ctx context.Context) error {
+// or takes the one the session started opening (opening, when not nil).
+func (p *Pipeline) openStore(ctx context.Context, opening *checkpoint.Opening) error {
 	if p.store != nil {
 		return nil
 	}
-	opening := p.opening
-	if p.opening = nil; opening == nil {
+	if opening == nil {
 		opening = checkpoint.StartOpen(ctx, p.cfg.Checkpoint.Topic, sink.ClientOpts(p.cfg.Kafka, p.log.Named("kafka")), p.log.Named("checkpoint"))
 	}
 	store, err := opening.Wait()
@@ -329,12 +359,12 @@ func (p *Pipeline) carryOver(ctx context.Context, rec *checkpoint.Record) error 
 
 // sameHistory brings a resumed checkpoint onto the server's timeline. Its
 // CommitLSN is what a session skips up to (the transactions Kafka already
-// holds, sent again after a Postgres restart moved the slot back), and an
-// LSN means something only within its WAL history (docs/design.md, rule 21): after a
-// promotion, the commits up to where the checkpoint's timeline ended are
-// shared, those after it are not in this server's history, so nothing is
-// skipped. Decide already refused a WAL that ends before the checkpoint on
-// the same timeline (a restore).
+// holds, sent again after a Postgres restart moved the slot back), and an LSN
+// means something only within its WAL history (docs/design.md, "An LSN means
+// something only within its WAL history"): after a promotion, the commits up to
+// where the checkpoint's timeline ended are shared, those after it are not in
+// this server's history, so nothing is skipped. Decide already refused a WAL
+// that ends before the checkpoint on the same timeline (a restore).
 func (p *Pipeline) sameHistory(ctx context.Context, conn *wal.Conn, rec *checkpoint.Record) error {
 	sys := conn.System()
 	if rec.Timeline == sys.Timeline {

@@ -6,7 +6,7 @@
 // through its session, with a Filter; the operations package rewinds the
 // main slot with WindowStart.
 //
-// Invariants (docs/design.md, rule 17):
+// Invariants (docs/design.md, "Replay needs WAL kept on purpose"):
 //   - The window a checkpoint claims is written before the replay slot is
 //     advanced to it, so the slot never holds less than a checkpoint says,
 //     and a replay that trusts the checkpoint never starts past the slot.

@@ -18,8 +18,9 @@ import (
 )
 
 // Window keeps the replay window: a second slot, ReplaySlot, about Length
-// behind the main slot, so that Postgres retains the WAL replays and
-// rewinds read (docs/design.md, rule 17). Its fields are the pipeline's.
+// behind the main slot, so that Postgres retains the WAL replays and rewinds
+// read (docs/design.md, "Replay needs WAL kept on purpose"). Its fields are the
+// pipeline's.
 type Window struct {
 	Postgres   wal.Config
 	Slot       string        // the main slot
@@ -146,11 +147,11 @@ func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // Open copies the replay slot to a temporary slot on conn, a replication
-// connection, so that the copy vanishes with the connection however the
-// replay ends (docs/design.md, rule 17), and moves it to where r starts in
-// the window (WindowStart). It returns the copy's name, where it starts,
-// and where the replay ends: the WAL end now, or r.ToLSN. slot is the main
-// slot, rec its checkpoint.
+// connection, so that the copy vanishes with the connection however the replay
+// ends (docs/design.md, "Replay needs WAL kept on purpose"), and moves it to
+// where r starts in the window (WindowStart). It returns the copy's name, where
+// it starts, and where the replay ends: the WAL end now, or r.ToLSN. slot is
+// the main slot, rec its checkpoint.
 func Open(ctx context.Context, conn *wal.Conn, r Range, rec checkpoint.Record, slot, replaySlot string, window time.Duration) (tmp string, start, end pglogrepl.LSN, err error) {
 	// The end: what has committed when the replay starts (or ToLSN).
 	if end, err = conn.CurrentWAL(ctx); err != nil {

@@ -322,12 +322,12 @@ func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 	return dl
 }
 
-// TruncateDeadLetter makes dead letter dl fit in limit bytes (as size
-// counts them): its value is cut first, then its key and the longest
-// header values, and a HeaderDeadLetterTruncated header says by how much.
-// The reason, source, LSN and id headers are kept whole where they fit: a
-// dead letter is a record that something went wrong, and a row that is too
-// large for it must not stop the stream instead (docs/design.md, rule 14).
+// TruncateDeadLetter makes dead letter dl fit in limit bytes (as size counts
+// them): its value is cut first, then its key and the longest header values,
+// and a HeaderDeadLetterTruncated header says by how much. The reason, source,
+// LSN and id headers are kept whole where they fit: a dead letter is a record
+// that something went wrong, and a row that is too large for it must not stop
+// the stream instead (docs/design.md, "No path skips a record").
 func TruncateDeadLetter(dl *kgo.Record, limit int, size func(*kgo.Record) int) {
 	over := size(dl) - limit
 	if over <= 0 {

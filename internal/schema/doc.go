@@ -13,8 +13,8 @@
 //     and the event's transaction stays open, so nothing past it is sent
 //     or confirmed. A registry outage never dead-letters an event.
 //   - Encode never waits on the network. A schema it has not cached is a
-//     *Miss, which Resolve fetches on the replication loop's blocking
-//     path (the slot's lease kept, docs/design.md rule 9).
+//     *Miss, which Resolve fetches on the replication loop's blocking path (the
+//     slot's lease kept, docs/design.md, "One goroutine owns the connection").
 //   - A schema is looked up by subject and version, cached, and re-read
 //     when an event does not fit the latest one cached, so a schema
 //     evolved while streaming is picked up, and an event is only judged

@@ -1,6 +1,7 @@
 // Package sink produces records to Kafka with franz-go.
 //
-// Invariants (docs/design.md, rules 12 to 14):
+// Invariants (docs/design.md, "Kafka", "Same aggregate, same key, same
+// partition", "No path skips a record"):
 //   - The producer is idempotent with acks=all and unlimited retries, so a
 //     partition's records land once and in order; franz-go's data-loss
 //     detection stops the producer rather than continue past a gap.

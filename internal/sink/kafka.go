@@ -134,7 +134,8 @@ func (c *Config) Validate() error {
 }
 
 // DefaultMaxBatchDelay is MaxBatchDelay's default: a small part of a
-// 25 ms latency budget, and enough to cut requests 25-fold at 5k events/s.
+// latency budget of tens of milliseconds, and long enough that a steady
+// stream goes in a few requests a batch time instead of one an event.
 const DefaultMaxBatchDelay = 5 * time.Millisecond
 
 // DefaultMaxMessageBytes is Kafka's default message.max.bytes.

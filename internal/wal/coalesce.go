@@ -16,10 +16,10 @@ import (
 // the socket drained (it returned less than it could hold) makes the next
 // one wait until ReadBatch has passed since: the messages that arrive
 // meanwhile come in one read instead of one each. A walsender sends each
-// pgoutput message as it decodes it, so at 20,000 events a second the
-// loop read 16,000 times a second, and the reads, their epoll waits and
-// the wake-ups that go with them were a third of the connector's CPU
-// (docs/benchmarks.md, "Rate sweep"). An idle socket is read as soon as
+// pgoutput message as it decodes it, so a live stream would be read
+// nearly once an event, and the reads, their epoll waits and the wake-ups
+// that go with them would be much of the connector's CPU
+// (docs/benchmarks.md, "Where the time goes"). An idle socket is read as soon as
 // data comes, so a lone event waits for nothing; a busy stream's events
 // wait at most ReadBatch, or until the producer's next batch may go. A
 // stream behind (a backlog, or catching up after a stall) reads at once:
@@ -31,9 +31,9 @@ import (
 // batch then goes right after the read that brings it, and the read and
 // the batch share a wake-up. During the wait the socket's receive
 // low-water mark is raised (setLowWater): each message the walsender sends
-// made the socket readable, and, though nobody read it, woke the runtime's
-// poller, which at 40,000 events a second was 14,000 thread wake-ups a
-// second, more than the work itself.
+// makes the socket readable, and, though nobody reads it, wakes the
+// runtime's poller: at high rates more thread wake-ups than the work
+// itself (docs/benchmarks.md, "Where the time goes").
 type coalescingConn struct {
 	net.Conn
 	window atomic.Int64 // the batch time in nanoseconds; 0 unless a stream runs live

@@ -123,12 +123,12 @@ func (c *Conn) CreateSlot(ctx context.Context, name string) (pglogrepl.LSN, erro
 	return lsn, err
 }
 
-// CreateSlotWithSnapshot creates the slot as CreateSlot does, and exports
-// the snapshot of its consistent point: a transaction that imports it
-// (SET TRANSACTION SNAPSHOT) sees exactly the rows committed before the
-// first transaction the slot streams (docs/design.md, rule 18). The
-// snapshot lives until the next command on this connection, so import it
-// before calling Start.
+// CreateSlotWithSnapshot creates the slot as CreateSlot does, and exports the
+// snapshot of its consistent point: a transaction that imports it (SET
+// TRANSACTION SNAPSHOT) sees exactly the rows committed before the first
+// transaction the slot streams (docs/design.md, "Backfill consistency"). The
+// snapshot lives until the next command on this connection, so import it before
+// calling Start.
 func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogrepl.LSN, string, error) {
 	lsn, snap, err := c.createSlot(ctx, name, true)
 	if err == nil && snap == "" {
@@ -236,8 +236,8 @@ func (c *Conn) queryLSN(ctx context.Context, sql string) (pglogrepl.LSN, error) 
 
 // Start starts streaming slot and returns the Stream, which then owns the
 // connection. Postgres starts at the slot's confirmed_flush_lsn (LSN 0 in
-// START_REPLICATION; docs/design.md, rule 6); from is only logged and
-// seeds the position reported before the first ack.
+// START_REPLICATION; docs/design.md, "Start at the slot"); from is only logged
+// and seeds the position reported before the first ack.
 func (c *Conn) Start(ctx context.Context, slot string, from pglogrepl.LSN) (*Stream, error) {
 	// Messages always: the connector's own (decode.ControlPrefix) carry
 	// backfill requests and watermarks, besides any message source.

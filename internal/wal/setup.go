@@ -69,11 +69,12 @@ func (s SlotState) Retained() int64 {
 }
 
 // Setup checks every precondition of streaming the tables, creates the
-// publication when it is missing (or makes it fit, where the role owns
-// it: ensurePublication), and reports on cfg.Slot and on the catalog. It never creates
-// a slot: the pipeline decides that against its checkpoint. Every failure a
-// user must fix is a *errtext.Fatal that says how; a lost slot is one. Logical
-// decoding message sources need no table: cfg.Messages covers them.
+// publication when it is missing (or makes it fit, where the role owns it:
+// ensurePublication), and reports on cfg.Slot and on the catalog. It never
+// creates a slot: the pipeline decides that against its checkpoint. Every
+// failure a user must fix is a *errtext.Fatal that says how; a lost slot is
+// one. Logical decoding message sources need no table: cfg.Messages covers
+// them.
 func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, Catalog, error) {
 	conn, err := ConnectSQL(ctx, cfg)
 	if err != nil {
@@ -309,7 +310,8 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			if errors.As(err, &pe) && (pe.Code == "42710" || pe.Code == "23505") && !retried {
 				// Another connector created it a moment ago (duplicate_object,
 				// or the catalog's unique index when both inserted at once):
-				// use it, if it is what this one needs (docs/design.md, rule 20).
+				// use it, if it is what this one needs (docs/design.md, "A
+				// first start is a state, not a session").
 				return ensurePublication(ctx, conn, name, tables, true, log)
 			}
 			return Catalog{}, errtext.Fatalf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)

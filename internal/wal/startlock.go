@@ -8,13 +8,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// StartLock serialises the starts of the replicas of one slot: from
-// reading the slot and the checkpoint to START_REPLICATION, one session at
-// a time decides (docs/design.md, rule 20). Without it two replicas started
-// in the same second both see "no slot, no checkpoint"; and a first start
-// releases the slot between CREATE_REPLICATION_SLOT and START_REPLICATION
-// (the walsender gives up a new slot once it is created), so during the
-// first start's backfill a second replica found the slot free and
+// StartLock serialises the starts of the replicas of one slot: from reading the
+// slot and the checkpoint to START_REPLICATION, one session at a time decides
+// (docs/design.md, "A first start is a state, not a session"). Without it two
+// replicas started in the same second both see "no slot, no checkpoint"; and a
+// first start releases the slot between CREATE_REPLICATION_SLOT and
+// START_REPLICATION (the walsender gives up a new slot once it is created), so
+// during the first start's backfill a second replica found the slot free and
 // streamed it, running the initial job again.
 //
 // It is a session-level advisory lock on a plain connection: any role may

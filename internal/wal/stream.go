@@ -27,9 +27,9 @@ type Handler func(walStart pglogrepl.LSN, data []byte) error
 type Acks interface {
 	// Confirmed is the position safe to confirm to the slot.
 	Confirmed() pglogrepl.LSN
-	// Keepalive passes on a keepalive's WAL end and server time. Every
-	// message before it has been handled, so when nothing is open or in
-	// flight the position may move to walEnd (docs/design.md, rule 5).
+	// Keepalive passes on a keepalive's WAL end and server time. Every message
+	// before it has been handled, so when nothing is open or in flight the
+	// position may move to walEnd (docs/design.md, "Idle slot, busy database").
 	Keepalive(walEnd pglogrepl.LSN, at time.Time)
 	// Saturated asks the loop to stop reading until Changed fires.
 	Saturated() bool
@@ -43,13 +43,13 @@ type Acks interface {
 	Changed() <-chan struct{}
 }
 
-// Releaser is the producer's batching, for a stream whose records wait to
-// be batched (nil to Run: none): the loop calls Release at every turn, and wakes up by the time it returns
-// (the zero time: no need). While the stream runs live with its reads
-// batched, it says so with Live, and calls Drained each time it has
-// handled all that its reads brought, before it waits for more: Drained
-// sends what is held, and the next read waits at least until the time it
-// returns (coalescingConn).
+// Releaser is the producer's batching, for a stream whose records wait to be
+// batched (nil to Run: none): the loop calls Release at every turn, and wakes
+// up by the time it returns (the zero time: no need). While the stream runs
+// live with its reads batched, it says so with Live, and calls Drained each
+// time it has handled all that its reads brought, before it waits for more:
+// Drained sends what is held, and the next read waits at least until the time
+// it returns (coalescingConn).
 type Releaser interface {
 	Release(now time.Time) time.Time
 	Live(on bool)
@@ -279,11 +279,12 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 
 // While runs fn, which may block (an admin call to Kafka, a read of the
 // checkpoint topic), and keeps the slot's lease while it does: from the
-// goroutine that runs Run, which is the one calling handle, it sends a
-// status update with the position already reported every StatusInterval
-// until fn returns. The connection stays with one goroutine (rule 9), and
-// a standby never takes a busy holder for a frozen one (docs/operations.md,
-// "Active and standby"). It receives nothing meanwhile: the walsender waits.
+// goroutine that runs Run, which is the one calling handle, it sends a status
+// update with the position already reported every StatusInterval until fn
+// returns. The connection stays with one goroutine (docs/design.md, "One
+// goroutine owns the connection"), and a standby never takes a busy holder for
+// a frozen one (docs/operations.md, "Active and standby"). It receives nothing
+// meanwhile: the walsender waits.
 func (s *Stream) While(fn func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
