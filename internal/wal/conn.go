@@ -208,9 +208,11 @@ func (c *Conn) AdvanceSlot(ctx context.Context, name string, to pglogrepl.LSN) (
 
 // CurrentWAL is pg_current_wal_insert_lsn(): past every transaction that
 // has committed, even with synchronous_commit off, whose commit records the
-// server may not have flushed (nor will stream) yet.
+// server may not have flushed (nor will stream) yet. On a hot standby,
+// which has no WAL of its own to insert into, it is what the standby has
+// replayed: all it can decode.
 func (c *Conn) CurrentWAL(ctx context.Context) (pglogrepl.LSN, error) {
-	lsn, err := c.queryLSN(ctx, "SELECT pg_current_wal_insert_lsn()")
+	lsn, err := c.queryLSN(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END")
 	if err != nil {
 		return 0, fmt.Errorf("read the current WAL position: %w", err)
 	}
