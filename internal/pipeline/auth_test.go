@@ -53,7 +53,7 @@ host all cdc_pw 127.0.0.1/32 scram-sha-256
 			k := testenv.NewKafka(t)
 			e := &env{db: admin, kafka: k, cfg: newEnvConfig(admin, k)}
 			e.cfg.Postgres.URL = url(tc.user, tc.password)
-			r := e.launch(t, &syncBuffer{})
+			r := e.launch(t, &testenv.Buffer{})
 			var err error
 			select {
 			case err = <-r.done:
@@ -111,7 +111,7 @@ func TestStopDuringBackoffSaysStopped(t *testing.T) {
 	e := &env{kafka: k, cfg: newEnvConfig("postgres://cdc@127.0.0.1:1/app?sslmode=disable&connect_timeout=5", k)}
 	e.cfg.RetryBackoff, e.cfg.RetryBackoffMax = time.Hour, time.Hour
 	e.logLevel = hclog.Info
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	r := e.launch(t, logs)
 	testenv.Eventually(t, time.Minute, "the connector to wait before reconnecting", func() bool {
 		return strings.Contains(logs.String(), "session failed; reconnecting")

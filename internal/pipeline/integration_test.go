@@ -95,11 +95,9 @@ const testSigningKey = "0123456789abcdef0123456789abcdef-test"
 // minLines lines (one that did not see the run). It writes nothing else.
 func sweptLog(t *testing.T, minLines int, secrets ...string) io.Writer {
 	t.Helper()
-	w := &syncBuffer{}
+	w := &testenv.Buffer{}
 	t.Cleanup(func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		lines := strings.Split(strings.TrimSuffix(w.b.String(), "\n"), "\n")
+		lines := strings.Split(strings.TrimSuffix(w.String(), "\n"), "\n")
 		if len(lines) < minLines {
 			t.Errorf("the swept log has %d lines: it did not see the run", len(lines))
 		}
@@ -692,24 +690,6 @@ func TestConfirmsArePrompt(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink the test reads while the pipeline writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSlotInUseIsWaitedOut: while another connection holds the slot, the
 // pipeline logs why it waits and retries; once the slot is free it streams.
 func TestSlotInUseIsWaitedOut(t *testing.T) {
@@ -724,7 +704,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	r := e.launch(t, logs)
 	testenv.Eventually(t, 30*time.Second, "a log line about the slot in use", func() bool {
 		return strings.Contains(logs.String(), "replication slot is in use; waiting for it") && strings.Contains(logs.String(), "is active for PID")

@@ -161,7 +161,7 @@ func TestRealBrokerStoppedFor30s(t *testing.T) {
 	e := newEnv(t, k)
 	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D5000"
 	e.cfg.Postgres.StatusInterval = 200 * time.Millisecond
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	e.logLevel = hclog.Info
 	r := e.launch(t, logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to start streaming", func() bool { return r.tracker.Load() != nil })

@@ -358,16 +358,6 @@ func (c *connector) waitConfirmed(b *testing.B, conn *pgx.Conn, after pglogrepl.
 	}
 }
 
-func pgConnect(b *testing.B, db string) *pgx.Conn {
-	b.Helper()
-	conn, err := pgx.Connect(context.Background(), db)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 // BenchmarkDrain drains a backlog written in 1-row and in 1000-row
 // transactions: the cdc binary from process start to Postgres's confirm of
 // the last event, against pg_recvlogical (no decoding into events, no
@@ -529,7 +519,7 @@ func drainBacklog(b *testing.B, bl backlog) drained {
 	recvlogical := filepath.Join(p.Bin, "pg_recvlogical")
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
-	conn := pgConnect(b, db)
+	conn := testenv.Connect(b, db)
 	warmUpWith(b, db, kafka, conn, bl.set)
 	// The connector has run before and stopped; the reference slots start
 	// where it did.
@@ -851,7 +841,7 @@ func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) bench
 	p := testenv.Require(b, pg)
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
-	conn := pgConnect(b, db)
+	conn := testenv.Connect(b, db)
 	warmUpWith(b, db, kafka, conn, settings{top: top})
 	c := startConnectorOpts(b, db, kafka, settings{top: top})
 	testenv.Eventually(b, time.Minute, "the connector to stream", func() bool {
@@ -1044,7 +1034,7 @@ func startupOnce(b *testing.B) {
 	p := testenv.Require(b, pg)
 	db := p.NewDatabase(b)
 	kafka := testenv.NewKafka(b)
-	conn := pgConnect(b, db)
+	conn := testenv.Connect(b, db)
 	warmUp(b, db, kafka, conn)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...), kgo.ConsumeTopics(kafka.Prefix+"outbox.event.order"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(50*time.Millisecond))
