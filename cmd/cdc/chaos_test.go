@@ -348,6 +348,20 @@ func TestChaosNewTopicsUnderLoad(t *testing.T) {
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`)
 	kafka := testenv.NewKafka(t)
 	config := outboxConfig(t, kafka, fmt.Sprintf("url: %q", db), "")
+	// A domain of 200 aggregate types: past tables[].max_topics' default
+	// of 100, which stops the connector at the 101st topic, so it says so.
+	raw, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := fmt.Sprintf("topic: %q}]", kafka.Prefix+"outbox.event.{aggregate_type}")
+	if !strings.Contains(string(raw), topic) {
+		t.Fatalf("the config has no table line ending %s:\n%s", topic, raw)
+	}
+	raw = []byte(strings.Replace(string(raw), topic, strings.TrimSuffix(topic, "}]")+", max_topics: 250}]", 1))
+	if err := os.WriteFile(config, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	proc := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to stream", func() bool {
 		return strings.Contains(proc.out.String(), "streaming from replication slot")
