@@ -36,22 +36,7 @@ func chaosOutage(t *testing.T) time.Duration {
 }
 
 // peakRSS is a process's peak resident set size (VmHWM), in MB.
-func peakRSS(t *testing.T, p *proc) float64 {
-	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			var kb int
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
-			return float64(kb) / 1024
-		}
-	}
-	t.Fatal("no VmHWM in /proc/<pid>/status")
-	return 0
-}
+func peakRSS(t *testing.T, p *proc) float64 { return testenv.PeakRSS(t, p.cmd.Process.Pid) }
 
 // paced runs fn about rate times a second on its own connection to db
 // until ctx ends, counting the calls that succeeded.

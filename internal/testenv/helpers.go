@@ -3,8 +3,11 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -74,4 +77,22 @@ func TLSPostgres(t testing.TB, certs *Certs, hba string) *localpg.Server {
 	}
 	t.Cleanup(srv.Stop)
 	return srv
+}
+
+// PeakRSS is process pid's peak resident set size (VmHWM), in MB.
+func PeakRSS(t testing.TB, pid int) float64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			var kb int
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return float64(kb) / 1024
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
 }

@@ -632,18 +632,4 @@ func TestNetworkSlowBroker(t *testing.T) {
 	}
 }
 
-func peakRSS(t *testing.T, pid int) float64 {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			var kb int
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
-			return float64(kb) / 1024
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
-}
+func peakRSS(t *testing.T, pid int) float64 { return testenv.PeakRSS(t, pid) }
