@@ -105,6 +105,26 @@ func TestRealCreatesMissingTopics(t *testing.T) {
 	}
 }
 
+// TestRealBrokerAutoCreatesTopic: the connector may not create topics and
+// relies on the broker's auto-creation (on in make test-kafka's broker):
+// the topic is created when the connector asks for it, and the event
+// arrives.
+func TestRealBrokerAutoCreatesTopic(t *testing.T) {
+	k := realKafka(t)
+	e := newEnv(t, k)
+	e.cfg.Kafka.CreateTopics = false
+	e.cfg.Kafka.AllowAutoTopicCreation = true
+	e.start(t)
+	id := insertEvent(t, testenv.Connect(t, e.db), "a-1", "AutoCreated")
+	c := k.NewConsumer(t, k.AllTopics())
+	c.WaitFor(t, time.Minute, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] > 0 })
+	for _, r := range c.Records {
+		if want := k.Prefix + "outbox.event.order"; r.Topic != want {
+			t.Fatalf("event in %s, want %s", r.Topic, want)
+		}
+	}
+}
+
 // TestRealRecordOverTopicMaxMessageBytes: the broker refuses a record larger
 // than the topic's max.message.bytes; the connector stops and says what to
 // change, and nothing past it is confirmed.

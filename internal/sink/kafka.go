@@ -168,16 +168,17 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.ProducerLinger(cfg.Linger),
-		// A topic just created (or being auto-created) takes a moment to
-		// reach every broker's metadata and to get its partitions' leaders,
-		// seconds on a busy or cold cluster: keep asking rather than fail
-		// its records (the default fails them after 4 tries; 60 still
-		// failed them under make chaos's new-topics scenario on a fresh
-		// broker, which ended the session and sent its events twice). 600
-		// tries, a quarter second apart at least, are minutes: a topic the
-		// broker will never create (auto-creation relied on but off) still
-		// ends in an error that says so. One the connector may not create
-		// is refused before its first record (EnsureTopic).
+		// A topic just created is in the brokers' metadata a moment
+		// later: seconds on a starved broker. franz-go counts an
+		// unknown-topic try per metadata refresh, not per second, and
+		// each new topic forces a refresh, so under a stream of new
+		// topics the tries run out in a fraction of the time they would
+		// on a quiet client (docs/design.md, "New topics"). 600 tries are
+		// at least 6 s (refreshes are 10 ms apart at the most) and
+		// minutes on a quiet client; EnsureTopic already refused a topic
+		// that neither the connector nor the brokers will create, so what
+		// the count still ends is a topic deleted under the connector: the
+		// session ends and the next one creates it again.
 		kgo.UnknownTopicRetries(600),
 		// And look again soon: franz-go re-asks every 250ms for 2s, then
 		// waits MetadataMinAge (5s by default) between tries, which on a

@@ -177,6 +177,35 @@ func TestEnsureTopic(t *testing.T) {
 	if (&ProduceError{Err: kerr.UnknownTopicOrPartition}).Permanent() {
 		t.Fatal("UNKNOWN_TOPIC_OR_PARTITION from a produce is permanent; the topic may be being created")
 	}
+
+	// Relying on broker auto-creation where the brokers do not
+	// auto-create: refused before the first record, naming the setting.
+	relies := newSink(t, c, Config{AllowAutoTopicCreation: true})
+	err = relies.EnsureTopic(ctx, "never.created")
+	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "never.created") ||
+		!strings.Contains(err.Error(), "turn on auto.create.topics.enable on the brokers") {
+		t.Fatalf("err = %v; want a permanent error naming the topic and auto.create.topics.enable", err)
+	}
+}
+
+// TestEnsureTopicAutoCreated: relying on brokers that auto-create, the
+// topic is created when EnsureTopic asks, before its first record.
+func TestEnsureTopicAutoCreated(t *testing.T) {
+	c := newCluster(t, kfake.AllowAutoTopicCreation())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	k := newSink(t, c, Config{AllowAutoTopicCreation: true})
+	if err := k.EnsureTopic(ctx, "auto.made"); err != nil {
+		t.Fatal(err)
+	}
+	if c.TopicInfo("auto.made") == nil {
+		t.Fatal("EnsureTopic returned, and the broker has not created auto.made")
+	}
+	done := make(chan error, 1)
+	k.Produce(&kgo.Record{Topic: "auto.made", Value: []byte("v")}, func(err error) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatalf("produce to the auto-created topic: %v", err)
+	}
 }
 
 // A topic the connector just created can take seconds to get a leader on a

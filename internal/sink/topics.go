@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // TopicDefaults are the settings of the topics the connector creates.
@@ -140,14 +141,53 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 		if errors.Is(err, kerr.InvalidTopicException) {
 			return 0, &TopicRefusedError{Topic: topic, Err: err}
 		}
-		return topicBroker, nil
+		// Have the broker create it now: its answer says whether it
+		// will, where the first record would only find it missing,
+		// again and again (kgo.UnknownTopicRetries in New).
+		will, err := autoCreate(ctx, k.cl, topic)
+		if err != nil {
+			return 0, err
+		}
+		if will {
+			return topicBroker, nil
+		}
 	}
 	how := "set kafka.create_topics: true (and grant the connector CREATE on it)"
 	if k.cfg.CreateTopics {
 		how = "grant the connector CREATE on it"
 	}
+	auto := "allow broker auto-creation (kafka.allow_auto_topic_creation: true and auto.create.topics.enable=true)"
+	if k.cfg.AllowAutoTopicCreation {
+		auto = "turn on auto.create.topics.enable on the brokers (they do not auto-create it)"
+	}
 	return 0, &ProduceError{Topic: topic, Err: kerr.UnknownTopicOrPartition, permanent: true,
-		advice: fmt.Sprintf("the topic does not exist, and the connector may not create it: create it (kafka-topics.sh --create --topic %s), %s, or allow broker auto-creation (kafka.allow_auto_topic_creation: true and auto.create.topics.enable=true)", topic, how)}
+		advice: fmt.Sprintf("the topic does not exist, and the connector may not create it: create it (kafka-topics.sh --create --topic %s), %s, or %s", topic, how, auto)}
+}
+
+// autoCreate asks the brokers for topic's metadata with auto-creation
+// allowed, and reports whether they have it or are creating it. A broker
+// with auto.create.topics.enable off answers UNKNOWN_TOPIC_OR_PARTITION.
+func autoCreate(ctx context.Context, cl *kgo.Client, topic string) (bool, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = true
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return false, fmt.Errorf("have the brokers auto-create topic %q: %w", topic, err)
+	}
+	for _, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == topic {
+			err := kerr.ErrorForCode(t.ErrorCode)
+			if errors.Is(err, kerr.InvalidTopicException) {
+				return false, &TopicRefusedError{Topic: topic, Err: err}
+			}
+			// LEADER_NOT_AVAILABLE: being created.
+			return !errors.Is(err, kerr.UnknownTopicOrPartition), nil
+		}
+	}
+	return false, fmt.Errorf("have the brokers auto-create topic %q: their metadata answer leaves it out", topic)
 }
 
 // CheckTopic reports what would stop the connector from producing to
