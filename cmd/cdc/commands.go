@@ -29,8 +29,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // memoryHeadroom is what cdc run allows the heap beyond max_in_flight_bytes
@@ -56,7 +56,7 @@ func gcSettings(maxInFlightBytes int64, getenv func(string) string) (limit int64
 }
 
 // liveProcs is what cdc run does with GOMAXPROCS as its stream turns
-// live and falls behind (wal.Config.OnLive), or nil to leave it alone: when
+// live and falls behind (postgres.Config.OnLive), or nil to leave it alone: when
 // the environment sets it, or the runtime's default is one already (a
 // container with a CPU limit of one core or less).
 //
@@ -151,7 +151,7 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 		}
 	}
 	if err != nil {
-		var ce *wal.CheckError
+		var ce *postgres.CheckError
 		if !errors.As(err, &ce) {
 			fmt.Fprintf(c.stderr, "cdc: %v\n", err)
 			return 1

@@ -27,10 +27,10 @@ import (
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // The demo runs everything in one process: a throwaway Postgres (or the
@@ -210,7 +210,7 @@ type demoConnector struct {
 // layout, and a replay window.
 func demoConfig(pgURL string, brokers []string) config.Config {
 	return config.Config{
-		Postgres:   wal.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
+		Postgres:   postgres.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
 		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables:     []*outbox.Source{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
 		Checkpoint: config.CheckpointConfig{Topic: "cdc-demo.checkpoints"},

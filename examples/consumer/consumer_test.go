@@ -18,9 +18,9 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 var pg *testenv.Postgres
@@ -39,7 +39,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 	k := testenv.NewKafka(t)
 
 	cfg := config.Config{
-		Postgres:   wal.Config{URL: src, StatusInterval: 50 * time.Millisecond},
+		Postgres:   postgres.Config{URL: src, StatusInterval: 50 * time.Millisecond},
 		Kafka:      sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables:     []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + outbox.DefaultTopic}},
 		Checkpoint: config.CheckpointConfig{Topic: k.CheckpointTopic()},

@@ -67,7 +67,7 @@ func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(f
 // NewPlan works out the key and the queries of a backfill of t's rows
 // matching where ("" for all), ordered by orderBy (catalog names; nil for
 // the primary key), and has the server check them. conn must be a
-// wal.ConnectRows connection.
+// postgres.ConnectRows connection.
 func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string, orderBy []string, chunk int) (*Plan, error) {
 	type col struct {
 		name, typ string

@@ -12,7 +12,7 @@
 // of the last row of the one before. The key is kept as text, so a job
 // resumes from a checkpoint after a crash, and memory holds one chunk.
 // Rows are read in Postgres' text format on a connection with the
-// replication connection's output settings (wal.ConnectRows), so that
+// replication connection's output settings (postgres.ConnectRows), so that
 // decode.RowDecoder turns them into the same events their INSERTs would
 // have been.
 //

@@ -10,7 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Requested is what Request started.
@@ -34,7 +34,7 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 	if len(keys) == 0 {
 		return Requested{}, &errtext.Fatal{Msg: "cdc backfill signs its request with checkpoint.signing_key_file's key, and cdc run takes only signed ones; set it (the same file, or CDC_CHECKPOINT_SIGNING_KEY_FILE) for both: openssl rand -hex 32 > signing.key"}
 	}
-	rows, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	rows, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return Requested{}, err
 	}
@@ -61,7 +61,7 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 		return Requested{}, err
 	}
 	b, _ := json.Marshal(Control{Type: ControlRequest, ID: job.ID})
-	if err := wal.EmitMessage(ctx, r.Postgres, rows, decode.ControlPrefix, string(b), "the backfill's announcement to the connector"); err != nil {
+	if err := postgres.EmitMessage(ctx, r.Postgres, rows, decode.ControlPrefix, string(b), "the backfill's announcement to the connector"); err != nil {
 		return Requested{}, err
 	}
 	return Requested{ID: job.ID, Table: job.Table, Where: where, Rows: total, key: rec.Key()}, nil

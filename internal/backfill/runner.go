@@ -16,15 +16,15 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/retry"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Runner runs the jobs: the first start's in the slot's snapshot
 // (FirstStart), the others beside the stream, chunk by chunk between
 // watermarks (Run). Its fields are the pipeline's config.
 type Runner struct {
-	Postgres         wal.Config
+	Postgres         postgres.Config
 	StatementTimeout time.Duration // backfill.statement_timeout
 	// ReaderRole is backfill.reader_role: what a condition runs as.
 	ReaderRole string
@@ -75,7 +75,7 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (
 
 // Check has the server check each job's queries.
 func (r *Runner) Check(ctx context.Context, jobs []checkpoint.Job) error {
-	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	conn, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ type Sender interface {
 // checkpoint as it is acknowledged, and an interruption is continued
 // beside the stream (docs/design.md, "Backfill consistency").
 func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
-	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	conn, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, jo
 func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 	run := jobs.Run()
 	var conn *pgx.Conn
-	w := wal.NewWriter(r.Postgres)
+	w := postgres.NewWriter(r.Postgres)
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
@@ -250,7 +250,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 		}
 		var err error
 		if conn == nil {
-			conn, err = wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+			conn, err = postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 		}
 		if err == nil {
 			err = r.runJob(ctx, w, conn, jobs, run, job)
@@ -296,7 +296,7 @@ func waitDone(ctx context.Context, jobs *Jobs, id string) error {
 }
 
 // runJob runs job's chunks between watermarks until the last.
-func (r *Runner) runJob(ctx context.Context, w *wal.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Job) error {
+func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Job) error {
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
 		return err
@@ -383,7 +383,7 @@ func readChunk(ctx context.Context, conn *pgx.Conn, plan *Plan, after, until []s
 // emit writes c as a transactional logical decoding message, in a
 // transaction of its own: on conn's server, or, while that is a hot
 // standby, on postgres.primary_url's (w).
-func emit(ctx context.Context, w *wal.Writer, conn *pgx.Conn, c Control) error {
+func emit(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, c Control) error {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err

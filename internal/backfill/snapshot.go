@@ -10,7 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // ControlRepair announces, in the stream, the point at which a table the
@@ -39,7 +39,7 @@ type Snapshot struct {
 
 // OpenSnapshot opens a snapshot of table t's rows.
 func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot, error) {
-	conn, err := wal.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	conn, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -95,9 +95,9 @@ func (s *Snapshot) Close(ctx context.Context) {
 // EmitRepair writes the ControlRepair message with id, in a transaction of
 // its own on conn, or on cfg's primary_url while conn's server is a hot
 // standby.
-func EmitRepair(ctx context.Context, cfg wal.Config, conn *pgx.Conn, id string) error {
+func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id string) error {
 	b, _ := json.Marshal(Control{Type: ControlRepair, ID: id})
-	return wal.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
+	return postgres.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
 }
 
 // NewID is a random identifier, for a repair.

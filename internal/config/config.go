@@ -8,10 +8,10 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
@@ -40,7 +40,7 @@ type Config struct {
 	// Name is the pipeline's, for the pipeline label of its metrics and
 	// cdc status. Default: the slot's name (name).
 	Name     string
-	Postgres wal.Config
+	Postgres postgres.Config
 	Kafka    sink.Config
 	Tables   []*outbox.Source
 	// SchemaRegistry is where tables with a schema (json-schema, avro,
@@ -313,13 +313,13 @@ func (c *Config) UsesRegistry() bool {
 
 // WALTables lists the outbox tables (not message sources) with the columns
 // the decoder reads from each, for wal's checks.
-func (c *Config) WALTables() []wal.Table {
-	var ts []wal.Table
+func (c *Config) WALTables() []postgres.Table {
+	var ts []postgres.Table
 	for _, t := range c.Tables {
 		if t.IsMessage() {
 			continue
 		}
-		wt := wal.Table{TableName: t.Name}
+		wt := postgres.Table{TableName: t.Name}
 		for f, name := range t.Columns {
 			if name != "" {
 				wt.Columns = append(wt.Columns, name)

@@ -18,10 +18,10 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // fileConfig is the YAML file format. docs/config.md documents every key;
@@ -324,7 +324,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 		createTopics = *fc.Kafka.CreateTopics
 	}
 	cfg := Config{
-		Postgres: wal.Config{
+		Postgres: postgres.Config{
 			URL:                  fc.Postgres.URL,
 			PasswordFile:         fc.Postgres.PasswordFile,
 			PrimaryURL:           fc.Postgres.PrimaryURL,

@@ -9,7 +9,7 @@ import "fmt"
 // commands tell it from a retryable error with errors.As.
 type Fatal struct {
 	Msg string
-	Err error // what it wraps, for errors.Is (wal.ErrSlotLost, ...), or nil
+	Err error // what it wraps, for errors.Is (postgres.ErrSlotLost, ...), or nil
 }
 
 func (e *Fatal) Error() string { return e.Msg }

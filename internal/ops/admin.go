@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -34,18 +35,18 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	if o.Config.Replay.Window == 0 {
 		return Rewound{}, &errtext.Fatal{Msg: "no replay window: a rewind re-creates the slot from the replay slot; set replay.window in the config and let the connector run"}
 	}
-	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return Rewound{}, err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	main, err := wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	main, err := postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	// A connector stopped a moment ago: its walsender lets the slot go
 	// as it exits, just after the connection closed. A running one still
 	// holds it after this.
 	for deadline := time.Now().Add(2 * time.Second); err == nil && main.Active && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
-		main, err = wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+		main, err = postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	}
 	if err != nil {
 		return Rewound{}, err
@@ -53,7 +54,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	if main.Active {
 		return Rewound{}, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
 	}
-	replaySlot, err := wal.InspectSlot(ctx, sql, o.Config.ReplaySlot())
+	replaySlot, err := postgres.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
@@ -125,12 +126,12 @@ func (o *Ops) Rewindable(ctx context.Context, to pglogrepl.LSN) bool {
 	if o.Config.Replay.Window == 0 {
 		return false
 	}
-	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return false
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	rs, err := wal.InspectSlot(ctx, sql, o.Config.ReplaySlot())
+	rs, err := postgres.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	return err == nil && rs.Exists && rs.WALStatus != "lost" && rs.ConfirmedFlush <= to
 }
 
@@ -142,15 +143,15 @@ func (o *Ops) Rewindable(ctx context.Context, to pglogrepl.LSN) bool {
 // past it: nothing is dropped. The skip is forgotten once its transaction
 // is delivered.
 func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, error) {
-	sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return "", err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	slot, err := wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	slot, err := postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	for deadline := time.Now().Add(2 * time.Second); err == nil && slot.Active && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond) // a connector that just stopped: its walsender lets go
-		slot, err = wal.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+		slot, err = postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	}
 	if err != nil {
 		return "", err
@@ -197,8 +198,8 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 // creating the slot when it is missing or lost, so that the next cdc run
 // streams from the slot. Without a gap it changes nothing.
 func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
-	slot, _, err := wal.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
-	lost := errors.Is(err, wal.ErrSlotLost)
+	slot, _, err := postgres.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
+	lost := errors.Is(err, postgres.ErrSlotLost)
 	if err != nil && !lost {
 		return Accepted{}, err
 	}
@@ -222,7 +223,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	}
 	if lost {
 		// The lost slot's WAL is gone: start over, as after a drop.
-		sql, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+		sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 		if err != nil {
 			return Accepted{}, err
 		}
@@ -231,7 +232,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		if err != nil {
 			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", o.Config.Postgres.Slot, err)
 		}
-		slot = wal.SlotState{}
+		slot = postgres.SlotState{}
 	}
 	_, _, err = checkpoint.Decide(o.Config.Postgres.Slot, sys.ID, SlotInfo(conn, slot), records)
 	var gap *checkpoint.GapError

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -35,8 +36,8 @@ type Ops struct {
 // checkRetention is what keeps table t's retention from working, or "":
 // DELETE on it (mode delete), or owning it and its partitions, which
 // detaching and dropping them need (drop_partitions).
-func checkRetention(ctx context.Context, cfg wal.Config, t *outbox.Source) string {
-	conn, err := wal.ConnectSQL(ctx, cfg)
+func checkRetention(ctx context.Context, cfg postgres.Config, t *outbox.Source) string {
+	conn, err := postgres.ConnectSQL(ctx, cfg)
 	if err != nil {
 		return ""
 	}
@@ -81,7 +82,7 @@ func (o *Ops) backfills() *backfill.Runner {
 }
 
 // Check checks Postgres' and Kafka's preconditions without creating or
-// streaming anything. It returns, as a *wal.CheckError, what would stop
+// streaming anything. It returns, as a *postgres.CheckError, what would stop
 // cdc run; and warnings, what would weaken it without stopping it (cdc
 // check exits 0 on those): a standby that cannot see its holder, an
 // unlimited max_slot_wal_keep_size, brokers that do not answer now (cdc
@@ -92,12 +93,12 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	if o.Config.Replay.Window > 0 {
 		slots = append(slots, o.Config.ReplaySlot())
 	}
-	ws, err := wal.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...)
+	ws, err := postgres.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...)
 	for _, w := range ws {
 		warnings = append(warnings, "postgres: "+w)
 	}
 	if err != nil {
-		var ce *wal.CheckError
+		var ce *postgres.CheckError
 		if !errors.As(err, &ce) {
 			return warnings, fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
 		}
@@ -166,7 +167,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 		}
 	}
 	if len(probs) > 0 {
-		return warnings, &wal.CheckError{Problems: probs}
+		return warnings, &postgres.CheckError{Problems: probs}
 	}
 	return warnings, nil
 }
@@ -192,15 +193,15 @@ func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record
 }
 
 // SlotInfo is what Decide compares with the checkpoint.
-func SlotInfo(conn *wal.Conn, slot wal.SlotState) checkpoint.SlotInfo {
+func SlotInfo(conn *wal.Conn, slot postgres.SlotState) checkpoint.SlotInfo {
 	sys := conn.System()
 	return checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush, Timeline: sys.Timeline, WALEnd: sys.WALEnd, Address: conn.Address()}
 }
 
 // checkTakeover says what the role lacks to take over from a frozen holder
 // ("" when nothing): seeing reply_time takes pg_read_all_stats.
-func checkTakeover(ctx context.Context, cfg wal.Config) string {
-	conn, err := wal.ConnectSQL(ctx, cfg)
+func checkTakeover(ctx context.Context, cfg postgres.Config) string {
+	conn, err := postgres.ConnectSQL(ctx, cfg)
 	if err != nil {
 		return ""
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // pollEvery is how often the slot's lag and retained WAL are read for the
@@ -20,13 +20,13 @@ const pollEvery = 5 * time.Second
 // streams or waits: lag and retained WAL matter most when nothing streams.
 func (o *Ops) WatchSlots(ctx context.Context, m *metrics.Metrics) {
 	read := func(ctx context.Context, conn *pgx.Conn) error { return o.readSlots(ctx, conn, m) }
-	wal.Every(ctx, o.Config.Postgres, pollEvery, true, read, func(err error) {
+	postgres.Every(ctx, o.Config.Postgres, pollEvery, true, read, func(err error) {
 		o.Log.Debug("metrics: cannot read the slot; retrying", "error", errtext.OneLine(err))
 	})
 }
 
 func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics) error {
-	st, err := wal.InspectSlot(ctx, conn, o.Config.Postgres.Slot)
+	st, err := postgres.InspectSlot(ctx, conn, o.Config.Postgres.Slot)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics)
 		m.SetWALStatus(st.WALStatus)
 	}
 	if o.Config.Replay.Window > 0 {
-		rs, err := wal.InspectSlot(ctx, conn, o.Config.ReplaySlot())
+		rs, err := postgres.InspectSlot(ctx, conn, o.Config.ReplaySlot())
 		if err != nil {
 			return err
 		}

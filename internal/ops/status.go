@@ -11,8 +11,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Status is what cdc status reports: the slot, the publication, the
@@ -102,7 +102,7 @@ type WindowStatus struct {
 // Status reads the pipeline's state. A Postgres it cannot reach is an
 // error; a Kafka it cannot reach leaves CheckpointError set.
 func (o *Ops) Status(ctx context.Context) (Status, error) {
-	conn, err := wal.ConnectSQL(ctx, o.Config.Postgres)
+	conn, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {
 		return Status{}, err
 	}
@@ -184,7 +184,7 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 }
 
 func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, error) {
-	s, err := wal.InspectSlot(ctx, conn, name)
+	s, err := postgres.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return SlotStatus{}, err
 	}

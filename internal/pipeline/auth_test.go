@@ -13,8 +13,8 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestPostgresRefusalIsFatal: Postgres refusing the connector (a wrong
@@ -61,7 +61,7 @@ host all cdc_pw 127.0.0.1/32 scram-sha-256
 			case <-time.After(time.Minute):
 				t.Fatal("the connector is still retrying after a minute; want it to stop at once")
 			}
-			var auth *wal.AuthError
+			var auth *postgres.AuthError
 			if !errors.As(err, &auth) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v; want an AuthError saying %q", err, tc.want)
 			}

@@ -18,12 +18,12 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/postgres"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Seed 003's event_outbox: a poller marks rows published; pending ones have
@@ -618,7 +618,7 @@ func TestBackfillChunksBoundedInBytes(t *testing.T) {
 	if err := cfg.Postgres.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := wal.ConnectRows(ctx, cfg.Postgres, time.Minute)
+	conn, err := postgres.ConnectRows(ctx, cfg.Postgres, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

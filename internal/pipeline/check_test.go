@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestCheckKafkaTopics: check looks at the checkpoint topic (it must
@@ -46,7 +46,7 @@ func TestCheckKafkaTopics(t *testing.T) {
 		return err
 	}
 	err = check()
-	var ce *wal.CheckError
+	var ce *postgres.CheckError
 	if !errors.As(err, &ce) || len(ce.Problems) != 2 ||
 		!strings.Contains(ce.Problems[0], "kafka: topic \""+e.kafka.CheckpointTopic()+"\" has cleanup.policy=delete") ||
 		!strings.Contains(ce.Problems[1], "kafka: topic \""+static+"\" does not exist, and the connector may not create it") {

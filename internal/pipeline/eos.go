@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/delivery"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -46,12 +47,12 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System, opening *checkpoin
 func (p *Pipeline) slotHeld(ctx context.Context) bool {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := wal.ConnectSQL(qctx, p.cfg.Postgres)
+	conn, err := postgres.ConnectSQL(qctx, p.cfg.Postgres)
 	if err != nil {
 		return false
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := wal.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
+	st, err := postgres.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
 	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -74,7 +75,7 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 
 func newEnvConfig(db string, kafka *testenv.Kafka) config.Config {
 	return config.Config{
-		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
+		Postgres: postgres.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables: []*outbox.Source{{
 			Name:    outbox.TableName{Schema: "public", Name: "outbox"},
@@ -699,7 +700,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Exec(t, e.db, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`)
-	st := wal.SlotState{ConfirmedFlush: testenv.SlotPosition(t, e.db, "outbox_cdc")}
+	st := postgres.SlotState{ConfirmedFlush: testenv.SlotPosition(t, e.db, "outbox_cdc")}
 	holder, err := wal.Open(ctx, e.cfg.Postgres, st.ConfirmedFlush, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -737,7 +738,7 @@ func TestSlotVanishedIsFatal(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the connector kept running without its slot")
 	}
-	if !errors.Is(err, wal.ErrSlotVanished) || !pipeline.Permanent(err) {
+	if !errors.Is(err, postgres.ErrSlotVanished) || !pipeline.Permanent(err) {
 		t.Fatalf("Run returned %v; want a permanent ErrSlotVanished", err)
 	}
 	var n int

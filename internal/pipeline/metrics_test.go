@@ -10,9 +10,9 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	registry "github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestLabelledSeriesExistBeforeAnyEvent (issue 23, item 5): every labelled
@@ -20,7 +20,7 @@ import (
 // event, so that increase() has a series and absent() does not fire.
 func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
 	cfg := config.Config{
-		Postgres: wal.Config{URL: "postgres://cdc@127.0.0.1:1/app"},
+		Postgres: postgres.Config{URL: "postgres://cdc@127.0.0.1:1/app"},
 		Kafka:    sink.Config{Brokers: []string{"127.0.0.1:1"}},
 		Tables: []*outbox.Source{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, OnInvalid: outbox.OnInvalidDeadLetter},

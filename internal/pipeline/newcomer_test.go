@@ -14,10 +14,10 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // A newcomer's first hour (issue 39): the advice every error gives works
@@ -107,7 +107,7 @@ func TestMissingColumnsAllAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = p.Ops().Check(context.Background())
-	var ce *wal.CheckError
+	var ce *postgres.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("check: %v; want a CheckError", err)
 	}

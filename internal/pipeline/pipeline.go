@@ -20,11 +20,11 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/retry"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // Options are hooks for tests and the demo; the zero value is what cdc run
@@ -211,7 +211,7 @@ func (p *Pipeline) Healthy() error {
 }
 
 // Weaknesses lists the settings that leave a connection or a secret open
-// to the network (wal.Config.Weaknesses, sink.Config.Weaknesses): cdc run
+// to the network (postgres.Config.Weaknesses, sink.Config.Weaknesses): cdc run
 // logs each at start, and cdc check lists them.
 func (p *Pipeline) Weaknesses() []string {
 	return append(append(p.cfg.Postgres.Weaknesses(), p.cfg.Kafka.Weaknesses()...), p.cfg.SchemaRegistry.Weaknesses()...)
@@ -291,11 +291,11 @@ func (p *Pipeline) classify(ctx context.Context, err error, streak *errorStreak)
 	if Permanent(err) {
 		return err, true
 	}
-	var tlsErr *wal.TLSError
+	var tlsErr *postgres.TLSError
 	if errors.As(err, &tlsErr) && !p.streamed.Load() {
 		return err, true // a CA or host name to fix; once streamed, maybe a rotation
 	}
-	var auth *wal.AuthError
+	var auth *postgres.AuthError
 	if errors.As(err, &auth) {
 		// Refused credentials never fix themselves at start. Once it
 		// has streamed, it may be a password being rotated: retry a
@@ -322,7 +322,7 @@ func (p *Pipeline) classify(ctx context.Context, err error, streak *errorStreak)
 // holder going silent, and at once after ending it.
 func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Backoff) time.Duration {
 	retryIn, wait := backoff.Current(), backoff.Next()
-	var inUse *wal.SlotInUseError
+	var inUse *postgres.SlotInUseError
 	if !errors.As(err, &inUse) {
 		p.waitingLogged = false
 		what := "reconnecting after an error"
@@ -335,7 +335,7 @@ func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Back
 	}
 	p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
 	p.idleSince.Store(time.Now().UnixNano()) // the holder is alive, or will be taken over
-	if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, wal.ErrStarting) {
+	if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, postgres.ErrStarting) {
 		wait = min(wait, after/4)
 		if p.takeOver(ctx) {
 			wait = 0

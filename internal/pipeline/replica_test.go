@@ -16,9 +16,9 @@ import (
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestReplica (issue 42, make test-replica, PostgreSQL 16+): the
@@ -88,7 +88,7 @@ func TestReplica(t *testing.T) {
 		e, primary := standbyEnv(t)
 		e.cfg.Postgres.PrimaryURL = ""
 		err := waitFatal(t, e.launch(t, discard{}))
-		var se *wal.StandbyError
+		var se *postgres.StandbyError
 		if !errors.As(err, &se) || !strings.Contains(err.Error(), "postgres.primary_url") || !strings.Contains(err.Error(), "CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox") {
 			t.Fatalf("got %v; want a StandbyError naming postgres.primary_url and the CREATE PUBLICATION to run", err)
 		}
@@ -193,7 +193,7 @@ func TestReplica(t *testing.T) {
 		})
 		setFeedback("on")
 		err = waitFatal(t, e.launch(t, discard{}))
-		if !errors.Is(err, wal.ErrSlotLost) || !strings.Contains(err.Error(), "invalidated") || !strings.Contains(err.Error(), "hot_standby_feedback = on") {
+		if !errors.Is(err, postgres.ErrSlotLost) || !strings.Contains(err.Error(), "invalidated") || !strings.Contains(err.Error(), "hot_standby_feedback = on") {
 			t.Fatalf("with the slot invalidated: got %v; want a lost-slot error that names hot_standby_feedback", err)
 		}
 	})

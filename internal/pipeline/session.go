@@ -17,6 +17,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/retention"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -55,8 +56,8 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		}
 	}
 	// From reading the slot to START_REPLICATION, one replica at a time
-	// (wal.StartLock): the first start's backfill included.
-	lock, err := wal.LockStart(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot)
+	// (postgres.StartLock): the first start's backfill included.
+	lock, err := postgres.LockStart(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot)
 	if err != nil {
 		return err
 	}

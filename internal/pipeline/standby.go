@@ -10,7 +10,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Active and standby (docs/operations.md, "Active and standby"). Replicas of
@@ -51,7 +51,7 @@ type lease struct {
 func (p *Pipeline) takeOver(ctx context.Context) bool {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := wal.ConnectSQL(qctx, p.cfg.Postgres)
+	conn, err := postgres.ConnectSQL(qctx, p.cfg.Postgres)
 	if err != nil {
 		return false
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/ops"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -32,7 +33,7 @@ import (
 // opening (runSession); connected, when set, runs once the database system
 // is known (exactly once: the fence).
 func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, connected func(wal.System) error) (opened, error) {
-	slot, cat, err := wal.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
+	slot, cat, err := postgres.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
 		return opened{}, err
 	}
@@ -56,7 +57,7 @@ func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, conne
 		// Postgres has not ended yet): wait as a standby, without
 		// touching the checkpoint or, in exactly-once mode, fencing it.
 		conn.Close(context.WithoutCancel(ctx))
-		return opened{}, &wal.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+		return opened{}, &postgres.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
 	}
 	if connected != nil {
 		if err := connected(conn.System()); err != nil {
@@ -74,9 +75,9 @@ func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, conne
 
 // opened is what start hands the session.
 type opened struct {
-	conn *wal.Conn     // the replication connection
-	from pglogrepl.LSN // where the session streams from
-	cat  wal.Catalog   // the outbox tables as the catalog has them
+	conn *wal.Conn        // the replication connection
+	from pglogrepl.LSN    // where the session streams from
+	cat  postgres.Catalog // the outbox tables as the catalog has them
 	// snapshot is a first start's exported snapshot of the slot's
 	// consistent point, for its backfill ("" otherwise). It lives as long
 	// as conn runs no other command.
@@ -86,11 +87,11 @@ type opened struct {
 // position reads the checkpoint, compares it with the slot, and returns
 // where the session streams from, creating the slot on a first start
 // (with a snapshot for the tables' backfill when they have one).
-func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotState, cat wal.Catalog, opening *checkpoint.Opening) (from pglogrepl.LSN, snapshot string, err error) {
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot postgres.SlotState, cat postgres.Catalog, opening *checkpoint.Opening) (from pglogrepl.LSN, snapshot string, err error) {
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
-		return 0, "", &errtext.Fatal{Err: wal.ErrSlotVanished, Msg: fmt.Sprintf(
+		return 0, "", &errtext.Fatal{Err: postgres.ErrSlotVanished, Msg: fmt.Sprintf(
 			"replication slot %q vanished while the connector was running (dropped, or Postgres failed over without failover slots); events committed after %s may never be delivered; "+
 				"recover them (the outbox table may still hold them), then accept the gap: cdc reset --config %s --accept-gap", p.cfg.Postgres.Slot, saved.Confirmed, p.configFile())}
 	}
@@ -173,7 +174,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot wal.SlotSt
 // jobs; with jobs, the slot comes with an exported snapshot of its
 // consistent point, in which they read the rows committed before it
 // (docs/design.md, "Backfill consistency").
-func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat wal.Catalog, records map[string]checkpoint.Record) (rec *checkpoint.Record, from pglogrepl.LSN, snapshot string, err error) {
+func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat postgres.Catalog, records map[string]checkpoint.Record) (rec *checkpoint.Record, from pglogrepl.LSN, snapshot string, err error) {
 	sys := conn.System()
 	for _, other := range records {
 		if other.Slot == p.cfg.Postgres.Slot && other.SystemID != sys.ID {
@@ -250,7 +251,7 @@ func (p *Pipeline) whileCreatingSlot(ctx context.Context, standby bool, create f
 			case <-done:
 				return
 			case <-ask.C:
-				if err := wal.LogStandbySnapshot(ctx, p.cfg.Postgres); err != nil && !asked {
+				if err := postgres.LogStandbySnapshot(ctx, p.cfg.Postgres); err != nil && !asked {
 					p.log.Warn("could not ask the primary to log its running transactions (pg_log_standby_snapshot), which the slot's creation on the standby waits for; it logs them about every 15 s while it writes", "error", errtext.OneLine(err))
 				}
 				asked = true
@@ -273,7 +274,7 @@ func (p *Pipeline) whileCreatingSlot(ctx context.Context, standby bool, create f
 
 // reportSlotWait says once what the slot's creation waits for.
 func (p *Pipeline) reportSlotWait(ctx context.Context) {
-	conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+	conn, err := postgres.ConnectSQL(ctx, p.cfg.Postgres)
 	if err != nil {
 		return
 	}

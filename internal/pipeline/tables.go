@@ -17,7 +17,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // The outbox tables' lives (docs/design.md, "Table changes"). A table's
@@ -88,7 +88,7 @@ type repair struct {
 
 // newTableWatch starts a session's watch from rec, the checkpoint the
 // session starts at, whose Tables tableBaseline filled in.
-func newTableWatch(p *Pipeline, rec checkpoint.Record, cat wal.Catalog) *tableWatch {
+func newTableWatch(p *Pipeline, rec checkpoint.Record, cat postgres.Catalog) *tableWatch {
 	w := &tableWatch{
 		p: p, log: p.log.Named("tables"), byName: map[string]*outbox.Source{},
 		streamed: map[*outbox.Source]uint32{}, suspect: map[*outbox.Source]uint32{},
@@ -121,7 +121,7 @@ func newTableWatch(p *Pipeline, rec checkpoint.Record, cat wal.Catalog) *tableWa
 // publication is added back when it was recreated (another id), and
 // refused when it is the table the checkpoint streamed: its rows inserted
 // while it was out cannot be told from the others.
-func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, cat wal.Catalog, first bool) error {
+func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, cat postgres.Catalog, first bool) error {
 	old := rec.Tables == nil && !first // a checkpoint written before ids were kept
 	tables := map[string]uint32{}
 	for _, st := range cat.Tables {
@@ -136,13 +136,13 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 				if !cat.Publication.Owned {
 					why = "it does not own the publication"
 				}
-				return wal.NotPublished(cat.Publication.Name, st.Table, why, cat.Role)
+				return postgres.NotPublished(cat.Publication.Name, st.Table, why, cat.Role)
 			}
-			conn, err := wal.ConnectSQL(ctx, p.cfg.Postgres)
+			conn, err := postgres.ConnectSQL(ctx, p.cfg.Postgres)
 			if err != nil {
 				return err
 			}
-			err = wal.AddToPublication(ctx, p.cfg.Postgres, conn, cat.Publication.Name, st.Table)
+			err = postgres.AddToPublication(ctx, p.cfg.Postgres, conn, cat.Publication.Name, st.Table)
 			conn.Close(context.WithoutCancel(ctx))
 			if err != nil {
 				return err
@@ -165,11 +165,11 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 
 // leftPublication is the error for table t, streamed before and no longer
 // in the publication.
-func (p *Pipeline) leftPublication(t wal.Table) error {
+func (p *Pipeline) leftPublication(t postgres.Table) error {
 	pub := p.cfg.Postgres.Publication
 	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
 		"as the publication's owner run: %s; then send the rows it received while it was out with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
-		t, pub, wal.AddStatement(pub, t), p.configFile(), t)}
+		t, pub, postgres.AddStatement(pub, t), p.configFile(), t)}
 }
 
 // isFresh is the decoder's Decoder.Fresh.
@@ -228,7 +228,7 @@ func (w *tableWatch) run(ctx context.Context, fail func(error)) {
 	for {
 		var err error
 		if conn == nil {
-			conn, err = wal.ConnectSQL(ctx, w.p.cfg.Postgres)
+			conn, err = postgres.ConnectSQL(ctx, w.p.cfg.Postgres)
 		}
 		if err == nil {
 			err = w.check(ctx, conn)
@@ -268,7 +268,7 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("read the standby's replay delay: %w", err)
 	}
 	w.p.m.StandbyDelay.Set(max(delay, 0))
-	cat, err := wal.ReadCatalog(ctx, conn, cfg.Publication, w.p.cfg.WALTables())
+	cat, err := postgres.ReadCatalog(ctx, conn, cfg.Publication, w.p.cfg.WALTables())
 	if err != nil {
 		return err
 	}
@@ -308,14 +308,14 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 				}
 				return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the new table is not in publication %s, so its inserts do not reach the connector (which may not add it: %s); "+
 					"as the owner of the publication and the table run: %s; %s; then start the connector again: it sends the rows the new table received meanwhile, each once",
-					t, cfg.Publication, why, wal.AddStatement(cfg.Publication, st.Table), wal.GrantStatement(st.Table, cat.Role))}
+					t, cfg.Publication, why, postgres.AddStatement(cfg.Publication, st.Table), postgres.GrantStatement(st.Table, cat.Role))}
 			}
-			if err := wal.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
+			if err := postgres.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
 				return err
 			}
 			// On a standby: the rows the repair reads, as of the table's
 			// publication on the primary.
-			if err := wal.CatchUp(ctx, cfg, conn); err != nil {
+			if err := postgres.CatchUp(ctx, cfg, conn); err != nil {
 				return err
 			}
 			w.log.Warn("outbox table was dropped and created again; added the new table to the publication, and sending the rows it received before", "table", t.String(), "publication", cfg.Publication)
@@ -337,7 +337,7 @@ func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
 			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
-				t, wal.GrantStatement(wal.Table{TableName: t.Name}, role))}
+				t, postgres.GrantStatement(postgres.Table{TableName: t.Name}, role))}
 		}
 		if err != nil {
 			return err
@@ -469,7 +469,7 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 // publishes partitions via their root, so lookups happen only for one
 // that does not, or for relations of a broader publication.
 type partitions struct {
-	cfg    wal.Config
+	cfg    postgres.Config
 	tables []*outbox.Source
 	conn   *pgx.Conn
 }
@@ -478,7 +478,7 @@ type partitions struct {
 // depth, and that table's relation id.
 func (pt *partitions) lookup(ctx context.Context, rel decode.Relation) (*outbox.Source, uint32, bool, error) {
 	if pt.conn == nil {
-		conn, err := wal.ConnectSQL(ctx, pt.cfg)
+		conn, err := postgres.ConnectSQL(ctx, pt.cfg)
 		if err != nil {
 			return nil, 0, false, err
 		}

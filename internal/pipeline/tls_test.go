@@ -13,8 +13,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestPostgresTLS streams from a Postgres with ssl=on that only accepts the
@@ -42,12 +42,12 @@ hostssl all cdc 127.0.0.1/32 cert
 	byCert := fmt.Sprintf(base, "cdc") + "&sslcert=" + certs.ClientCert + "&sslkey=" + certs.ClientKey
 
 	ctx := context.Background()
-	if _, err := wal.ConnectSQL(ctx, wal.Config{URL: strings.Replace(byPassword, "verify-full", "disable", 1), PasswordFile: pwFile}); err == nil ||
+	if _, err := postgres.ConnectSQL(ctx, postgres.Config{URL: strings.Replace(byPassword, "verify-full", "disable", 1), PasswordFile: pwFile}); err == nil ||
 		!strings.Contains(err.Error(), "no pg_hba.conf entry") {
 		t.Fatalf("a plaintext connection: %v; want it refused", err)
 	}
 	other := testenv.NewCerts(t)
-	if _, err := wal.ConnectSQL(ctx, wal.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile}); err == nil ||
+	if _, err := postgres.ConnectSQL(ctx, postgres.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile}); err == nil ||
 		!strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("an untrusted server certificate: %v; want it refused", err)
 	}
@@ -56,12 +56,12 @@ hostssl all cdc 127.0.0.1/32 cert
 	// line naming sslrootcert (it used to retry for ever).
 	k := testenv.NewKafka(t)
 	e := &env{db: admin, kafka: k, cfg: newEnvConfig(admin, k)}
-	e.cfg.Postgres = wal.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile, Slot: "tls_wrong_ca"}
+	e.cfg.Postgres = postgres.Config{URL: strings.Replace(byPassword, certs.CAFile, other.CAFile, 1), PasswordFile: pwFile, Slot: "tls_wrong_ca"}
 	started := time.Now()
 	e.logLevel = hclog.Trace
 	// The error is returned, not logged: it is checked below.
 	err := waitFatal(t, e.launch(t, sweptLog(t, 0, "tls-secret")))
-	var tlsErr *wal.TLSError
+	var tlsErr *postgres.TLSError
 	if !errors.As(err, &tlsErr) || !strings.Contains(err.Error(), "sslrootcert") || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "tls-secret") {
 		t.Fatalf("a wrong CA: %v; want a fatal one-line error naming sslrootcert", err)
 	}
@@ -71,10 +71,10 @@ hostssl all cdc 127.0.0.1/32 cert
 
 	for i, tc := range []struct {
 		name string
-		cfg  wal.Config
+		cfg  postgres.Config
 	}{
-		{"verify-full and a password file", wal.Config{URL: byPassword, PasswordFile: pwFile}},
-		{"a client certificate", wal.Config{URL: byCert}},
+		{"verify-full and a password file", postgres.Config{URL: byPassword, PasswordFile: pwFile}},
+		{"a client certificate", postgres.Config{URL: byCert}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := testenv.NewKafka(t)

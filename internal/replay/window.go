@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -22,7 +23,7 @@ import (
 // read (docs/design.md, "Replay needs WAL kept on purpose"). Its fields are the
 // pipeline's.
 type Window struct {
-	Postgres   wal.Config
+	Postgres   postgres.Config
 	Slot       string        // the main slot
 	ReplaySlot string        // the window's slot
 	Length     time.Duration // replay.window; 0: no window
@@ -38,13 +39,13 @@ type Window struct {
 // drops a replay slot left from an earlier configuration, which would
 // otherwise retain WAL for nothing. mainAt is the main slot's position.
 func (w *Window) Prepare(ctx context.Context, mainAt pglogrepl.LSN) error {
-	conn, err := wal.ConnectSQL(ctx, w.Postgres)
+	conn, err := postgres.ConnectSQL(ctx, w.Postgres)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	name := w.ReplaySlot
-	st, err := wal.InspectSlot(ctx, conn, name)
+	st, err := postgres.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}
@@ -84,7 +85,7 @@ func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error 
 	if _, err := conn.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, w.Slot, name); err != nil {
 		return fmt.Errorf("create replay slot %q as a copy of %q: %w", name, w.Slot, err)
 	}
-	st, err := wal.InspectSlot(ctx, conn, name)
+	st, err := postgres.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}
@@ -105,14 +106,14 @@ func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error 
 // checkpoint never starts past what the slot still holds.
 func (w *Window) Keep(ctx context.Context) {
 	every := min(delivery.MarkEvery(w.Length), time.Minute)
-	wal.Every(ctx, w.Postgres, every, false, w.advance, func(err error) {
+	postgres.Every(ctx, w.Postgres, every, false, w.advance, func(err error) {
 		w.Log.Warn("replay window: not advanced; retrying", "slot", w.ReplaySlot, "error", errtext.OneLine(err))
 	})
 }
 
 func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 	name := w.ReplaySlot
-	st, err := wal.InspectSlot(ctx, conn, name)
+	st, err := postgres.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}

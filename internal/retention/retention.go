@@ -18,14 +18,14 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
-	"github.com/outboxcdc/cdc/internal/wal"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Cleaner deletes what the tables' retention allows, beside the stream.
 // Its fields are the pipeline's; Marks and SetMarks keep its marks in the
 // checkpoint, so that a restart does not start counting ages afresh.
 type Cleaner struct {
-	Postgres wal.Config
+	Postgres postgres.Config
 	Tables   []*outbox.Source // the tables with Retention
 	// Confirmed is the saved checkpoint's confirmed position: every
 	// transaction that ended at or before it is delivered.
@@ -88,7 +88,7 @@ func (c *Cleaner) Run(ctx context.Context) {
 		var err error
 		if conn == nil {
 			// On a hot standby's connector, the primary (primary_url).
-			conn, _, err = wal.ConnectWritable(ctx, c.Postgres)
+			conn, _, err = postgres.ConnectWritable(ctx, c.Postgres)
 		}
 		if err == nil {
 			err = c.sweep(ctx, conn)

@@ -61,7 +61,7 @@ const quietLowWater = 256 << 10
 // (200 ms by default) after the commit. A live stream falls behind when a
 // transaction is more than twice that old: in between it stays as it
 // was, so that a stream lagging about a second does not switch at every
-// transaction (Config.OnLive may stop the world to switch). The commit
+// transaction (postgres.Config.OnLive may stop the world to switch). The commit
 // time is the server's clock: a skew of more than this between the two
 // only turns batching off (the server behind) or leaves it on while
 // catching up (ahead).

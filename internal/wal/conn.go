@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // System is what IDENTIFY_SYSTEM says about the server.
@@ -28,7 +29,7 @@ type System struct {
 // copies as temporary belong to it and vanish when it closes, which is why
 // replay copies its slot here and not on a SQL connection.
 type Conn struct {
-	cfg    Config
+	cfg    postgres.Config
 	conn   *pgconn.PgConn
 	log    hclog.Logger
 	system System
@@ -41,13 +42,13 @@ type Conn struct {
 
 // Connect opens a replication connection (replication=database) and
 // identifies the system.
-func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
-	pcfg, err := cfg.pgconnConfig()
+func Connect(ctx context.Context, cfg postgres.Config, log hclog.Logger) (*Conn, error) {
+	pcfg, err := cfg.ConnConfig()
 	if err != nil {
 		return nil, err
 	}
 	pcfg.RuntimeParams["replication"] = "database"
-	pinFormats(pcfg.RuntimeParams)
+	postgres.PinFormats(pcfg.RuntimeParams)
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
@@ -56,7 +57,7 @@ func Connect(ctx context.Context, cfg Config, log hclog.Logger) (*Conn, error) {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, connectError(err, pcfg, "replication connection")
+		return nil, postgres.ConnectError(err, pcfg, "replication connection")
 	}
 	id, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
@@ -97,16 +98,6 @@ func address(pc *pgconn.Config) string {
 // Address is where postgres.url points, for checkpoint.Record.Address.
 func (c *Conn) Address() string { return c.address }
 
-// pinFormats sets the output formats the decoder and router read: pgoutput
-// renders column values with the walsender's settings, and a backfill
-// reads rows as text with its session's, which must be the same.
-func pinFormats(params map[string]string) {
-	params["TimeZone"] = "UTC"
-	params["DateStyle"] = "ISO, YMD"
-	params["bytea_output"] = "hex"
-	params["extra_float_digits"] = "3"
-}
-
 // PID is the walsender's process id on the server.
 func (c *Conn) PID() uint32 { return c.conn.PID() }
 
@@ -141,7 +132,7 @@ func (c *Conn) CreateSlotWithSnapshot(ctx context.Context, name string) (pglogre
 // later: a standby with sync_replication_slots keeps a copy, so that the
 // slot survives a promotion (docs/operations.md, "Failover"). On a hot
 // standby (16+) the slot is its own, and its creation waits for the
-// primary's next running-transactions record (LogStandbySnapshot).
+// primary's next running-transactions record (postgres.LogStandbySnapshot).
 func (c *Conn) createSlot(ctx context.Context, name string, export bool) (pglogrepl.LSN, string, error) {
 	snapshot := "nothing"
 	if export {

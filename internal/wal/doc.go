@@ -1,7 +1,7 @@
-// Package wal owns the PostgreSQL logical replication connection: it checks
-// the server's preconditions, creates the publication, creates and copies
-// slots when told to, streams pgoutput messages to a handler, and confirms
-// positions to the slot.
+// Package wal owns the PostgreSQL logical replication connection: it
+// creates and copies slots when told to, streams pgoutput messages to a
+// handler, and confirms positions to the slot. The server's set-up (the
+// publication, the checks, the slot's state) is package postgres's.
 //
 // Invariants (docs/design.md, "Position rules"):
 //   - One goroutine owns the replication connection. Stream.Run receives and
@@ -30,9 +30,6 @@
 //   - Streaming starts at the slot's own position (LSN 0 in
 //     START_REPLICATION); any other start is a deliberate operator act,
 //     done by advancing a slot, never by the start LSN.
-//   - Setup never creates a slot: whether a missing slot is a first start
-//     or a gap is the pipeline's decision, against its checkpoint. A lost
-//     slot is a *errtext.Fatal.
 //   - Temporary slots are made on the replication connection that streams
 //     them (Conn.CopySlot), so they vanish with it however it ends.
 package wal

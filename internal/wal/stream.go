@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Handler consumes the WAL data of one XLogData message. data is only valid
@@ -58,7 +59,7 @@ type Releaser interface {
 
 // Stream is one replication session on one connection.
 type Stream struct {
-	cfg  Config
+	cfg  postgres.Config
 	slot string
 	conn *pgconn.PgConn
 	log  hclog.Logger
@@ -88,8 +89,8 @@ func (s *Stream) Wake() {
 func (s *Stream) Beat() time.Time { return time.Unix(0, s.beat.Load()) }
 
 // Open connects in replication mode and starts streaming cfg.Slot from its
-// confirmed position, from (Setup's SlotState).
-func Open(ctx context.Context, cfg Config, from pglogrepl.LSN, log hclog.Logger) (*Stream, error) {
+// confirmed position, from (postgres.Setup's SlotState).
+func Open(ctx context.Context, cfg postgres.Config, from pglogrepl.LSN, log hclog.Logger) (*Stream, error) {
 	c, err := Connect(ctx, cfg, log)
 	if err != nil {
 		return nil, err
@@ -108,11 +109,11 @@ func startError(slot string, err error) error {
 	if errors.As(err, &pe) {
 		switch {
 		case pe.Code == "55006": // object_in_use: "is active for PID N"
-			return &SlotInUseError{Slot: slot, Err: err}
+			return &postgres.SlotInUseError{Slot: slot, Err: err}
 		case pe.Code == "42704": // undefined_object
-			return &errtext.Fatal{Err: ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
+			return &errtext.Fatal{Err: postgres.ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
 		case pe.Code == "55000" && strings.Contains(pe.Message, "can no longer"):
-			return &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
+			return &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
 		}
 	}
 	return fmt.Errorf("start replication on slot %q: %w", slot, err)

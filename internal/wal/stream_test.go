@@ -56,21 +56,15 @@ func (a *releasingAcks) lives() []bool {
 // receive (a checkpoint acknowledged) is confirmed as soon as Wake is
 // called, not at the next status update, here an hour away.
 func TestWakeConfirmsAtOnce(t *testing.T) {
-	db := testenv.Require(t, pg).NewDatabase(t)
-	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := cfg(db)
+	db, c, from := slotted(t)
 	c.StatusInterval, c.ConfirmInterval = time.Hour, 10*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	acks := &movingAcks{}
-	acks.pos.Store(uint64(st.ConfirmedFlush))
+	acks.pos.Store(uint64(from))
 	commits := make(chan struct{}, 100)
 	done := make(chan error, 1)
 	go func() {
@@ -115,23 +109,17 @@ func TestWakeConfirmsAtOnce(t *testing.T) {
 // before), or when the batch time is off.
 func TestReadBatchOnlyWhenLive(t *testing.T) {
 	for _, batch := range []time.Duration{time.Millisecond, -1} {
-		db := testenv.Require(t, pg).NewDatabase(t)
-		testenv.Exec(t, db, outboxDDL)
-		st, err := setup(t, db, defaultTable, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		db, c, from := slotted(t)
 		// A backlog, old by the time the stream reads it.
 		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
 		written := time.Now()
 		testenv.Eventually(t, time.Minute, "the backlog to age past a second", func() bool { return time.Since(written) > 1200*time.Millisecond })
 
-		c := cfg(db)
 		c.ReadBatch = batch
 		onLive := make(chan bool, 10)
 		c.OnLive = func(live bool) { onLive <- live }
 		ctx, cancel := context.WithCancel(context.Background())
-		s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+		s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,12 +197,7 @@ func TestYoungBacklogReadAsBacklog(t *testing.T) {
 // long after the backlog was written its last transaction was read.
 func readYoungBacklog(t *testing.T) time.Duration {
 	t.Helper()
-	db := testenv.Require(t, pg).NewDatabase(t)
-	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, c, from := slotted(t)
 	// Flushed at once, so that the walsender has it all from the start
 	// and does not wait (and send a keepalive) in the middle.
 	// One connection, each insert its own transaction. The caller times
@@ -227,10 +210,9 @@ func readYoungBacklog(t *testing.T) time.Duration {
 	}
 	testenv.Exec(t, db, stmts...)
 	written := time.Now()
-	c := cfg(db)
 	c.ReadBatch = time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -327,22 +309,16 @@ func recordCommits(t *testing.T, ctx context.Context, s *wal.Stream, acks wal.Ac
 // DeadConnError within about the timeout; a quiet database whose
 // walsender answers is not taken for dead.
 func TestReceiveTimeoutEndsASilentSession(t *testing.T) {
-	db := testenv.Require(t, pg).NewDatabase(t)
-	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := cfg(db)
+	db, c, from := slotted(t)
 	c.StatusInterval, c.ReceiveTimeout = 100*time.Millisecond, time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := wal.Open(ctx, c, st.ConfirmedFlush, hclog.NewNullLogger())
+	s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	acks := &movingAcks{}
-	acks.pos.Store(uint64(st.ConfirmedFlush))
+	acks.pos.Store(uint64(from))
 	done := make(chan error, 1)
 	go func() {
 		done <- s.Run(ctx, func(pglogrepl.LSN, []byte) error { return nil }, acks, nil)

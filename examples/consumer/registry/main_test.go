@@ -18,10 +18,10 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 var pg *testenv.Postgres
@@ -53,7 +53,7 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 		ids[r.subject] = id
 	}
 	cfg := config.Config{
-		Postgres: wal.Config{URL: db, StatusInterval: 50 * time.Millisecond},
+		Postgres: postgres.Config{URL: db, StatusInterval: 50 * time.Millisecond},
 		Kafka:    sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
 		Tables: []*outbox.Source{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + "orders",

@@ -1,4 +1,4 @@
-package wal
+package postgres
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func (c *Config) Validate() error {
 	if c.URL == "" {
 		return errors.New("postgres.url is empty; set it in the config file or in CDC_POSTGRES_URL")
 	}
-	if _, err := c.pgconnConfig(); err != nil {
+	if _, err := c.ConnConfig(); err != nil {
 		return err
 	}
 	if c.PrimaryURL != "" {
@@ -160,8 +160,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// pgconnConfig parses URL and applies PasswordFile.
-func (c Config) pgconnConfig() (*pgconn.Config, error) {
+// ConnConfig parses URL and applies PasswordFile: what every connection,
+// the replication one too, starts from.
+func (c Config) ConnConfig() (*pgconn.Config, error) {
 	pc, err := pgconn.ParseConfig(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
@@ -201,14 +202,14 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.url does not parse: %s", redact(err))
 	}
-	withPassword, err := cfg.pgconnConfig()
+	withPassword, err := cfg.ConnConfig()
 	if err != nil {
 		return nil, err
 	}
 	pc.Password = withPassword.Password
 	pc.ConnectTimeout = withPassword.ConnectTimeout
 	if pinned {
-		pinFormats(pc.RuntimeParams)
+		PinFormats(pc.RuntimeParams)
 		if pc.RuntimeParams["application_name"] == "" {
 			pc.RuntimeParams["application_name"] = "outbox-cdc-backfill"
 		}
@@ -227,7 +228,7 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
-		return nil, connectError(err, &pc.Config, "connection")
+		return nil, ConnectError(err, &pc.Config, "connection")
 	}
 	return conn, nil
 }
@@ -340,4 +341,14 @@ func Every(ctx context.Context, cfg Config, interval time.Duration, now bool, fn
 			failed(err)
 		}
 	}
+}
+
+// PinFormats sets the output formats the decoder and router read: pgoutput
+// renders column values with the walsender's settings, and a backfill
+// reads rows as text with its session's, which must be the same.
+func PinFormats(params map[string]string) {
+	params["TimeZone"] = "UTC"
+	params["DateStyle"] = "ISO, YMD"
+	params["bytea_output"] = "hex"
+	params["extra_float_digits"] = "3"
 }

@@ -1,4 +1,4 @@
-package wal_test
+package postgres_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -26,21 +27,21 @@ func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 const outboxDDL = `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 	aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`
 
-var defaultTable = []wal.Table{{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
+var defaultTable = []postgres.Table{{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
 
-func cfg(url string) wal.Config {
-	c := wal.Config{URL: url}
+func cfg(url string) postgres.Config {
+	c := postgres.Config{URL: url}
 	if err := c.Validate(); err != nil {
 		panic(err)
 	}
 	return c
 }
 
-func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotState, error) {
+func setup(t *testing.T, url string, tables []postgres.Table, create bool) (postgres.SlotState, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, _, err := wal.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
+	st, _, err := postgres.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
 	if err != nil || st.Exists || !create {
 		return st, err
 	}
@@ -50,7 +51,7 @@ func setup(t *testing.T, url string, tables []wal.Table, create bool) (wal.SlotS
 	}
 	defer c.Close(ctx)
 	lsn, err := c.CreateSlot(ctx, "outbox_cdc")
-	return wal.SlotState{Exists: true, ConfirmedFlush: lsn}, err
+	return postgres.SlotState{Exists: true, ConfirmedFlush: lsn}, err
 }
 
 func wantFatal(t *testing.T, err error, want string) {
@@ -84,7 +85,7 @@ func TestSetupPreconditions(t *testing.T) {
 	tests := []struct {
 		name   string
 		sql    []string
-		tables []wal.Table
+		tables []postgres.Table
 		user   string // connect as this role instead of the superuser
 		want   string
 	}{
@@ -92,7 +93,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
 			want: "has no column payload"},
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
-			tables: []wal.Table{{TableName: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
+			tables: []postgres.Table{{TableName: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
@@ -150,7 +151,7 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("created", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, partitionedDDL)
-		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if err != nil || !read(t, db) {
 			t.Fatalf("Setup: %v; via root %v, want a publication with publish_via_partition_root", err, read(t, db))
 		}
@@ -161,14 +162,14 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("owned, made to publish via the root", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, partitionedDDL, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
-		if _, _, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger()); err != nil || !read(t, db) {
+		if _, _, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger()); err != nil || !read(t, db) {
 			t.Fatalf("Setup: %v; via root %v", err, read(t, db))
 		}
 	})
 	t.Run("a table missing is reported", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`)
-		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +185,7 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("for all tables", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, outboxDDL, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
-		_, cat, err := wal.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if st := cat.Tables[0]; err != nil || !st.Published || !st.AutoPublished {
 			t.Fatalf("Setup: %v; catalog %+v: want the table published, automatically", err, st)
 		}
@@ -287,7 +288,7 @@ func TestSlotLost(t *testing.T) {
 	})
 	_, err = setup(t, db, defaultTable, true)
 	wantFatal(t, err, "is lost")
-	if !errors.Is(err, wal.ErrSlotLost) {
+	if !errors.Is(err, postgres.ErrSlotLost) {
 		t.Fatalf("err = %v; want ErrSlotLost", err)
 	}
 }
@@ -308,7 +309,7 @@ func TestSlotInUse(t *testing.T) {
 	}
 	defer first.Close(ctx, fixedAcks(st.ConfirmedFlush))
 	_, err = wal.Open(ctx, cfg(db), st.ConfirmedFlush, hclog.NewNullLogger())
-	var inUse *wal.SlotInUseError
+	var inUse *postgres.SlotInUseError
 	if !errors.As(err, &inUse) || !strings.Contains(err.Error(), "is active for PID") {
 		t.Fatalf("err = %v; want a SlotInUseError", err)
 	}
@@ -343,9 +344,9 @@ func TestCheckListsEveryProblem(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User("cdc_weak")
-	tables := append(slices.Clone(defaultTable), wal.Table{TableName: outbox.TableName{Schema: "public", Name: "missing"}, Columns: []string{"id"}})
-	_, err = wal.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
-	var ce *wal.CheckError
+	tables := append(slices.Clone(defaultTable), postgres.Table{TableName: outbox.TableName{Schema: "public", Name: "missing"}, Columns: []string{"id"}})
+	_, err = postgres.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
+	var ce *postgres.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
 	}
@@ -372,7 +373,7 @@ func TestCheckListsEveryProblem(t *testing.T) {
 	testenv.Exec(t, db, `ALTER ROLE cdc_weak REPLICATION`, `GRANT SELECT ON outbox TO cdc_weak`, `ALTER TABLE outbox OWNER TO cdc_weak`,
 		`DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO cdc_weak', current_database()); END $$`,
 		`SELECT pg_drop_replication_slot('other_a')`)
-	if _, err := wal.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
+	if _, err := postgres.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
 		t.Fatalf("after the grants: %v", err)
 	}
 }
@@ -386,8 +387,8 @@ func TestCheckPublication(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, partitionedDDL, `CREATE TABLE plain (id text, aggregatetype text, aggregateid text, type text, payload jsonb)`,
 		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
-	tables := append(slices.Clone(defaultTable), wal.Table{TableName: outbox.TableName{Schema: "public", Name: "plain"}, Columns: []string{"id"}})
-	if _, err := wal.Check(context.Background(), cfg(db), tables); err != nil {
+	tables := append(slices.Clone(defaultTable), postgres.Table{TableName: outbox.TableName{Schema: "public", Name: "plain"}, Columns: []string{"id"}})
+	if _, err := postgres.Check(context.Background(), cfg(db), tables); err != nil {
 		t.Fatalf("a publication the role owns, which cdc run fixes: %v", err)
 	}
 	role := fmt.Sprintf("cdc_check_%d", time.Now().UnixNano())
@@ -397,8 +398,8 @@ func TestCheckPublication(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User(role)
-	_, err = wal.Check(context.Background(), cfg(u.String()), tables)
-	var ce *wal.CheckError
+	_, err = postgres.Check(context.Background(), cfg(u.String()), tables)
+	var ce *postgres.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
 	}

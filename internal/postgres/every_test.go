@@ -1,4 +1,4 @@
-package wal_test
+package postgres_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
-	"github.com/outboxcdc/cdc/internal/wal"
 )
 
 // TestEveryReconnectsAfterAnError: the side loops' connection is opened
@@ -27,7 +27,7 @@ func TestEveryReconnectsAfterAnError(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		wal.Every(ctx, cfg(db), 10*time.Millisecond, true, func(ctx context.Context, conn *pgx.Conn) error {
+		postgres.Every(ctx, cfg(db), 10*time.Millisecond, true, func(ctx context.Context, conn *pgx.Conn) error {
 			mu.Lock()
 			defer mu.Unlock()
 			pids = append(pids, conn.PgConn().PID())
