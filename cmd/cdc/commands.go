@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/demo"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/ops"
@@ -833,4 +834,14 @@ func probeCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	fmt.Fprintf(c.stdout, "%s: %s\n", path, msg)
 	return 0
+}
+
+func demoCmd(ctx context.Context, c *cli, args []string) int {
+	fs := c.flags("demo", "[--duration 15s] [--rate 25]")
+	duration := fs.Duration("duration", 15*time.Second, "how long the order service writes")
+	rate := fs.Int("rate", 25, "business transactions per second")
+	if code, ok := c.parse(fs, args); !ok {
+		return code
+	}
+	return demo.Run(ctx, *duration, *rate, c.env.Get, c.stdout, c.stderr)
 }

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -33,12 +33,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
-// The demo runs everything in one process: a throwaway Postgres (or the
-// user's, from CDC_DEMO_POSTGRES_URL), an embedded Kafka-protocol broker
-// (franz-go's kfake, or CDC_DEMO_KAFKA_BROKERS), the connector, and a small
-// order service that writes business rows and outbox events in the same
-// transactions. It shows each event as Kafka acknowledges it.
-
 const demoSchema = `
 CREATE SCHEMA cdc_demo;
 CREATE TABLE cdc_demo.orders (
@@ -59,17 +53,10 @@ SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_
 DROP PUBLICATION IF EXISTS cdc_demo;
 DROP SCHEMA IF EXISTS cdc_demo CASCADE;`
 
-func demoCmd(ctx context.Context, c *cli, args []string) int {
-	fs := c.flags("demo", "[--duration 15s] [--rate 25]")
-	duration := fs.Duration("duration", 15*time.Second, "how long the order service writes")
-	rate := fs.Int("rate", 25, "business transactions per second")
-	if code, ok := c.parse(fs, args); !ok {
-		return code
-	}
-	return demo(ctx, *duration, *rate, c.env.Get, c.stdout, c.stderr)
-}
-
-func demo(ctx context.Context, duration time.Duration, rate int, getenv func(string) string, out, errOut io.Writer) int {
+// Run runs the demo for duration, rate business transactions a second,
+// and returns the process's exit code. getenv reads CDC_DEMO_POSTGRES_URL
+// and CDC_DEMO_KAFKA_BROKERS.
+func Run(ctx context.Context, duration time.Duration, rate int, getenv func(string) string, out, errOut io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(errOut, "demo: "+format+"\n", a...)
 		return 1
