@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/sqlwhere"
 )
 
 // Plan is how to read one table's matching rows in chunks.
@@ -142,7 +143,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		keyList = append(keyList, pgident.Ident(k))
 		desc = append(desc, pgident.Ident(k)+" DESC")
 	}
-	if err := CheckCondition(p.Where); err != nil {
+	if err := sqlwhere.Check(p.Where); err != nil {
 		return nil, errorf("backfill of %s: %v", t, err)
 	}
 	cond, from := p.condition(), p.from()
@@ -304,7 +305,7 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 // transaction already (a snapshot's, both read-only): a condition can then
 // write nothing. The transaction runs as backfill.reader_role, when set,
 // and what a condition may have set for the session (set_config with
-// is_local false is refused by CheckCondition, but the session outlives
+// is_local false is refused by sqlwhere.Check, but the session outlives
 // it) is reset after it: conn serves the next chunk too.
 func (p *Plan) readOnly(ctx context.Context, conn *pgx.Conn, fn func() error) error {
 	if conn.PgConn().TxStatus() != 'I' {
@@ -342,7 +343,7 @@ func setRole(ctx context.Context, conn *pgx.Conn, role string) error {
 }
 
 // condition is the WHERE clause's condition: the operator's, on lines of
-// its own inside parentheses (CheckCondition made sure it cannot close
+// its own inside parentheses (sqlwhere.Check made sure it cannot close
 // them, end the statement or comment out the rest), or true.
 func (p *Plan) condition() string {
 	if p.Where == "" {

@@ -1,14 +1,14 @@
-package backfill
+package sqlwhere
 
 import (
 	"strings"
 	"testing"
 )
 
-// TestCheckCondition (issue 24): a condition stays inside its WHERE: it may
+// TestCheck (issue 24): a condition stays inside its WHERE: it may
 // not close a parenthesis it did not open, end the statement or comment
 // out the rest, outside literals and quoted names, which may hold anything.
-func TestCheckCondition(t *testing.T) {
+func TestCheck(t *testing.T) {
 	for _, tt := range []struct {
 		where string
 		bad   string // "" when accepted
@@ -31,24 +31,24 @@ func TestCheckCondition(t *testing.T) {
 		{`"open = 1`, "not closed"},
 		{"body = $$ open", "not closed"},
 	} {
-		err := CheckCondition(tt.where)
+		err := Check(tt.where)
 		switch {
 		case tt.bad == "" && err != nil:
-			t.Errorf("CheckCondition(%q) = %v; want it accepted", tt.where, err)
+			t.Errorf("Check(%q) = %v; want it accepted", tt.where, err)
 		case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), tt.bad)):
-			t.Errorf("CheckCondition(%q) = %v; want an error saying %q", tt.where, err, tt.bad)
+			t.Errorf("Check(%q) = %v; want an error saying %q", tt.where, err, tt.bad)
 		}
 	}
 }
 
-// TestCheckConditionLexes (issue 37): the condition is read as
+// TestCheckLexes (issue 37): the condition is read as
 // PostgreSQL's lexer reads it. A quote after an identifier that merely
 // ends in e is a plain string, where a backslash escapes nothing, so the
 // parenthesis after it is outside any string and closes the WHERE: refused
 // (the old check took it for an E” string and let the rest of the
 // statement through). Calls of functions that act outside the read-only
 // transaction are refused, bare or qualified with pg_catalog.
-func TestCheckConditionLexes(t *testing.T) {
+func TestCheckLexes(t *testing.T) {
 	for _, tt := range []struct {
 		where string
 		bad   string
@@ -71,28 +71,28 @@ func TestCheckConditionLexes(t *testing.T) {
 		{`created_at > now() - interval '1 day' AND lower(aggregatetype) = 'order'`, ""},
 		{`'pg_sleep(' = note`, ""},
 	} {
-		err := CheckCondition(tt.where)
+		err := Check(tt.where)
 		switch {
 		case tt.bad == "" && err != nil:
-			t.Errorf("CheckCondition(%q) = %v; want it accepted", tt.where, err)
+			t.Errorf("Check(%q) = %v; want it accepted", tt.where, err)
 		case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), tt.bad)):
-			t.Errorf("CheckCondition(%q) = %v; want an error saying %q", tt.where, err, tt.bad)
+			t.Errorf("Check(%q) = %v; want an error saying %q", tt.where, err, tt.bad)
 		}
 	}
 }
 
-// FuzzCheckCondition: whatever the condition, once accepted, placed in
+// FuzzCheck: whatever the condition, once accepted, placed in
 // its WHERE it leaves the parentheses balanced outside strings, and holds
 // no statement end: checked by lexing the whole statement again.
-func FuzzCheckCondition(f *testing.F) {
+func FuzzCheck(f *testing.F) {
 	for _, s := range []string{"a = 1", `note = E'\'' `, "$$x$$", `U&"a" = 1`, `name'\' ) (`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, where string) {
-		if CheckCondition(where) != nil {
+		if Check(where) != nil {
 			return
 		}
-		if err := CheckCondition("(\n" + where + "\n) AND (k) > (1)"); err != nil {
+		if err := Check("(\n" + where + "\n) AND (k) > (1)"); err != nil {
 			t.Fatalf("accepted %q, but placed in its WHERE: %v", where, err)
 		}
 	})

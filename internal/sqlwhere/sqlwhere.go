@@ -1,11 +1,11 @@
-package backfill
+package sqlwhere
 
 import (
 	"fmt"
 	"strings"
 )
 
-// CheckCondition refuses a backfill condition that could change the
+// Check refuses a backfill condition that could change the
 // statement it is placed in rather than filter its rows, or that calls a
 // function with effects outside its read-only transaction. A condition
 // comes from the config or from cdc backfill, and reaches a connection of a
@@ -22,7 +22,7 @@ import (
 // Outside them it refuses a parenthesis closed that was not opened, one
 // left open, a ';', a comment (-- or /*), and a call of a function of
 // deniedFunctions.
-func CheckCondition(where string) error {
+func Check(where string) error {
 	depth := 0
 	// prev holds the tokens since the last one that is neither a name nor
 	// a dot: a call's name, qualified or not, is its end.
@@ -66,40 +66,15 @@ func CheckCondition(where string) error {
 			prev = nil
 			continue
 		case isIdentStart(c):
-			j := i + 1
-			for j < len(where) && isIdentCont(where[j]) {
-				j++
+			end, name, isName, err := word(where, i)
+			if err != nil {
+				return err
 			}
-			word := where[i:j]
-			// A string constant's prefix is a token of its own: E'…'
-			// takes backslash escapes; B'', X'', N'' and U&'' do not.
-			// An identifier that merely ends in e, b, x or n does not
-			// prefix anything: its quote starts a plain string.
-			if j < len(where) && where[j] == '\'' && len(word) == 1 && strings.ContainsRune("eEbBxXnN", rune(word[0])) {
-				end, err := stringEnd(where, j, word == "e" || word == "E")
-				if err != nil {
-					return err
-				}
-				i, prev = end, nil
-				continue
+			if isName {
+				i, prev = end, append(prev, name)
+			} else {
+				i, prev = end, nil // a string constant
 			}
-			if (word == "u" || word == "U") && j+1 < len(where) && where[j] == '&' && (where[j+1] == '\'' || where[j+1] == '"') {
-				if where[j+1] == '"' {
-					name, end, err := quotedIdent(where, j+1)
-					if err != nil {
-						return err
-					}
-					i, prev = end, append(prev, name)
-					continue
-				}
-				end, err := stringEnd(where, j+1, false)
-				if err != nil {
-					return err
-				}
-				i, prev = end, nil
-				continue
-			}
-			i, prev = j, append(prev, strings.ToLower(word))
 			continue
 		case c == '(':
 			if called(prev) {
@@ -123,6 +98,34 @@ func CheckCondition(where string) error {
 		return fmt.Errorf("backfill condition %q leaves a parenthesis open", where)
 	}
 	return nil
+}
+
+// word reads the token that starts with an identifier's first character at
+// where[i], and returns where it ends and, unless it is a string constant
+// with a prefix, the name it is (lower-cased unless quoted).
+func word(where string, i int) (end int, name string, isName bool, err error) {
+	j := i + 1
+	for j < len(where) && isIdentCont(where[j]) {
+		j++
+	}
+	w := where[i:j]
+	// A string constant's prefix is a token of its own: E'…' takes
+	// backslash escapes; B'', X'', N'' and U&'' do not. An identifier
+	// that merely ends in e, b, x or n does not prefix anything: its
+	// quote starts a plain string.
+	if j < len(where) && where[j] == '\'' && len(w) == 1 && strings.ContainsRune("eEbBxXnN", rune(w[0])) {
+		end, err := stringEnd(where, j, w == "e" || w == "E")
+		return end, "", false, err
+	}
+	if (w == "u" || w == "U") && j+1 < len(where) && where[j] == '&' && (where[j+1] == '\'' || where[j+1] == '"') {
+		if where[j+1] == '"' {
+			name, end, err := quotedIdent(where, j+1)
+			return end, name, true, err
+		}
+		end, err := stringEnd(where, j+1, false)
+		return end, "", false, err
+	}
+	return j, strings.ToLower(w), true, nil
 }
 
 // called reports whether the name that prev ends with, just before a '(',
