@@ -130,42 +130,20 @@ func startError(slot string, err error) error {
 // nil, is the producer's batching, which the loop drives.
 func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Releaser) error {
 	now := time.Now()
-	statusAt := now // the next keepalive
-	confirmAt := now
-	var pollAt time.Time
+	l := &loop{s: s, acks: acks, rel: rel, statusAt: now, confirmAt: now, heard: now}
 	recv := newReceiver(s.conn.Conn())
 	s.recv.Store(recv)
 	stop := context.AfterFunc(ctx, recv.cancel)
-	batch, live := coalescer(s.conn.Conn()), false
-	// atEnd: a keepalive came after the last BEGIN. A walsender sends one
-	// when it has sent all the WAL there is (and the client has not
-	// confirmed it all): only then may the stream turn live (liveAfter),
-	// not in the middle of a backlog young enough to look live. One that
-	// comes before the session's first BEGIN says nothing: a walsender
-	// may send one before it starts on a backlog.
-	atEnd, begun := false, false
-	// heard is when the loop last heard from the walsender, or last had
-	// a reason not to expect to (it did not read): ReceiveTimeout.
-	heard := now
-	setLive := func(on bool) {
-		live = on
-		batch.batchReads(on, s.cfg.ReadBatch)
-		if rel != nil {
-			rel.Live(on)
-		}
-		if s.cfg.OnLive != nil {
-			s.cfg.OnLive(on)
-		}
-	}
-	if batch != nil && rel != nil {
-		batch.drained = rel.Drained
+	l.batch = coalescer(s.conn.Conn())
+	if l.batch != nil && rel != nil {
+		l.batch.drained = rel.Drained
 	}
 	defer func() {
-		if batch != nil {
-			if live {
-				setLive(false)
+		if l.batch != nil {
+			if l.live {
+				l.setLive(false)
 			}
-			batch.drained = nil
+			l.batch.drained = nil
 		}
 		s.recv.Store(nil)
 		stop()
@@ -181,33 +159,12 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		pos := s.position(acks)
-		if s.cfg.ReceiveTimeout > 0 && now.Sub(heard) > s.cfg.ReceiveTimeout {
-			return &DeadConnError{Slot: s.slot, Silent: now.Sub(heard)}
+		wake, err := l.status(now)
+		if err != nil {
+			return err
 		}
-		if !now.Before(statusAt) || (pos > s.sent && !now.Before(confirmAt)) {
-			// Past half of ReceiveTimeout in silence, ask for an answer:
-			// a live walsender sends a keepalive at once.
-			if err := s.sendStatusReply(pos, s.cfg.ReceiveTimeout > 0 && now.Sub(heard) > s.cfg.ReceiveTimeout/2); err != nil {
-				return err
-			}
-			statusAt, confirmAt = now.Add(s.cfg.StatusInterval), now.Add(s.cfg.ConfirmInterval)
-		}
-		wake := statusAt
-		if rel != nil {
-			if next := rel.Release(now); !next.IsZero() {
-				wake = minTime(wake, next)
-			}
-		}
-		if pos > s.sent || acks.Owed() {
-			if !pollAt.After(now) {
-				pollAt = now.Add(s.cfg.ConfirmInterval)
-			}
-			wake = minTime(wake, maxTime(pollAt, confirmAt))
-		}
-
 		if acks.Saturated() {
-			heard = now // not reading: silence says nothing
+			l.heard = now // not reading: silence says nothing
 			// Stop reading: the walsender's socket fills and it waits.
 			// Status updates still leave on time, which is what keeps
 			// the walsender from timing out while Kafka is slow.
@@ -235,47 +192,120 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 			}
 			return fmt.Errorf("receive from replication slot %q: %w", s.slot, err)
 		}
-		heard = time.Now()
-
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				return fmt.Errorf("empty CopyData from replication slot %q", s.slot)
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse keepalive: %w", err)
-				}
-				acks.Keepalive(ka.ServerWALEnd, ka.ServerTime)
-				atEnd = begun
-				if ka.ReplyRequested {
-					statusAt = time.Now()
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse XLogData: %w", err)
-				}
-				// Batch reads while the stream is live (coalescingConn).
-				if commit, ok := decode.BeginCommitTime(xld.WALData); ok {
-					if on := liveAfter(live, atEnd, time.Since(commit)); batch != nil && on != live {
-						setLive(on)
-					}
-					atEnd, begun = false, true
-				}
-				if err := handle(xld.WALStart, xld.WALData); err != nil {
-					return err
-				}
-				heard = time.Now() // a blocking handle (While) read nothing meanwhile
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication slot %q: %w", s.slot, pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return fmt.Errorf("postgres ended the replication stream of slot %q", s.slot)
+		l.heard = time.Now()
+		if err := l.dispatch(msg, handle); err != nil {
+			return err
 		}
 	}
+}
+
+// loop is Run's state between two receives.
+type loop struct {
+	s    *Stream
+	acks Acks
+	rel  Releaser
+	// statusAt is the next keepalive; confirmAt the earliest next status
+	// update that confirms; pollAt the next look at Confirmed.
+	statusAt, confirmAt, pollAt time.Time
+	// heard is when the loop last heard from the walsender, or last had
+	// a reason not to expect to (it did not read): ReceiveTimeout.
+	heard time.Time
+	batch *coalescingConn
+	live  bool
+	// atEnd: a keepalive came after the last BEGIN. A walsender sends one
+	// when it has sent all the WAL there is (and the client has not
+	// confirmed it all): only then may the stream turn live (liveAfter),
+	// not in the middle of a backlog young enough to look live. One that
+	// comes before the session's first BEGIN says nothing: a walsender
+	// may send one before it starts on a backlog.
+	atEnd, begun bool
+}
+
+func (l *loop) setLive(on bool) {
+	l.live = on
+	l.batch.batchReads(on, l.s.cfg.ReadBatch)
+	if l.rel != nil {
+		l.rel.Live(on)
+	}
+	if l.s.cfg.OnLive != nil {
+		l.s.cfg.OnLive(on)
+	}
+}
+
+// status sends the status update that is due, if one is, releases the
+// producer's batch that is due, and returns when the loop must look
+// again: the next keepalive, batch or look at Confirmed.
+func (l *loop) status(now time.Time) (wake time.Time, err error) {
+	s, cfg := l.s, l.s.cfg
+	pos := s.position(l.acks)
+	if cfg.ReceiveTimeout > 0 && now.Sub(l.heard) > cfg.ReceiveTimeout {
+		return wake, &DeadConnError{Slot: s.slot, Silent: now.Sub(l.heard)}
+	}
+	if !now.Before(l.statusAt) || (pos > s.sent && !now.Before(l.confirmAt)) {
+		// Past half of ReceiveTimeout in silence, ask for an answer: a
+		// live walsender sends a keepalive at once.
+		if err := s.sendStatusReply(pos, cfg.ReceiveTimeout > 0 && now.Sub(l.heard) > cfg.ReceiveTimeout/2); err != nil {
+			return wake, err
+		}
+		l.statusAt, l.confirmAt = now.Add(cfg.StatusInterval), now.Add(cfg.ConfirmInterval)
+	}
+	wake = l.statusAt
+	if l.rel != nil {
+		if next := l.rel.Release(now); !next.IsZero() {
+			wake = minTime(wake, next)
+		}
+	}
+	if pos > s.sent || l.acks.Owed() {
+		if !l.pollAt.After(now) {
+			l.pollAt = now.Add(cfg.ConfirmInterval)
+		}
+		wake = minTime(wake, maxTime(l.pollAt, l.confirmAt))
+	}
+	return wake, nil
+}
+
+// dispatch hands a keepalive to Acks and WAL data to handle.
+func (l *loop) dispatch(msg pgproto3.BackendMessage, handle Handler) error {
+	s := l.s
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return fmt.Errorf("empty CopyData from replication slot %q", s.slot)
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			l.acks.Keepalive(ka.ServerWALEnd, ka.ServerTime)
+			l.atEnd = l.begun
+			if ka.ReplyRequested {
+				l.statusAt = time.Now()
+			}
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse XLogData: %w", err)
+			}
+			// Batch reads while the stream is live (coalescingConn).
+			if commit, ok := decode.BeginCommitTime(xld.WALData); ok {
+				if on := liveAfter(l.live, l.atEnd, time.Since(commit)); l.batch != nil && on != l.live {
+					l.setLive(on)
+				}
+				l.atEnd, l.begun = false, true
+			}
+			if err := handle(xld.WALStart, xld.WALData); err != nil {
+				return err
+			}
+			l.heard = time.Now() // a blocking handle (While) read nothing meanwhile
+		}
+	case *pgproto3.ErrorResponse:
+		return fmt.Errorf("replication slot %q: %w", s.slot, pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return fmt.Errorf("postgres ended the replication stream of slot %q", s.slot)
+	}
+	return nil
 }
 
 // While runs fn, which may block (an admin call to Kafka, a read of the
