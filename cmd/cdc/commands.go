@@ -30,8 +30,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
-	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/setup"
 )
 
 // memoryHeadroom is what cdc run allows the heap beyond max_in_flight_bytes
@@ -152,7 +152,7 @@ func checkCmd(ctx context.Context, c *cli, args []string) int {
 		}
 	}
 	if err != nil {
-		var ce *postgres.CheckError
+		var ce *setup.CheckError
 		if !errors.As(err, &ce) {
 			fmt.Fprintf(c.stderr, "cdc: %v\n", err)
 			return 1

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
@@ -313,13 +314,13 @@ func (c *Config) UsesRegistry() bool {
 
 // WALTables lists the outbox tables (not message sources) with the columns
 // the decoder reads from each, for wal's checks.
-func (c *Config) WALTables() []postgres.Table {
-	var ts []postgres.Table
+func (c *Config) WALTables() []setup.Table {
+	var ts []setup.Table
 	for _, t := range c.Tables {
 		if t.IsMessage() {
 			continue
 		}
-		wt := postgres.Table{TableName: t.Name}
+		wt := setup.Table{TableName: t.Name}
 		for f, name := range t.Columns {
 			if name != "" {
 				wt.Columns = append(wt.Columns, name)

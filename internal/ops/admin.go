@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -40,13 +41,13 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		return Rewound{}, err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	main, err := postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	main, err := setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	// A connector stopped a moment ago: its walsender lets the slot go
 	// as it exits, just after the connection closed. A running one still
 	// holds it after this.
 	for deadline := time.Now().Add(2 * time.Second); err == nil && main.Active && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
-		main, err = postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+		main, err = setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	}
 	if err != nil {
 		return Rewound{}, err
@@ -54,7 +55,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	if main.Active {
 		return Rewound{}, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
 	}
-	replaySlot, err := postgres.InspectSlot(ctx, sql, o.Config.ReplaySlot())
+	replaySlot, err := setup.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	if err != nil {
 		return Rewound{}, err
 	}
@@ -131,7 +132,7 @@ func (o *Ops) Rewindable(ctx context.Context, to pglogrepl.LSN) bool {
 		return false
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	rs, err := postgres.InspectSlot(ctx, sql, o.Config.ReplaySlot())
+	rs, err := setup.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	return err == nil && rs.Exists && rs.WALStatus != "lost" && rs.ConfirmedFlush <= to
 }
 
@@ -148,10 +149,10 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 		return "", err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	slot, err := postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	slot, err := setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	for deadline := time.Now().Add(2 * time.Second); err == nil && slot.Active && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond) // a connector that just stopped: its walsender lets go
-		slot, err = postgres.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+		slot, err = setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
 	}
 	if err != nil {
 		return "", err
@@ -198,7 +199,7 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 // creating the slot when it is missing or lost, so that the next cdc run
 // streams from the slot. Without a gap it changes nothing.
 func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
-	slot, _, err := postgres.Setup(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
+	slot, _, err := setup.Prepare(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
 	lost := errors.Is(err, postgres.ErrSlotLost)
 	if err != nil && !lost {
 		return Accepted{}, err
@@ -232,7 +233,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		if err != nil {
 			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", o.Config.Postgres.Slot, err)
 		}
-		slot = postgres.SlotState{}
+		slot = setup.SlotState{}
 	}
 	_, _, err = checkpoint.Decide(o.Config.Postgres.Slot, sys.ID, SlotInfo(conn, slot), records)
 	var gap *checkpoint.GapError

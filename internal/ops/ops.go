@@ -17,6 +17,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -82,7 +83,7 @@ func (o *Ops) backfills() *backfill.Runner {
 }
 
 // Check checks Postgres' and Kafka's preconditions without creating or
-// streaming anything. It returns, as a *postgres.CheckError, what would stop
+// streaming anything. It returns, as a *setup.CheckError, what would stop
 // cdc run; and warnings, what would weaken it without stopping it (cdc
 // check exits 0 on those): a standby that cannot see its holder, an
 // unlimited max_slot_wal_keep_size, brokers that do not answer now (cdc
@@ -93,12 +94,12 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	if o.Config.Replay.Window > 0 {
 		slots = append(slots, o.Config.ReplaySlot())
 	}
-	ws, err := postgres.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...)
+	ws, err := setup.Check(ctx, o.Config.Postgres, o.Config.WALTables(), slots...)
 	for _, w := range ws {
 		warnings = append(warnings, "postgres: "+w)
 	}
 	if err != nil {
-		var ce *postgres.CheckError
+		var ce *setup.CheckError
 		if !errors.As(err, &ce) {
 			return warnings, fmt.Errorf("postgres: %w", err) // no connection: nothing else to learn there
 		}
@@ -167,7 +168,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 		}
 	}
 	if len(probs) > 0 {
-		return warnings, &postgres.CheckError{Problems: probs}
+		return warnings, &setup.CheckError{Problems: probs}
 	}
 	return warnings, nil
 }
@@ -193,7 +194,7 @@ func (o *Ops) LoadRecord(ctx context.Context, sys wal.System) (checkpoint.Record
 }
 
 // SlotInfo is what Decide compares with the checkpoint.
-func SlotInfo(conn *wal.Conn, slot postgres.SlotState) checkpoint.SlotInfo {
+func SlotInfo(conn *wal.Conn, slot setup.SlotState) checkpoint.SlotInfo {
 	sys := conn.System()
 	return checkpoint.SlotInfo{Exists: slot.Exists, Confirmed: slot.ConfirmedFlush, Timeline: sys.Timeline, WALEnd: sys.WALEnd, Address: conn.Address()}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 )
 
 // pollEvery is how often the slot's lag and retained WAL are read for the
@@ -26,7 +27,7 @@ func (o *Ops) WatchSlots(ctx context.Context, m *metrics.Metrics) {
 }
 
 func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics) error {
-	st, err := postgres.InspectSlot(ctx, conn, o.Config.Postgres.Slot)
+	st, err := setup.InspectSlot(ctx, conn, o.Config.Postgres.Slot)
 	if err != nil {
 		return err
 	}
@@ -37,7 +38,7 @@ func (o *Ops) readSlots(ctx context.Context, conn *pgx.Conn, m *metrics.Metrics)
 		m.SetWALStatus(st.WALStatus)
 	}
 	if o.Config.Replay.Window > 0 {
-		rs, err := postgres.InspectSlot(ctx, conn, o.Config.ReplaySlot())
+		rs, err := setup.InspectSlot(ctx, conn, o.Config.ReplaySlot())
 		if err != nil {
 			return err
 		}

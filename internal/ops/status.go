@@ -12,6 +12,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
@@ -184,7 +185,7 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 }
 
 func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, error) {
-	s, err := postgres.InspectSlot(ctx, conn, name)
+	s, err := setup.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return SlotStatus{}, err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/pipeline"
-	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -46,7 +46,7 @@ func TestCheckKafkaTopics(t *testing.T) {
 		return err
 	}
 	err = check()
-	var ce *postgres.CheckError
+	var ce *setup.CheckError
 	if !errors.As(err, &ce) || len(ce.Problems) != 2 ||
 		!strings.Contains(ce.Problems[0], "kafka: topic \""+e.kafka.CheckpointTopic()+"\" has cleanup.policy=delete") ||
 		!strings.Contains(ce.Problems[1], "kafka: topic \""+static+"\" does not exist, and the connector may not create it") {

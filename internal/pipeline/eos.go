@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -52,7 +53,7 @@ func (p *Pipeline) slotHeld(ctx context.Context) bool {
 		return false
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := postgres.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
+	st, err := setup.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
 	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -700,7 +701,7 @@ func TestSlotInUseIsWaitedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Exec(t, e.db, `SELECT pg_create_logical_replication_slot('outbox_cdc', 'pgoutput')`)
-	st := postgres.SlotState{ConfirmedFlush: testenv.SlotPosition(t, e.db, "outbox_cdc")}
+	st := setup.SlotState{ConfirmedFlush: testenv.SlotPosition(t, e.db, "outbox_cdc")}
 	holder, err := wal.Open(ctx, e.cfg.Postgres, st.ConfirmedFlush, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)

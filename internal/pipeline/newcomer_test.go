@@ -14,9 +14,9 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
-	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -107,7 +107,7 @@ func TestMissingColumnsAllAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = p.Ops().Check(context.Background())
-	var ce *postgres.CheckError
+	var ce *setup.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("check: %v; want a CheckError", err)
 	}

@@ -22,10 +22,10 @@ import (
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
-	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	registry "github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -235,7 +235,7 @@ func TestCheckSchemaSubjects(t *testing.T) {
 		if err == nil {
 			return nil
 		}
-		var ce *postgres.CheckError
+		var ce *setup.CheckError
 		if !errors.As(err, &ce) {
 			t.Fatalf("check: %v", err)
 		}

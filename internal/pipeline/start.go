@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -33,7 +34,7 @@ import (
 // opening (runSession); connected, when set, runs once the database system
 // is known (exactly once: the fence).
 func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, connected func(wal.System) error) (opened, error) {
-	slot, cat, err := postgres.Setup(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
+	slot, cat, err := setup.Prepare(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
 		return opened{}, err
 	}
@@ -75,9 +76,9 @@ func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, conne
 
 // opened is what start hands the session.
 type opened struct {
-	conn *wal.Conn        // the replication connection
-	from pglogrepl.LSN    // where the session streams from
-	cat  postgres.Catalog // the outbox tables as the catalog has them
+	conn *wal.Conn     // the replication connection
+	from pglogrepl.LSN // where the session streams from
+	cat  setup.Catalog // the outbox tables as the catalog has them
 	// snapshot is a first start's exported snapshot of the slot's
 	// consistent point, for its backfill ("" otherwise). It lives as long
 	// as conn runs no other command.
@@ -87,7 +88,7 @@ type opened struct {
 // position reads the checkpoint, compares it with the slot, and returns
 // where the session streams from, creating the slot on a first start
 // (with a snapshot for the tables' backfill when they have one).
-func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot postgres.SlotState, cat postgres.Catalog, opening *checkpoint.Opening) (from pglogrepl.LSN, snapshot string, err error) {
+func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.SlotState, cat setup.Catalog, opening *checkpoint.Opening) (from pglogrepl.LSN, snapshot string, err error) {
 	sys := conn.System()
 	if p.progress != nil && !slot.Exists {
 		saved := p.progress.Saved()
@@ -174,7 +175,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot postgres.S
 // jobs; with jobs, the slot comes with an exported snapshot of its
 // consistent point, in which they read the rows committed before it
 // (docs/design.md, "Backfill consistency").
-func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat postgres.Catalog, records map[string]checkpoint.Record) (rec *checkpoint.Record, from pglogrepl.LSN, snapshot string, err error) {
+func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat setup.Catalog, records map[string]checkpoint.Record) (rec *checkpoint.Record, from pglogrepl.LSN, snapshot string, err error) {
 	sys := conn.System()
 	for _, other := range records {
 		if other.Slot == p.cfg.Postgres.Slot && other.SystemID != sys.ID {

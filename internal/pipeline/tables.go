@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 )
 
 // The outbox tables' lives (docs/design.md, "Table changes"). A table's
@@ -88,7 +89,7 @@ type repair struct {
 
 // newTableWatch starts a session's watch from rec, the checkpoint the
 // session starts at, whose Tables tableBaseline filled in.
-func newTableWatch(p *Pipeline, rec checkpoint.Record, cat postgres.Catalog) *tableWatch {
+func newTableWatch(p *Pipeline, rec checkpoint.Record, cat setup.Catalog) *tableWatch {
 	w := &tableWatch{
 		p: p, log: p.log.Named("tables"), byName: map[string]*outbox.Source{},
 		streamed: map[*outbox.Source]uint32{}, suspect: map[*outbox.Source]uint32{},
@@ -121,7 +122,7 @@ func newTableWatch(p *Pipeline, rec checkpoint.Record, cat postgres.Catalog) *ta
 // publication is added back when it was recreated (another id), and
 // refused when it is the table the checkpoint streamed: its rows inserted
 // while it was out cannot be told from the others.
-func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, cat postgres.Catalog, first bool) error {
+func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, cat setup.Catalog, first bool) error {
 	old := rec.Tables == nil && !first // a checkpoint written before ids were kept
 	tables := map[string]uint32{}
 	for _, st := range cat.Tables {
@@ -136,13 +137,13 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 				if !cat.Publication.Owned {
 					why = "it does not own the publication"
 				}
-				return postgres.NotPublished(cat.Publication.Name, st.Table, why, cat.Role)
+				return setup.NotPublished(cat.Publication.Name, st.Table, why, cat.Role)
 			}
 			conn, err := postgres.ConnectSQL(ctx, p.cfg.Postgres)
 			if err != nil {
 				return err
 			}
-			err = postgres.AddToPublication(ctx, p.cfg.Postgres, conn, cat.Publication.Name, st.Table)
+			err = setup.AddToPublication(ctx, p.cfg.Postgres, conn, cat.Publication.Name, st.Table)
 			conn.Close(context.WithoutCancel(ctx))
 			if err != nil {
 				return err
@@ -165,11 +166,11 @@ func (p *Pipeline) tableBaseline(ctx context.Context, rec *checkpoint.Record, ca
 
 // leftPublication is the error for table t, streamed before and no longer
 // in the publication.
-func (p *Pipeline) leftPublication(t postgres.Table) error {
+func (p *Pipeline) leftPublication(t setup.Table) error {
 	pub := p.cfg.Postgres.Publication
 	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
 		"as the publication's owner run: %s; then send the rows it received while it was out with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
-		t, pub, postgres.AddStatement(pub, t), p.configFile(), t)}
+		t, pub, setup.AddStatement(pub, t), p.configFile(), t)}
 }
 
 // isFresh is the decoder's Decoder.Fresh.
@@ -268,7 +269,7 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("read the standby's replay delay: %w", err)
 	}
 	w.p.m.StandbyDelay.Set(max(delay, 0))
-	cat, err := postgres.ReadCatalog(ctx, conn, cfg.Publication, w.p.cfg.WALTables())
+	cat, err := setup.ReadCatalog(ctx, conn, cfg.Publication, w.p.cfg.WALTables())
 	if err != nil {
 		return err
 	}
@@ -308,9 +309,9 @@ func (w *tableWatch) check(ctx context.Context, conn *pgx.Conn) error {
 				}
 				return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the new table is not in publication %s, so its inserts do not reach the connector (which may not add it: %s); "+
 					"as the owner of the publication and the table run: %s; %s; then start the connector again: it sends the rows the new table received meanwhile, each once",
-					t, cfg.Publication, why, postgres.AddStatement(cfg.Publication, st.Table), postgres.GrantStatement(st.Table, cat.Role))}
+					t, cfg.Publication, why, setup.AddStatement(cfg.Publication, st.Table), setup.GrantStatement(st.Table, cat.Role))}
 			}
-			if err := postgres.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
+			if err := setup.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
 				return err
 			}
 			// On a standby: the rows the repair reads, as of the table's
@@ -337,7 +338,7 @@ func (w *tableWatch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
 			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
-				t, postgres.GrantStatement(postgres.Table{TableName: t.Name}, role))}
+				t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
 		}
 		if err != nil {
 			return err

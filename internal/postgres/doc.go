@@ -1,15 +1,10 @@
-// Package postgres is the connector's side of the PostgreSQL server, all
-// but the replication stream (package wal): the postgres.* configuration
-// and ordinary connections; the checks of cdc check and of each start
-// (wal_level, privileges, the outbox tables, the publication); the
-// publication's set-up and the catalog it is checked against; the slot's
-// state; the start lock; and the writes a hot standby sends to its
-// primary.
+// Package postgres is how the connector reaches the PostgreSQL server,
+// for all but the replication stream (package wal): the postgres.*
+// configuration, ordinary connections and what their errors mean, a hot
+// standby's primary and the writes sent there, and the start lock. What
+// the server must have before streaming is package setup's.
 //
 // Invariants (docs/design.md, "Position rules"):
-//   - Setup never creates a slot: whether a missing slot is a first start
-//     or a gap is the pipeline's decision, against its checkpoint. A lost
-//     slot is a *errtext.Fatal.
 //   - A connection that reads rows to send as events (ConnectRows) pins
 //     the output formats the replication connection pins (PinFormats), so
 //     that a backfilled row and a streamed one decode to the same bytes.

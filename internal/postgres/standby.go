@@ -35,9 +35,9 @@ func (e *StandbyError) Error() string {
 	return s
 }
 
-// standbyError is a *errtext.Fatal (the connector stops: only the operator
+// NewStandbyError is a *errtext.Fatal (the connector stops: only the operator
 // can set primary_url or run the statement) that wraps the StandbyError.
-func standbyError(what, statement string) error {
+func NewStandbyError(what, statement string) error {
 	e := &StandbyError{What: what, Statement: statement}
 	return &errtext.Fatal{Msg: e.Error(), Err: e}
 }
@@ -51,12 +51,12 @@ func InRecovery(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return standby, nil
 }
 
-// connectPrimary opens a SQL connection to postgres.primary_url, with
+// ConnectPrimary opens a SQL connection to postgres.primary_url, with
 // postgres.url's password file, and makes sure it is not in recovery too.
 // what says what it is for, in the error when there is no primary_url.
-func connectPrimary(ctx context.Context, cfg Config, what, statement string) (*pgx.Conn, error) {
+func ConnectPrimary(ctx context.Context, cfg Config, what, statement string) (*pgx.Conn, error) {
 	if cfg.PrimaryURL == "" {
-		return nil, standbyError(what, statement)
+		return nil, NewStandbyError(what, statement)
 	}
 	pc := cfg
 	pc.URL = cfg.PrimaryURL
@@ -92,7 +92,7 @@ func ConnectWritable(ctx context.Context, cfg Config) (conn *pgx.Conn, standby b
 		return conn, standby, nil
 	}
 	conn.Close(context.WithoutCancel(ctx))
-	conn, err = connectPrimary(ctx, cfg, "write", "")
+	conn, err = ConnectPrimary(ctx, cfg, "write", "")
 	return conn, false, err
 }
 
@@ -119,7 +119,7 @@ func (w *Writer) Emit(ctx context.Context, local *pgx.Conn, prefix, content, wha
 	target := local
 	if standby {
 		if w.primary == nil || w.primary.IsClosed() {
-			w.primary, err = connectPrimary(ctx, w.cfg, "write "+what+" (a logical decoding message)", "")
+			w.primary, err = ConnectPrimary(ctx, w.cfg, "write "+what+" (a logical decoding message)", "")
 			if err != nil {
 				return err
 			}
@@ -159,7 +159,7 @@ func LogStandbySnapshot(ctx context.Context, cfg Config) error {
 	if cfg.PrimaryURL == "" {
 		return nil
 	}
-	conn, err := connectPrimary(ctx, cfg, "log a standby snapshot", "")
+	conn, err := ConnectPrimary(ctx, cfg, "log a standby snapshot", "")
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func CatchUp(ctx context.Context, cfg Config, conn *pgx.Conn) error {
 	if err != nil || !standby {
 		return err
 	}
-	primary, err := connectPrimary(ctx, cfg, "tell how far the primary has written", "")
+	primary, err := ConnectPrimary(ctx, cfg, "tell how far the primary has written", "")
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -45,7 +46,7 @@ func (w *Window) Prepare(ctx context.Context, mainAt pglogrepl.LSN) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	name := w.ReplaySlot
-	st, err := postgres.InspectSlot(ctx, conn, name)
+	st, err := setup.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,7 @@ func (w *Window) recreate(ctx context.Context, conn *pgx.Conn, drop bool) error 
 	if _, err := conn.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, w.Slot, name); err != nil {
 		return fmt.Errorf("create replay slot %q as a copy of %q: %w", name, w.Slot, err)
 	}
-	st, err := postgres.InspectSlot(ctx, conn, name)
+	st, err := setup.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}
@@ -113,7 +114,7 @@ func (w *Window) Keep(ctx context.Context) {
 
 func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 	name := w.ReplaySlot
-	st, err := postgres.InspectSlot(ctx, conn, name)
+	st, err := setup.InspectSlot(ctx, conn, name)
 	if err != nil {
 		return err
 	}

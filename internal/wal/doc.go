@@ -1,7 +1,7 @@
 // Package wal owns the PostgreSQL logical replication connection: it
 // creates and copies slots when told to, streams pgoutput messages to a
 // handler, and confirms positions to the slot. The server's set-up (the
-// publication, the checks, the slot's state) is package postgres's.
+// publication, the checks, the slot's state) is package setup's.
 //
 // Invariants (docs/design.md, "Position rules"):
 //   - One goroutine owns the replication connection. Stream.Run receives and

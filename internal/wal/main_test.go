@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -33,8 +34,8 @@ func slotted(t *testing.T) (db string, c postgres.Config, at pglogrepl.LSN) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Setup makes the publication, as the connector does.
-	table := postgres.Table{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}
-	if _, _, err := postgres.Setup(ctx, c, []postgres.Table{table}, hclog.NewNullLogger()); err != nil {
+	table := setup.Table{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}
+	if _, _, err := setup.Prepare(ctx, c, []setup.Table{table}, hclog.NewNullLogger()); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := wal.Connect(ctx, c, hclog.NewNullLogger())

@@ -89,7 +89,7 @@ func (s *Stream) Wake() {
 func (s *Stream) Beat() time.Time { return time.Unix(0, s.beat.Load()) }
 
 // Open connects in replication mode and starts streaming cfg.Slot from its
-// confirmed position, from (postgres.Setup's SlotState).
+// confirmed position, from (setup.Prepare's SlotState).
 func Open(ctx context.Context, cfg postgres.Config, from pglogrepl.LSN, log hclog.Logger) (*Stream, error) {
 	c, err := Connect(ctx, cfg, log)
 	if err != nil {

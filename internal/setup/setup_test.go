@@ -1,4 +1,4 @@
-package postgres_test
+package setup_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 const outboxDDL = `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 	aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`
 
-var defaultTable = []postgres.Table{{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
+var defaultTable = []setup.Table{{TableName: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: []string{"id", "aggregatetype", "aggregateid", "type", "payload"}}}
 
 func cfg(url string) postgres.Config {
 	c := postgres.Config{URL: url}
@@ -37,11 +38,11 @@ func cfg(url string) postgres.Config {
 	return c
 }
 
-func setup(t *testing.T, url string, tables []postgres.Table, create bool) (postgres.SlotState, error) {
+func prepare(t *testing.T, url string, tables []setup.Table, create bool) (setup.SlotState, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, _, err := postgres.Setup(ctx, cfg(url), tables, hclog.NewNullLogger())
+	st, _, err := setup.Prepare(ctx, cfg(url), tables, hclog.NewNullLogger())
 	if err != nil || st.Exists || !create {
 		return st, err
 	}
@@ -51,7 +52,7 @@ func setup(t *testing.T, url string, tables []postgres.Table, create bool) (post
 	}
 	defer c.Close(ctx)
 	lsn, err := c.CreateSlot(ctx, "outbox_cdc")
-	return postgres.SlotState{Exists: true, ConfirmedFlush: lsn}, err
+	return setup.SlotState{Exists: true, ConfirmedFlush: lsn}, err
 }
 
 func wantFatal(t *testing.T, err error, want string) {
@@ -65,7 +66,7 @@ func wantFatal(t *testing.T, err error, want string) {
 func TestSetupCreatesThenReuses(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
+	st, err := prepare(t, db, defaultTable, true)
 	if err != nil || !st.Exists || st.ConfirmedFlush == 0 {
 		t.Fatalf("first Setup = %+v, %v; want a created slot", st, err)
 	}
@@ -74,7 +75,7 @@ func TestSetupCreatesThenReuses(t *testing.T) {
 	if !pubInsert || pubUpdate {
 		t.Fatalf("publication publishes insert=%v update=%v; want inserts only", pubInsert, pubUpdate)
 	}
-	st2, err := setup(t, db, defaultTable, false)
+	st2, err := prepare(t, db, defaultTable, false)
 	if err != nil || !st2.Exists || st2.ConfirmedFlush != st.ConfirmedFlush {
 		t.Fatalf("second Setup = %+v, %v; want the existing slot at %s", st2, err, st.ConfirmedFlush)
 	}
@@ -85,7 +86,7 @@ func TestSetupPreconditions(t *testing.T) {
 	tests := []struct {
 		name   string
 		sql    []string
-		tables []postgres.Table
+		tables []setup.Table
 		user   string // connect as this role instead of the superuser
 		want   string
 	}{
@@ -93,7 +94,7 @@ func TestSetupPreconditions(t *testing.T) {
 		{name: "missing mapped column", sql: []string{`CREATE TABLE outbox (id uuid, aggregatetype text, aggregateid text, type text)`},
 			want: "has no column payload"},
 		{name: "quoted names", sql: []string{`CREATE SCHEMA tenant`, `CREATE TABLE tenant."OutboxEvent" (id text, "aggregateType" text)`},
-			tables: []postgres.Table{{TableName: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
+			tables: []setup.Table{{TableName: outbox.TableName{Schema: "tenant", Name: "OutboxEvent"}, Columns: []string{"id", "aggregateType", "aggregateId", "t", "p"}}},
 			want:   `tenant."OutboxEvent" has no column "aggregateId"`},
 		{name: "role without REPLICATION", sql: []string{outboxDDL, `CREATE ROLE app_user LOGIN PASSWORD 'app'`, `GRANT SELECT ON outbox TO app_user`},
 			user: "app_user", want: "role app_user lacks the REPLICATION attribute; as a superuser run: ALTER ROLE app_user WITH REPLICATION"},
@@ -123,7 +124,7 @@ func TestSetupPreconditions(t *testing.T) {
 			if tables == nil {
 				tables = defaultTable
 			}
-			_, err := setup(t, url, tables, true)
+			_, err := prepare(t, url, tables, true)
 			wantFatal(t, err, tt.want)
 		})
 	}
@@ -151,7 +152,7 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("created", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, partitionedDDL)
-		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := setup.Prepare(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if err != nil || !read(t, db) {
 			t.Fatalf("Setup: %v; via root %v, want a publication with publish_via_partition_root", err, read(t, db))
 		}
@@ -162,14 +163,14 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("owned, made to publish via the root", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, partitionedDDL, `CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
-		if _, _, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger()); err != nil || !read(t, db) {
+		if _, _, err := setup.Prepare(ctx, cfg(db), defaultTable, hclog.NewNullLogger()); err != nil || !read(t, db) {
 			t.Fatalf("Setup: %v; via root %v", err, read(t, db))
 		}
 	})
 	t.Run("a table missing is reported", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, outboxDDL, `CREATE TABLE other (id int)`, `CREATE PUBLICATION outbox_cdc FOR TABLE other`)
-		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := setup.Prepare(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +186,7 @@ func TestSetupPublication(t *testing.T) {
 	t.Run("for all tables", func(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, outboxDDL, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
-		_, cat, err := postgres.Setup(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
+		_, cat, err := setup.Prepare(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
 		if st := cat.Tables[0]; err != nil || !st.Published || !st.AutoPublished {
 			t.Fatalf("Setup: %v; catalog %+v: want the table published, automatically", err, st)
 		}
@@ -197,7 +198,7 @@ func TestSetupPublication(t *testing.T) {
 func TestSetupNeverCreatesTheSlot(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, false)
+	st, err := prepare(t, db, defaultTable, false)
 	if err != nil || st.Exists {
 		t.Fatalf("Setup = %+v, %v; want a missing slot and no error", st, err)
 	}
@@ -213,7 +214,7 @@ func TestSetupNeverCreatesTheSlot(t *testing.T) {
 func TestConnSlots(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
+	st, err := prepare(t, db, defaultTable, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestWalLevelReplica(t *testing.T) {
 	}
 	t.Cleanup(other.Stop) // after the database cleanup NewDatabase registers
 	db := other.NewDatabase(t)
-	_, err = setup(t, db, defaultTable, true)
+	_, err = prepare(t, db, defaultTable, true)
 	wantFatal(t, err, "wal_level is replica; set wal_level = logical in postgresql.conf (or run ALTER SYSTEM SET wal_level = logical) and restart Postgres")
 }
 
@@ -275,7 +276,7 @@ func TestSlotLost(t *testing.T) {
 	t.Cleanup(other.Stop) // after the database cleanup NewDatabase registers
 	db := other.NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	if _, err := setup(t, db, defaultTable, true); err != nil {
+	if _, err := prepare(t, db, defaultTable, true); err != nil {
 		t.Fatal(err)
 	}
 	// Write and switch WAL segments until a checkpoint removes the one
@@ -286,7 +287,7 @@ func TestSlotLost(t *testing.T) {
 		testenv.QueryRow(t, db, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`, nil, &status)
 		return status == "lost"
 	})
-	_, err = setup(t, db, defaultTable, true)
+	_, err = prepare(t, db, defaultTable, true)
 	wantFatal(t, err, "is lost")
 	if !errors.Is(err, postgres.ErrSlotLost) {
 		t.Fatalf("err = %v; want ErrSlotLost", err)
@@ -298,7 +299,7 @@ func TestSlotLost(t *testing.T) {
 func TestSlotInUse(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, outboxDDL)
-	st, err := setup(t, db, defaultTable, true)
+	st, err := prepare(t, db, defaultTable, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,9 +345,9 @@ func TestCheckListsEveryProblem(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User("cdc_weak")
-	tables := append(slices.Clone(defaultTable), postgres.Table{TableName: outbox.TableName{Schema: "public", Name: "missing"}, Columns: []string{"id"}})
-	_, err = postgres.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
-	var ce *postgres.CheckError
+	tables := append(slices.Clone(defaultTable), setup.Table{TableName: outbox.TableName{Schema: "public", Name: "missing"}, Columns: []string{"id"}})
+	_, err = setup.Check(context.Background(), cfg(u.String()), tables, "outbox_cdc_replay")
+	var ce *setup.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
 	}
@@ -373,7 +374,7 @@ func TestCheckListsEveryProblem(t *testing.T) {
 	testenv.Exec(t, db, `ALTER ROLE cdc_weak REPLICATION`, `GRANT SELECT ON outbox TO cdc_weak`, `ALTER TABLE outbox OWNER TO cdc_weak`,
 		`DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO cdc_weak', current_database()); END $$`,
 		`SELECT pg_drop_replication_slot('other_a')`)
-	if _, err := postgres.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
+	if _, err := setup.Check(context.Background(), cfg(u.String()), defaultTable, "outbox_cdc_replay"); err != nil {
 		t.Fatalf("after the grants: %v", err)
 	}
 }
@@ -387,8 +388,8 @@ func TestCheckPublication(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, partitionedDDL, `CREATE TABLE plain (id text, aggregatetype text, aggregateid text, type text, payload jsonb)`,
 		`CREATE PUBLICATION outbox_cdc FOR TABLE outbox WITH (publish = 'insert')`)
-	tables := append(slices.Clone(defaultTable), postgres.Table{TableName: outbox.TableName{Schema: "public", Name: "plain"}, Columns: []string{"id"}})
-	if _, err := postgres.Check(context.Background(), cfg(db), tables); err != nil {
+	tables := append(slices.Clone(defaultTable), setup.Table{TableName: outbox.TableName{Schema: "public", Name: "plain"}, Columns: []string{"id"}})
+	if _, err := setup.Check(context.Background(), cfg(db), tables); err != nil {
 		t.Fatalf("a publication the role owns, which cdc run fixes: %v", err)
 	}
 	role := fmt.Sprintf("cdc_check_%d", time.Now().UnixNano())
@@ -398,8 +399,8 @@ func TestCheckPublication(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = neturl.User(role)
-	_, err = postgres.Check(context.Background(), cfg(u.String()), tables)
-	var ce *postgres.CheckError
+	_, err = setup.Check(context.Background(), cfg(u.String()), tables)
+	var ce *setup.CheckError
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v; want a CheckError", err)
 	}

@@ -1,4 +1,4 @@
-package postgres
+package setup
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Table is an outbox table the slot streams: its name as the catalog stores
@@ -30,7 +31,7 @@ type Table struct {
 	Fields []string
 }
 
-// SlotState is what Setup found of a slot.
+// SlotState is what Prepare found of a slot.
 type SlotState struct {
 	Exists bool
 	// ConfirmedFlush is the slot's confirmed_flush_lsn: where streaming
@@ -68,15 +69,15 @@ func (s SlotState) Retained() int64 {
 	return int64(s.WALEnd) - int64(s.RestartLSN)
 }
 
-// Setup checks every precondition of streaming the tables, creates the
+// Prepare checks every precondition of streaming the tables, creates the
 // publication when it is missing (or makes it fit, where the role owns it:
 // ensurePublication), and reports on cfg.Slot and on the catalog. It never
 // creates a slot: the pipeline decides that against its checkpoint. Every
 // failure a user must fix is a *errtext.Fatal that says how; a lost slot is
 // one. Logical decoding message sources need no table: cfg.Messages covers
 // them.
-func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (SlotState, Catalog, error) {
-	conn, err := ConnectSQL(ctx, cfg)
+func Prepare(ctx context.Context, cfg postgres.Config, tables []Table, log hclog.Logger) (SlotState, Catalog, error) {
+	conn, err := postgres.ConnectSQL(ctx, cfg)
 	if err != nil {
 		return SlotState{}, Catalog{}, err
 	}
@@ -110,7 +111,7 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, errtext.Fatalf("role %s lacks the REPLICATION attribute; as a superuser run: ALTER ROLE %s WITH REPLICATION", pgident.Quote(user), pgident.Quote(user))
 	}
 
-	standby, err := InRecovery(ctx, conn)
+	standby, err := postgres.InRecovery(ctx, conn)
 	if err != nil {
 		return SlotState{}, Catalog{}, err
 	}
@@ -138,13 +139,13 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 		return SlotState{}, Catalog{}, err
 	}
 	if st.Conflicting {
-		return SlotState{}, Catalog{}, &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf(
+		return SlotState{}, Catalog{}, &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q on this standby was invalidated: the primary removed catalog rows it needed (or its wal_level fell below logical), and it can decode nothing more; "+
 				"set hot_standby_feedback = on on the standby (and keep wal_level = logical on the primary), recover the events after its confirmed position %s from the outbox table, "+
 				"then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one", cfg.Slot, st.ConfirmedFlush)}
 	}
 	if st.WALStatus == "lost" {
-		return SlotState{}, Catalog{}, &errtext.Fatal{Err: ErrSlotLost, Msg: fmt.Sprintf(
+		return SlotState{}, Catalog{}, &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf(
 			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
 				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
 	}
@@ -155,8 +156,8 @@ func Setup(ctx context.Context, cfg Config, tables []Table, log hclog.Logger) (S
 // or later, and hot_standby_feedback, without which the primary's vacuum
 // removes catalog rows the slot needs and Postgres invalidates it.
 func checkStandby(ctx context.Context, conn *pgx.Conn, version int) error {
-	if version/10000 < MinStandbyMajor {
-		return errtext.Fatalf("postgres.url is a hot standby of PostgreSQL %d, and logical decoding on a standby needs PostgreSQL %d or later: point postgres.url at the primary, or upgrade", version/10000, MinStandbyMajor)
+	if version/10000 < postgres.MinStandbyMajor {
+		return errtext.Fatalf("postgres.url is a hot standby of PostgreSQL %d, and logical decoding on a standby needs PostgreSQL %d or later: point postgres.url at the primary, or upgrade", version/10000, postgres.MinStandbyMajor)
 	}
 	var feedback string
 	if err := conn.QueryRow(ctx, "SHOW hot_standby_feedback").Scan(&feedback); err != nil {
@@ -171,8 +172,8 @@ func checkStandby(ctx context.Context, conn *pgx.Conn, version int) error {
 // standbyPublication is ensurePublication on a hot standby, which cannot
 // write: what the publication needs is done on postgres.primary_url, and
 // the standby waited for until it has replayed it; without a primary_url
-// it is a *StandbyError with the statement to run there.
-func standbyPublication(ctx context.Context, conn *pgx.Conn, cfg Config, tables []Table, log hclog.Logger) (Catalog, error) {
+// it is a *postgres.StandbyError with the statement to run there.
+func standbyPublication(ctx context.Context, conn *pgx.Conn, cfg postgres.Config, tables []Table, log hclog.Logger) (Catalog, error) {
 	needs := func() (string, error) {
 		cat, err := ReadCatalog(ctx, conn, cfg.Publication, tables)
 		if err != nil {
@@ -193,7 +194,7 @@ func standbyPublication(ctx context.Context, conn *pgx.Conn, cfg Config, tables 
 		}
 		return ensurePublication(ctx, conn, cfg.Publication, tables, false, log)
 	}
-	primary, err := connectPrimary(ctx, cfg, "create or change publication "+cfg.Publication, stmt)
+	primary, err := postgres.ConnectPrimary(ctx, cfg, "create or change publication "+cfg.Publication, stmt)
 	if err != nil {
 		return Catalog{}, err
 	}

@@ -1,4 +1,4 @@
-package postgres
+package setup
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/pgident"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Catalog is what the server's catalog says now of the publication and
@@ -123,16 +124,16 @@ func GrantStatement(t Table, role string) string {
 	return fmt.Sprintf("GRANT SELECT ON %s TO %s", t, pgident.Quote(role))
 }
 
-// AddToPublication adds t to the publication, as Setup does when the
+// AddToPublication adds t to the publication, as Prepare does when the
 // connector owns both and a configured table is missing from it; on a hot
 // standby, on cfg's primary_url.
-func AddToPublication(ctx context.Context, cfg Config, conn *pgx.Conn, publication string, t Table) error {
-	standby, err := InRecovery(ctx, conn)
+func AddToPublication(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, publication string, t Table) error {
+	standby, err := postgres.InRecovery(ctx, conn)
 	if err != nil {
 		return err
 	}
 	if standby {
-		primary, err := connectPrimary(ctx, cfg, fmt.Sprintf("add outbox table %s to publication %s", t, publication), AddStatement(publication, t))
+		primary, err := postgres.ConnectPrimary(ctx, cfg, fmt.Sprintf("add outbox table %s to publication %s", t, publication), AddStatement(publication, t))
 		if err != nil {
 			return err
 		}
