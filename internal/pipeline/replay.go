@@ -9,6 +9,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -54,8 +55,8 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 		return replay.Summary{}, err
 	}
 	s := &session{p: p, kafka: k, tracker: p.newTracker(start), replay: f, ctx: ctx}
-	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
-	defer pt.close(ctx)
+	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}
+	defer pt.Close(ctx)
 	s.dec = s.newDecoder(pt, nil)
 	acks := replay.NewAcks(s.tracker, f)
 

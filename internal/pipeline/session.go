@@ -22,6 +22,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/retention"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -130,9 +131,9 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 		tracker: p.newTracker(o.from),
 		ctx:     ctx,
 		skipTo:  saved.CommitLSN,
-		tables:  newTableWatch(p, saved, o.cat),
+		tables:  tablewatch.New(p.tableDeps(), saved, o.cat),
 	}
-	pt := &partitions{cfg: p.cfg.Postgres, tables: p.cfg.Tables}
+	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}
 	s.dec = s.newDecoder(pt, s.tables)
 	if s.skipTo >= o.from {
 		p.log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",
@@ -148,7 +149,7 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 		if s.requests != nil {
 			s.requests.Close()
 		}
-		pt.close(ctx)
+		pt.Close(ctx)
 		return nil, nil, err
 	}
 	if o.snapshot != "" {
@@ -166,7 +167,7 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 	if s.stream, err = o.conn.Start(ctx, p.cfg.Postgres.Slot, o.from); err != nil {
 		return fail(err)
 	}
-	return s, func() { s.requests.Close(); pt.close(ctx) }, nil
+	return s, func() { s.requests.Close(); pt.Close(ctx) }, nil
 }
 
 // acks is how the session confirms: at least once, a Confirmer, with the
@@ -207,7 +208,7 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Cont
 	stops = append(stops, stopRun)
 	var werr atomic.Pointer[error]
 	stops = append(stops, background(ctx, func(tctx context.Context) {
-		s.tables.run(tctx, func(err error) { werr.Store(&err); stopRun() })
+		s.tables.Run(tctx, func(err error) { werr.Store(&err); stopRun() })
 	}))
 	if cl := p.cleaner(); cl != nil {
 		stops = append(stops, background(ctx, cl.Run))
@@ -342,9 +343,9 @@ type session struct {
 	stream *wal.Stream
 	// requests follows the backfill requests in the checkpoint topic.
 	requests *checkpoint.Requests
-	// tables watches the outbox tables' lives (tables.go); nil in a
+	// tables watches the outbox tables' lives (package tablewatch); nil in a
 	// replay.
-	tables *tableWatch
+	tables *tablewatch.Watch
 	// skipTo is the commit LSN of the last transaction the checkpoint says
 	// Kafka holds, in this WAL history (sameHistory); skipping is set between
 	// the BEGIN and COMMIT of a transaction at or below it. A slot's confirmed
@@ -395,7 +396,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if m.Fresh && s.tables != nil {
 			// Before the skip: a row Kafka holds is not for a repair
 			// to send again either.
-			s.tables.noteFresh(&m.Event)
+			s.tables.NoteFresh(&m.Event)
 		}
 		if s.skipping {
 			return nil
@@ -409,7 +410,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		s.p.IgnoredMessages.Add(1)
 	case decode.KindUnmapped:
 		if s.tables != nil {
-			s.tables.unmappedInsert(m.Relation)
+			s.tables.UnmappedInsert(m.Relation)
 		}
 	case decode.KindControl:
 		if s.replay == nil && !s.skipping {
