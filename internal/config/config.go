@@ -1,7 +1,6 @@
 package config
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -35,6 +34,16 @@ const DefaultMaxInFlightBytes = 64 << 20
 // many retries have failed.
 const DefaultUnhealthyAfter = 5 * time.Minute
 
+// Defaults of Config's own fields; each stage's config states its own.
+const (
+	DefaultShutdownTimeout  = 30 * time.Second
+	DefaultRetryBackoff     = time.Second
+	DefaultRetryBackoffMax  = 30 * time.Second
+	DefaultStatementTimeout = 5 * time.Minute
+	DefaultCommitEvents     = 10_000
+	DefaultCommitInterval   = 100 * time.Millisecond
+)
+
 // Config configures a pipeline: what Load reads, and what pipeline.New
 // takes.
 type Config struct {
@@ -49,7 +58,8 @@ type Config struct {
 	SchemaRegistry schema.Config
 	// DeadLetterMaxMessageBytes is the record size limit of the
 	// dead-letter topics; to dead-letter oversized events it must exceed
-	// Kafka.MaxMessageBytes. Default 1,000,012.
+	// Kafka.MaxMessageBytes. Default sink.DefaultMaxMessageBytes
+	// (1,000,012, Kafka's).
 	DeadLetterMaxMessageBytes int32
 	// MaxInFlight is how many events may wait for Kafka's ack before the
 	// replication loop stops reading. Default DefaultMaxInFlight.
@@ -61,12 +71,12 @@ type Config struct {
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
 	MaxInFlightBytes int64
 	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
-	// Default 30s.
+	// Default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// RetryBackoff is the first delay before reconnecting after a transient
 	// error; it doubles up to RetryBackoffMax. Each wait is jittered over
-	// its second half. Defaults 1s and 30s (reconnect.backoff and
-	// reconnect.backoff_max).
+	// its second half. Defaults DefaultRetryBackoff and
+	// DefaultRetryBackoffMax (reconnect.backoff and reconnect.backoff_max).
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
 	// Checkpoint is where the pipeline keeps its durable progress.
@@ -105,7 +115,8 @@ type CheckpointConfig struct {
 type BackfillConfig struct {
 	// StatementTimeout cancels a backfill statement (a chunk, a count)
 	// that runs longer: a condition is the operator's, and runs as a role
-	// that can read every table. Default 5m (backfill.statement_timeout).
+	// that can read every table. Default DefaultStatementTimeout
+	// (backfill.statement_timeout).
 	StatementTimeout time.Duration
 	// ReaderRole, when set, is the role every statement that carries a
 	// condition runs as (SET LOCAL ROLE): one that may only read the
@@ -133,13 +144,25 @@ func (c *Config) ReplaySlot() string { return c.Postgres.Slot + "_replay" }
 // rules that tie stages together. New calls it: call it yourself only to
 // check a config without building a pipeline.
 func (c *Config) Validate() error {
+	for _, step := range []func() error{
+		c.validateTables, c.validateRegistry, c.Postgres.Validate, c.validateDelivery, c.validateStandby,
+		c.validateInFlight, c.validateKafka, c.validateTimes, c.validateCheckpoint, c.validateNames,
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateTables validates each table, on copies: tables shared with a
+// pipeline already running (a replay next to the stream, in one process)
+// are never written while that pipeline reads them.
+func (c *Config) validateTables() error {
 	if len(c.Tables) == 0 {
 		return errors.New("tables is empty; configure at least one outbox table")
 	}
 	c.Postgres.Messages = false
-	// Validation fills in the tables: fill copies, so that tables shared
-	// with a pipeline already running (a replay next to the stream, in one
-	// process) are never written while that pipeline reads them.
 	tables := make([]*outbox.Source, len(c.Tables))
 	for i, t := range c.Tables {
 		tables[i] = t.Clone()
@@ -157,7 +180,15 @@ func (c *Config) Validate() error {
 		if t.IsMessage() {
 			c.Postgres.Messages = true
 		}
+		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
+			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
+		}
 	}
+	return nil
+}
+
+// validateRegistry checks the registry and the tables' schemas.
+func (c *Config) validateRegistry() error {
 	if c.SchemaRegistry.AutoRegister {
 		for _, t := range c.Tables {
 			if t.Schema.File != "" && t.TopicFromRow() {
@@ -177,40 +208,11 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	for _, t := range c.Tables {
-		if t.Backfill != nil && t.Backfill.ChunkSize > c.MaxInFlight && c.MaxInFlight > 0 {
-			return fmt.Errorf("%s: backfill.chunk_size %d is more than max_in_flight %d; lower it", t, t.Backfill.ChunkSize, c.MaxInFlight)
-		}
-	}
-	if err := c.Postgres.Validate(); err != nil {
-		return err
-	}
-	if err := c.validateDelivery(); err != nil {
-		return err
-	}
-	if err := c.validateStandby(); err != nil {
-		return err
-	}
-	if c.IsExactlyOnce() {
-		// The transaction's commit flushes, and Send's pacing holds
-		// records outside franz-go, where a commit would not see them:
-		// pace with franz-go's linger instead, max_batch_delay long
-		// (unless linger is set), which the commit's flush cuts short.
-		// Without either each record goes as soon as the broker answered
-		// the last request, in many more requests for more CPU
-		// (docs/benchmarks.md). The session's producer gets its
-		// transactional id, which names the database system, when it
-		// connects.
-		if c.Kafka.Linger == 0 && c.Kafka.MaxBatchDelay >= 0 {
-			c.Kafka.Linger = cmp.Or(c.Kafka.MaxBatchDelay, sink.DefaultMaxBatchDelay)
-		}
-		c.Kafka.MaxBatchDelay = -1
-		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
-		// An event waiting for the registry holds its Kafka transaction
-		// open: give up before the broker aborts it, and let a new
-		// session (a new transaction) wait again.
-		c.SchemaRegistry.WaitLimit = c.ExactlyOnce.TransactionTimeout / 2
-	}
+	return nil
+}
+
+// validateInFlight fills and checks the bounds on what waits for Kafka.
+func (c *Config) validateInFlight() error {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
@@ -225,6 +227,23 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxInFlightBytes < 1<<20 {
 		return fmt.Errorf("max_in_flight_bytes %d: use at least 1048576 (1 MiB); the default is %d", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
+	}
+	return nil
+}
+
+// validateKafka gives the producer what the other stages decide (the
+// delivery mode, the buffer the in-flight limit needs, the dead-letter
+// topics' limit) and validates it.
+func (c *Config) validateKafka() error {
+	if c.IsExactlyOnce() {
+		// The session's producer gets its transactional id, which names
+		// the database system, when it connects.
+		c.Kafka.ExactlyOnce = true
+		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
+		// An event waiting for the registry holds its Kafka transaction
+		// open: give up before the broker aborts it, and let a new
+		// session (a new transaction) wait again.
+		c.SchemaRegistry.WaitLimit = c.ExactlyOnce.TransactionTimeout / 2
 	}
 	if c.Kafka.MaxBufferedRecords == 0 {
 		// franz-go's Produce blocks when its buffer is full, which would
@@ -247,6 +266,11 @@ func (c *Config) Validate() error {
 			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
 		}
 	}
+	return nil
+}
+
+// validateTimes fills and checks the pipeline's timeouts and backoffs.
+func (c *Config) validateTimes() error {
 	if c.UnhealthyAfter == 0 {
 		c.UnhealthyAfter = DefaultUnhealthyAfter
 	}
@@ -254,23 +278,33 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("http.unhealthy_after %s: use at least 1s; minutes in production", c.UnhealthyAfter)
 	}
 	if c.Backfill.StatementTimeout == 0 {
-		c.Backfill.StatementTimeout = 5 * time.Minute
+		c.Backfill.StatementTimeout = DefaultStatementTimeout
 	}
 	if c.Backfill.StatementTimeout < time.Second {
 		return fmt.Errorf("backfill.statement_timeout %s: use at least 1s; minutes in production", c.Backfill.StatementTimeout)
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.RetryBackoff == 0 {
-		c.RetryBackoff = time.Second
+		c.RetryBackoff = DefaultRetryBackoff
 	}
 	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = max(30*time.Second, c.RetryBackoff)
+		c.RetryBackoffMax = max(DefaultRetryBackoffMax, c.RetryBackoff)
 	}
 	if c.RetryBackoff < 10*time.Millisecond || c.RetryBackoffMax < c.RetryBackoff {
 		return fmt.Errorf("reconnect.backoff %s and backoff_max %s: use at least 10ms, and a maximum at least the first", c.RetryBackoff, c.RetryBackoffMax)
 	}
+	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
+		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
+	}
+	return nil
+}
+
+// validateCheckpoint checks the checkpoint topic, which no event may
+// reach: events in it would be the row writers' say over the connector's
+// state (docs/design.md, "Untrusted input stays data").
+func (c *Config) validateCheckpoint() error {
 	if c.Checkpoint.Topic == "" {
 		c.Checkpoint.Topic = checkpoint.DefaultTopic
 	}
@@ -278,8 +312,6 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("checkpoint.topic: %v", err)
 	}
 	for _, t := range c.Tables {
-		// Events in the checkpoint topic would be the row writers' say over the
-		// connector's state (docs/design.md, "Untrusted input stays data").
 		if topic := t.LiteralTopic(); topic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
 		}
@@ -287,9 +319,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
 		}
 	}
-	if c.Replay.Window != 0 && c.Replay.Window < time.Second {
-		return fmt.Errorf("replay.window %s: use 0 (no window) or at least 1s; hours in production", c.Replay.Window)
-	}
+	return nil
+}
+
+// validateNames fills and checks the pipeline's name and its slots'.
+func (c *Config) validateNames() error {
 	if c.Name == "" {
 		c.Name = c.Postgres.Slot
 	}
@@ -346,13 +380,14 @@ const (
 type ExactlyOnceConfig struct {
 	// CommitEvents and CommitInterval: a Kafka transaction is committed at
 	// the first Postgres transaction boundary after it holds this many
-	// events, or has been open this long. Defaults 10,000 and 100ms.
+	// events, or has been open this long. Defaults DefaultCommitEvents and
+	// DefaultCommitInterval.
 	CommitEvents   int
 	CommitInterval time.Duration
 	// TransactionTimeout is how long the broker lets a transaction stay
 	// open (transaction.timeout.ms): a Postgres transaction must stream
-	// within it. Default 1m; at most the broker's
-	// transaction.max.timeout.ms (15m by default).
+	// within it. Default sink.DefaultTransactionTimeout; at most the
+	// broker's transaction.max.timeout.ms (15m by default).
 	TransactionTimeout time.Duration
 }
 
@@ -369,10 +404,10 @@ func (c *Config) validateDelivery() error {
 	}
 	e := &c.ExactlyOnce
 	if e.CommitEvents == 0 {
-		e.CommitEvents = 10_000
+		e.CommitEvents = DefaultCommitEvents
 	}
 	if e.CommitInterval == 0 {
-		e.CommitInterval = 100 * time.Millisecond
+		e.CommitInterval = DefaultCommitInterval
 	}
 	if e.TransactionTimeout == 0 {
 		e.TransactionTimeout = sink.DefaultTransactionTimeout

@@ -235,35 +235,71 @@ func (l Log) Weaknesses() []string {
 // reports what is wrong with the file itself; the packages' own
 // validation, with the defaults, runs once in pipeline.New.
 func Load(path string, env Environ) (Config, Log, error) {
+	fc, err := readFile(path, env)
+	if err != nil {
+		return Config{}, Log{}, err
+	}
+	lc, err := fc.log(env)
+	if err != nil {
+		return Config{}, Log{}, err
+	}
+	var signingKeys [][]byte
+	if f := fc.Checkpoint.SigningKeyFile; f != "" {
+		if signingKeys, err = readSigningKeys(f); err != nil {
+			return Config{}, Log{}, err
+		}
+	}
+	cfg := fc.config(signingKeys)
+	if len(fc.Tables) == 0 {
+		// Debezium's default layout, so that a config-less start works.
+		cfg.Tables = []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
+	}
+	for i, ft := range fc.Tables {
+		t, err := ft.table()
+		if err != nil {
+			return Config{}, Log{}, fmt.Errorf("tables[%d]: %w", i, err)
+		}
+		cfg.Tables = append(cfg.Tables, t)
+	}
+	return cfg, lc, nil
+}
+
+// readFile reads the YAML file at path ("" for none), expands ${VAR} in
+// its values, applies the CDC_<KEY> variables and checks every key.
+func readFile(path string, env Environ) (fileConfig, error) {
 	var fc fileConfig
 	var doc yaml.Node
 	where := "config " + path
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
-			return Config{}, Log{}, fmt.Errorf("read config: %w", err)
+			return fc, fmt.Errorf("read config: %w", err)
 		}
 		if err := yaml.NewDecoder(bytes.NewReader(raw)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-			return Config{}, Log{}, fmt.Errorf("%s: %s", where, yamlError(err))
+			return fc, fmt.Errorf("%s: %s", where, yamlError(err))
 		}
 		if err := expandEnv(&doc, env, ""); err != nil {
-			return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+			return fc, fmt.Errorf("%s: %w", where, err)
 		}
 	} else {
 		where = "config"
 	}
 	if err := applyEnv(&doc, reflect.TypeOf(fc), env); err != nil {
-		return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+		return fc, fmt.Errorf("%s: %w", where, err)
 	}
 	if err := checkNode(&doc, reflect.TypeOf(fc), ""); err != nil {
-		return Config{}, Log{}, fmt.Errorf("%s: %w", where, err)
+		return fc, fmt.Errorf("%s: %w", where, err)
 	}
 	if doc.Kind != 0 {
 		if err := doc.Decode(&fc); err != nil {
-			return Config{}, Log{}, fmt.Errorf("%s: %s (see docs/config.md)", where, yamlError(err))
+			return fc, fmt.Errorf("%s: %s (see docs/config.md)", where, yamlError(err))
 		}
 	}
+	return fc, nil
+}
 
+// log is the file's log and http sections, and the secret files it names.
+func (fc *fileConfig) log(env Environ) (Log, error) {
 	lc := Log{Level: strings.ToLower(fc.Log.Level), HTTP: endpoint.Config{Listen: DefaultListen, Token: fc.HTTP.Token}}
 	if fc.HTTP.Listen != nil {
 		lc.HTTP.Listen = *fc.HTTP.Listen
@@ -275,14 +311,14 @@ func Load(path string, env Environ) (Config, Log, error) {
 		// Port 0 picks a free port (the tests use it).
 		_, port, err := net.SplitHostPort(lc.HTTP.Listen)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-			return Config{}, Log{}, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
+			return lc, fmt.Errorf("http.listen %q is not host:port; use 127.0.0.1:9187, 0.0.0.0:9187 in a container, or \"\" to turn the endpoint off", lc.HTTP.Listen)
 		}
 	}
 	if fc.HTTP.TokenFile != "" {
 		// Read now to refuse a missing or empty file at start; the
 		// endpoint reads it again when it changes.
 		if _, err := secret.Read(fc.HTTP.TokenFile); err != nil {
-			return Config{}, Log{}, fmt.Errorf("http.token_file: %v", err)
+			return lc, fmt.Errorf("http.token_file: %v", err)
 		}
 		lc.HTTP.Token, lc.HTTP.TokenFile = "", fc.HTTP.TokenFile
 	}
@@ -292,30 +328,27 @@ func Load(path string, env Environ) (Config, Log, error) {
 			lc.SecretFiles = append(lc.SecretFiles, f)
 		}
 	}
-	var signingKeys [][]byte
-	if f := fc.Checkpoint.SigningKeyFile; f != "" {
-		keys, err := readSigningKeys(f)
-		if err != nil {
-			return Config{}, Log{}, err
-		}
-		signingKeys = keys
-	}
 	if lc.Level == "" {
 		lc.Level = "info"
 	}
 	switch lc.Level {
 	case "trace", "debug", "info", "warn", "error":
 	default:
-		return Config{}, Log{}, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
+		return lc, fmt.Errorf("log.level %q: use trace, debug, info, warn or error", fc.Log.Level)
 	}
 	switch fc.Log.Format {
 	case "", "text":
 	case "json":
 		lc.JSON = true
 	default:
-		return Config{}, Log{}, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
+		return lc, fmt.Errorf("log.format %q: use text or json", fc.Log.Format)
 	}
+	return lc, nil
+}
 
+// config maps the file's keys onto the stages' configs; their defaults
+// are theirs, filled by Validate.
+func (fc *fileConfig) config(signingKeys [][]byte) Config {
 	autoCreate, createTopics := true, true
 	if fc.Kafka.AllowAutoTopicCreation != nil {
 		autoCreate = *fc.Kafka.AllowAutoTopicCreation
@@ -323,7 +356,7 @@ func Load(path string, env Environ) (Config, Log, error) {
 	if fc.Kafka.CreateTopics != nil {
 		createTopics = *fc.Kafka.CreateTopics
 	}
-	cfg := Config{
+	return Config{
 		Postgres: postgres.Config{
 			URL:                  fc.Postgres.URL,
 			PasswordFile:         fc.Postgres.PasswordFile,
@@ -373,18 +406,6 @@ func Load(path string, env Environ) (Config, Log, error) {
 		ExactlyOnce: ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
 			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
 	}
-	if len(fc.Tables) == 0 {
-		// Debezium's default layout, so that a config-less start works.
-		cfg.Tables = []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns}}
-	}
-	for i, ft := range fc.Tables {
-		t, err := ft.table()
-		if err != nil {
-			return Config{}, Log{}, fmt.Errorf("tables[%d]: %w", i, err)
-		}
-		cfg.Tables = append(cfg.Tables, t)
-	}
-	return cfg, lc, nil
 }
 
 func (ft fileTable) table() (*outbox.Source, error) {
@@ -404,21 +425,8 @@ func (ft fileTable) table() (*outbox.Source, error) {
 	if t.Schema, err = ft.Schema.schema(); err != nil {
 		return nil, err
 	}
-	for _, n := range ft.TopicNormalize {
-		switch n {
-		case "lowercase":
-			t.TopicLowercase = true
-		case "replace-illegal":
-			t.TopicReplaceIllegal = ft.TopicReplacement
-			if t.TopicReplaceIllegal == "" {
-				t.TopicReplaceIllegal = "_"
-			}
-		default:
-			return nil, fmt.Errorf("topic_normalize: %q: use lowercase or replace-illegal", n)
-		}
-	}
-	if ft.TopicReplacement != "" && t.TopicReplaceIllegal == "" {
-		return nil, fmt.Errorf("topic_replacement is set but topic_normalize does not include replace-illegal")
+	if err := ft.topicNormalize(t); err != nil {
+		return nil, err
 	}
 	isMessage := ft.MessagePrefix != ""
 	switch {
@@ -435,35 +443,8 @@ func (ft fileTable) table() (*outbox.Source, error) {
 		}
 		t.Name, t.Columns = name, outbox.DefaultColumns
 	}
-	// ident reads a column as written in SQL; JSON members are taken as
-	// they are.
-	ident := func(s string) (string, error) {
-		if isMessage {
-			return s, nil
-		}
-		return pgident.Parse(s)
-	}
-	for key, val := range ft.Columns {
-		f, ok := outbox.FieldByName(key)
-		if !ok {
-			return nil, fmt.Errorf("columns.%s: unknown field; use %s", key, strings.Join(outbox.FieldNames[:], ", "))
-		}
-		if val == nil || *val == "" {
-			t.Columns[f] = ""
-			continue
-		}
-		c, err := ident(*val)
-		if err != nil {
-			return nil, fmt.Errorf("columns.%s: %w", key, err)
-		}
-		t.Columns[f] = c
-	}
-	for i, a := range ft.Additional {
-		c, err := ident(a.Column)
-		if err != nil {
-			return nil, fmt.Errorf("additional[%d].column: %w", i, err)
-		}
-		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	if err := ft.columns(t, isMessage); err != nil {
+		return nil, err
 	}
 	if r := ft.Retention; r != nil {
 		t.Retention = &outbox.Retention{After: r.After, BatchSize: r.BatchSize, Mode: r.Mode}
@@ -479,6 +460,61 @@ func (ft fileTable) table() (*outbox.Source, error) {
 		}
 	}
 	return t, nil
+}
+
+// topicNormalize reads topic_normalize and topic_replacement into t.
+func (ft fileTable) topicNormalize(t *outbox.Source) error {
+	for _, n := range ft.TopicNormalize {
+		switch n {
+		case "lowercase":
+			t.TopicLowercase = true
+		case "replace-illegal":
+			t.TopicReplaceIllegal = ft.TopicReplacement
+			if t.TopicReplaceIllegal == "" {
+				t.TopicReplaceIllegal = "_"
+			}
+		default:
+			return fmt.Errorf("topic_normalize: %q: use lowercase or replace-illegal", n)
+		}
+	}
+	if ft.TopicReplacement != "" && t.TopicReplaceIllegal == "" {
+		return fmt.Errorf("topic_replacement is set but topic_normalize does not include replace-illegal")
+	}
+	return nil
+}
+
+// columns reads columns and additional into t: columns as written in
+// SQL, or for a message source JSON members, taken as they are.
+func (ft fileTable) columns(t *outbox.Source, isMessage bool) error {
+	ident := func(s string) (string, error) {
+		if isMessage {
+			return s, nil
+		}
+		return pgident.Parse(s)
+	}
+	for key, val := range ft.Columns {
+		f, ok := outbox.FieldByName(key)
+		if !ok {
+			return fmt.Errorf("columns.%s: unknown field; use %s", key, strings.Join(outbox.FieldNames[:], ", "))
+		}
+		if val == nil || *val == "" {
+			t.Columns[f] = ""
+			continue
+		}
+		c, err := ident(*val)
+		if err != nil {
+			return fmt.Errorf("columns.%s: %w", key, err)
+		}
+		t.Columns[f] = c
+	}
+	for i, a := range ft.Additional {
+		c, err := ident(a.Column)
+		if err != nil {
+			return fmt.Errorf("additional[%d].column: %w", i, err)
+		}
+		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
+	}
+	return nil
 }
 
 // batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,6 +70,14 @@ type Config struct {
 	// while it is full. The pipeline sets it to twice its in-flight limit,
 	// so that Produce never blocks the replication loop. Default 10,000.
 	MaxBufferedRecords int
+	// ExactlyOnce says the pipeline delivers exactly once: records wait
+	// for their transaction's commit anyway, so Send does not hold them to
+	// pace requests (MaxBatchDelay is off), and franz-go's linger paces
+	// them instead, MaxBatchDelay long (unless Linger is set), which a
+	// commit's flush cuts short. Without either each record goes as soon
+	// as the broker answered the last request, in many more requests for
+	// more CPU (docs/benchmarks.md, "Exactly-once").
+	ExactlyOnce bool
 }
 
 // Validate reports a configuration error and fills the defaults. New
@@ -109,6 +118,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.validateSecurity(); err != nil {
 		return err
+	}
+	if c.ExactlyOnce {
+		if c.Linger == 0 && c.MaxBatchDelay >= 0 {
+			c.Linger = cmp.Or(c.MaxBatchDelay, DefaultMaxBatchDelay)
+		}
+		c.MaxBatchDelay = -1
 	}
 	if c.MaxBatchDelay == 0 {
 		c.MaxBatchDelay = DefaultMaxBatchDelay
