@@ -703,29 +703,6 @@ func orDash(s string) string {
 // printStatus writes st as aligned "key  value" lines under headings.
 func printStatus(w io.Writer, st ops.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	slot := func(indent, title string, s ops.SlotStatus) {
-		fmt.Fprintf(tw, "%s%s\t%s\n", indent, title, s.Name)
-		indent += "  "
-		if !s.Exists {
-			fmt.Fprintf(tw, "%sexists\tno\n", indent)
-			return
-		}
-		active := "no"
-		if s.Active {
-			active = fmt.Sprintf("yes, pid %d", s.ActivePID)
-		}
-		walStatus := s.WALStatus
-		if s.Conflicting {
-			walStatus += " (invalidated on the standby: the primary removed rows it needed; see hot_standby_feedback)"
-		}
-		fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, walStatus)
-		safe := "unlimited (max_slot_wal_keep_size = -1)"
-		if s.SafeWALBytes != nil {
-			safe = humanBytes(*s.SafeWALBytes)
-		}
-		fmt.Fprintf(tw, "%[1]ssafe wal size\t%[2]s\n%[1]slag\t%[3]s (%[4]d bytes behind %[5]s)\n%[1]sretained wal\t%[6]s (%[7]d bytes)\n",
-			indent, safe, humanBytes(s.LagBytes), s.LagBytes, s.WALEnd, humanBytes(s.RetainedBytes), s.RetainedBytes)
-	}
 	server := fmt.Sprintf("primary, PostgreSQL %d", st.Server.Version)
 	if st.Server.Role == "standby" {
 		server = fmt.Sprintf("hot standby, PostgreSQL %d", st.Server.Version)
@@ -734,7 +711,7 @@ func printStatus(w io.Writer, st ops.Status) {
 		}
 	}
 	fmt.Fprintf(tw, "server\t%s\n", server)
-	slot("", "slot", st.Slot)
+	printSlot(tw, "", "slot", st.Slot)
 	pub := st.Publication
 	tables := strings.Join(pub.Tables, ", ")
 	if !pub.Exists {
@@ -742,22 +719,7 @@ func printStatus(w io.Writer, st ops.Status) {
 	}
 	fmt.Fprintf(tw, "publication\t%s\n  tables\t%s\n", pub.Name, tables)
 	if cp := st.Checkpoint; cp != nil {
-		commit := cp.CommitLSN
-		if cp.CommitTime != nil {
-			commit += ", committed " + cp.CommitTime.UTC().Format(time.RFC3339Nano)
-		}
-		fmt.Fprintf(tw, "checkpoint\t%s\n  confirmed lsn\t%s\n  last commit\t%s\n  updated\t%s (%s ago)\n",
-			cp.Topic, cp.ConfirmedLSN, commit, cp.UpdatedAt.UTC().Format(time.RFC3339), time.Since(cp.UpdatedAt).Round(time.Second))
-		for _, h := range cp.History {
-			fmt.Fprintf(tw, "  %s\t%s to %s at %s: %s\n", h.Kind, h.From, h.To, h.At.UTC().Format(time.RFC3339), h.Reason)
-		}
-		for _, b := range cp.Backfills {
-			state := progressText(b)
-			if b.Error != "" {
-				state += ": failed: " + b.Error
-			}
-			fmt.Fprintf(tw, "  backfill %s\t%s where %s: %s\n", b.ID, b.Table, orAll(b.Where), state)
-		}
+		printCheckpoint(tw, cp)
 	} else {
 		fmt.Fprintf(tw, "checkpoint\t%s\n", st.CheckpointError)
 	}
@@ -781,9 +743,54 @@ func printStatus(w io.Writer, st ops.Status) {
 			}
 		}
 		fmt.Fprintf(tw, "  replays from\t%s\n", from)
-		slot("  ", "replay slot", w.Slot)
+		printSlot(tw, "  ", "replay slot", w.Slot)
 	}
 	tw.Flush()
+}
+
+// printSlot writes a slot's lines of cdc status, indented.
+func printSlot(tw io.Writer, indent, title string, s ops.SlotStatus) {
+	fmt.Fprintf(tw, "%s%s\t%s\n", indent, title, s.Name)
+	indent += "  "
+	if !s.Exists {
+		fmt.Fprintf(tw, "%sexists\tno\n", indent)
+		return
+	}
+	active := "no"
+	if s.Active {
+		active = fmt.Sprintf("yes, pid %d", s.ActivePID)
+	}
+	walStatus := s.WALStatus
+	if s.Conflicting {
+		walStatus += " (invalidated on the standby: the primary removed rows it needed; see hot_standby_feedback)"
+	}
+	fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, walStatus)
+	safe := "unlimited (max_slot_wal_keep_size = -1)"
+	if s.SafeWALBytes != nil {
+		safe = humanBytes(*s.SafeWALBytes)
+	}
+	fmt.Fprintf(tw, "%[1]ssafe wal size\t%[2]s\n%[1]slag\t%[3]s (%[4]d bytes behind %[5]s)\n%[1]sretained wal\t%[6]s (%[7]d bytes)\n",
+		indent, safe, humanBytes(s.LagBytes), s.LagBytes, s.WALEnd, humanBytes(s.RetainedBytes), s.RetainedBytes)
+}
+
+// printCheckpoint writes the checkpoint's lines of cdc status.
+func printCheckpoint(tw io.Writer, cp *ops.CheckpointStatus) {
+	commit := cp.CommitLSN
+	if cp.CommitTime != nil {
+		commit += ", committed " + cp.CommitTime.UTC().Format(time.RFC3339Nano)
+	}
+	fmt.Fprintf(tw, "checkpoint\t%s\n  confirmed lsn\t%s\n  last commit\t%s\n  updated\t%s (%s ago)\n",
+		cp.Topic, cp.ConfirmedLSN, commit, cp.UpdatedAt.UTC().Format(time.RFC3339), time.Since(cp.UpdatedAt).Round(time.Second))
+	for _, h := range cp.History {
+		fmt.Fprintf(tw, "  %s\t%s to %s at %s: %s\n", h.Kind, h.From, h.To, h.At.UTC().Format(time.RFC3339), h.Reason)
+	}
+	for _, b := range cp.Backfills {
+		state := progressText(b)
+		if b.Error != "" {
+			state += ": failed: " + b.Error
+		}
+		fmt.Fprintf(tw, "  backfill %s\t%s where %s: %s\n", b.ID, b.Table, orAll(b.Where), state)
+	}
 }
 
 // humanBytes writes n in binary units.

@@ -70,43 +70,10 @@ func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(f
 // the primary key), and has the server check them. conn must be a
 // postgres.ConnectRows connection.
 func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string, orderBy []string, chunk int) (*Plan, error) {
-	type col struct {
-		name, typ string
-		notNull   bool
-	}
-	cols := map[string]col{}
-	var pk []string
-	rows, err := conn.Query(ctx, `
-		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
-		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.String())
+	cols, pk, err := readColumns(ctx, conn, t)
 	if err != nil {
-		return nil, errorf("backfill of %s: %v", t, errtext.OneLine(err))
+		return nil, err
 	}
-	for rows.Next() {
-		var c col
-		if err := rows.Scan(&c.name, &c.typ, &c.notNull); err != nil {
-			return nil, fmt.Errorf("read the columns of %s: %w", t, err)
-		}
-		cols[c.name] = c
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the columns of %s: %w", t, err)
-	}
-	pkRows, err := conn.Query(ctx, `
-		SELECT a.attname FROM pg_index i
-		JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY k.ord`, t.Name.String())
-	if err != nil {
-		return nil, fmt.Errorf("read the primary key of %s: %w", t, err)
-	}
-	if pk, err = pgx.CollectRows(pkRows, pgx.RowTo[string]); err != nil {
-		return nil, fmt.Errorf("read the primary key of %s: %w", t, err)
-	}
-	if len(pk) == 0 {
-		return nil, errorf("backfill of %s: the table has no primary key, which a backfill needs to read it in chunks without skipping or repeating a row; add one", t)
-	}
-
 	var key []string
 	seen := map[string]bool{}
 	for _, name := range append(append([]string(nil), orderBy...), pk...) {
@@ -123,8 +90,65 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		}
 		key = append(key, name)
 	}
-
+	if err := sqlwhere.Check(strings.TrimSpace(where)); err != nil {
+		return nil, errorf("backfill of %s: %v", t, err)
+	}
 	p := &Plan{Table: t, Where: strings.TrimSpace(where), Key: key, chunk: chunk, limit: chunk}
+	p.build(cols)
+	if err := p.prepare(ctx, conn); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// column is a table's column, as a plan needs it.
+type column struct {
+	name, typ string
+	notNull   bool
+}
+
+// readColumns reads t's columns, by name, and its primary key, which a
+// backfill needs.
+func readColumns(ctx context.Context, conn *pgx.Conn, t *outbox.Source) (map[string]column, []string, error) {
+	cols := map[string]column{}
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, t.Name.String())
+	if err != nil {
+		return nil, nil, errorf("backfill of %s: %v", t, errtext.OneLine(err))
+	}
+	for rows.Next() {
+		var c column
+		if err := rows.Scan(&c.name, &c.typ, &c.notNull); err != nil {
+			return nil, nil, fmt.Errorf("read the columns of %s: %w", t, err)
+		}
+		cols[c.name] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read the columns of %s: %w", t, err)
+	}
+	pkRows, err := conn.Query(ctx, `
+		SELECT a.attname FROM pg_index i
+		JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY k.ord`, t.Name.String())
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the primary key of %s: %w", t, err)
+	}
+	pk, err := pgx.CollectRows(pkRows, pgx.RowTo[string])
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the primary key of %s: %w", t, err)
+	}
+	if len(pk) == 0 {
+		return nil, nil, errorf("backfill of %s: the table has no primary key, which a backfill needs to read it in chunks without skipping or repeating a row; add one", t)
+	}
+	return cols, pk, nil
+}
+
+// build writes the plan's queries: a chunk after and up to given keys,
+// and the last key.
+func (p *Plan) build(cols map[string]column) {
+	t, key := p.Table, p.Key
 	var sel []string
 	for _, c := range t.Needed() {
 		sel = append(sel, pgident.Ident(c))
@@ -142,9 +166,6 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		sel = append(sel, pgident.Ident(k))
 		keyList = append(keyList, pgident.Ident(k))
 		desc = append(desc, pgident.Ident(k)+" DESC")
-	}
-	if err := sqlwhere.Check(p.Where); err != nil {
-		return nil, errorf("backfill of %s: %v", t, err)
 	}
 	cond, from := p.condition(), p.from()
 	keys := "(" + strings.Join(keyList, ", ") + ")"
@@ -165,13 +186,16 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		}
 	}
 	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), from, cond, strings.Join(desc, ", "))
+}
 
-	// Have the server parse the queries: a bad condition fails here,
-	// before anything is sent.
+// prepare has the server parse the queries: a bad condition fails here,
+// before anything is sent. It reads the columns a chunk returns.
+func (p *Plan) prepare(ctx context.Context, conn *pgx.Conn) error {
+	t := p.Table
 	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last} {
 		sd, err := conn.Prepare(ctx, "", q)
 		if err != nil {
-			return nil, errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))
+			return errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))
 		}
 		if i == 0 {
 			for _, f := range sd.Fields {
@@ -180,9 +204,9 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		}
 	}
 	if _, err := decode.NewRowDecoder(t, p.Columns); err != nil {
-		return nil, errorf("backfill of %s: %v", t, err)
+		return errorf("backfill of %s: %v", t, err)
 	}
-	return p, nil
+	return nil
 }
 
 // Count counts the matching rows, for the progress's estimate.

@@ -260,37 +260,10 @@ func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 }
 
 func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]byte) (map[string]Record, error) {
-	cl, err := kgo.NewClient(s.opts...)
+	ends, err := s.ends(ctx, readCommitted)
 	if err != nil {
-		return nil, fmt.Errorf("create kafka client: %w", err)
+		return nil, err
 	}
-	adm := kadm.NewClient(cl)
-	var ends kadm.ListedOffsets
-	// A topic created a moment ago may not be in every broker's metadata
-	// yet; wait for it rather than read it as empty.
-	for {
-		if readCommitted {
-			ends, err = adm.ListCommittedOffsets(ctx, s.topic)
-		} else {
-			ends, err = adm.ListEndOffsets(ctx, s.topic)
-		}
-		if err == nil {
-			err = ends.Error()
-		}
-		if errors.Is(err, kerr.UnknownTopicOrPartition) && s.readOnly {
-			cl.Close()
-			return map[string]Record{}, nil
-		}
-		if err == nil || !errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	cl.Close()
-	if err != nil {
-		return nil, fmt.Errorf("read the end of checkpoint topic %q: %w", s.topic, err)
-	}
-
 	start := map[int32]kgo.Offset{}
 	want := map[int32]int64{} // partition -> offset to read up to
 	ends.Each(func(o kadm.ListedOffset) {
@@ -311,7 +284,8 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 	if readCommitted {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
-	if cl, err = kgo.NewClient(opts...); err != nil {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	defer cl.Close()
@@ -327,48 +301,86 @@ func (s *Store) load(ctx context.Context, readCommitted bool, raw map[string][]b
 			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
 				delete(want, r.Partition)
 			}
-			if r.Attrs.IsControl() {
-				return
-			}
-			checkpoint := strings.Count(string(r.Key), "/") == 1
-			if checkpoint && !s.signed(r) {
-				// Not signed with checkpoint.signing_key_file's key: not
-				// the connector's or the operator's. Skipped like any
-				// foreign record: the key's last genuine record stands.
-				if s.log != nil {
-					s.log.Warn("skipped a record in the checkpoint topic that is not signed with checkpoint.signing_key_file's key; only the connector and the operator should write this topic", "topic", s.topic, "key", string(r.Key), "partition", r.Partition, "offset", r.Offset)
-				}
-				if s.OnForeign != nil {
-					s.OnForeign()
-				}
-				return
-			}
-			if r.Value == nil { // a tombstone deletes the key
-				delete(out, string(r.Key))
-				return
-			}
-			if raw != nil {
-				raw[string(r.Key)] = r.Value
-			}
-			if !checkpoint {
-				return // a backfill request, a fence
-			}
-			var rec Record
-			if err := json.Unmarshal(r.Value, &rec); err != nil || rec.Key() != string(r.Key) {
-				// Not a record the connector wrote: someone else produced to
-				// the topic. Skipped and counted, not fatal, or anyone who may
-				// write the topic could stop every start (docs/design.md,
-				// "Untrusted input stays data").
-				if s.log != nil {
-					s.log.Warn("skipped a record in the checkpoint topic that is not a checkpoint; only the connector and the operator should write this topic", "topic", s.topic, "partition", r.Partition, "offset", r.Offset)
-				}
-				if s.OnForeign != nil {
-					s.OnForeign()
-				}
-				return
-			}
-			out[string(r.Key)] = rec
+			s.take(r, out, raw)
 		})
 	}
 	return out, nil
+}
+
+// ends lists where the checkpoint topic's partitions end (committed, with
+// readCommitted); none for a read-only store's missing topic.
+func (s *Store) ends(ctx context.Context, readCommitted bool) (kadm.ListedOffsets, error) {
+	cl, err := kgo.NewClient(s.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	// A topic created a moment ago may not be in every broker's metadata
+	// yet; wait for it rather than read it as empty.
+	for {
+		var ends kadm.ListedOffsets
+		if readCommitted {
+			ends, err = adm.ListCommittedOffsets(ctx, s.topic)
+		} else {
+			ends, err = adm.ListEndOffsets(ctx, s.topic)
+		}
+		if err == nil {
+			err = ends.Error()
+		}
+		switch {
+		case errors.Is(err, kerr.UnknownTopicOrPartition) && s.readOnly:
+			return nil, nil
+		case err == nil:
+			return ends, nil
+		case !errors.Is(err, kerr.UnknownTopicOrPartition) || ctx.Err() != nil:
+			return nil, fmt.Errorf("read the end of checkpoint topic %q: %w", s.topic, err)
+		}
+		time.Sleep(100 * time.Millisecond) // the retry's pace, not a synchronisation
+	}
+}
+
+// take reads one record of the checkpoint topic into out (checkpoints, by
+// key) and raw (every record's value, when not nil). A record that is not
+// signed, or not a checkpoint the connector wrote, is skipped and
+// counted, not fatal, or anyone who may write the topic could stop every
+// start (docs/design.md, "Untrusted input stays data").
+func (s *Store) take(r *kgo.Record, out map[string]Record, raw map[string][]byte) {
+	if r.Attrs.IsControl() {
+		return
+	}
+	checkpoint := strings.Count(string(r.Key), "/") == 1
+	if checkpoint && !s.signed(r) {
+		// Not signed with checkpoint.signing_key_file's key: not the
+		// connector's or the operator's. The key's last genuine record
+		// stands.
+		s.foreign("skipped a record in the checkpoint topic that is not signed with checkpoint.signing_key_file's key; only the connector and the operator should write this topic", "key", string(r.Key), "partition", r.Partition, "offset", r.Offset)
+		return
+	}
+	if r.Value == nil { // a tombstone deletes the key
+		delete(out, string(r.Key))
+		return
+	}
+	if raw != nil {
+		raw[string(r.Key)] = r.Value
+	}
+	if !checkpoint {
+		return // a backfill request, a fence
+	}
+	var rec Record
+	if err := json.Unmarshal(r.Value, &rec); err != nil || rec.Key() != string(r.Key) {
+		s.foreign("skipped a record in the checkpoint topic that is not a checkpoint; only the connector and the operator should write this topic", "partition", r.Partition, "offset", r.Offset)
+		return
+	}
+	out[string(r.Key)] = rec
+}
+
+// foreign logs and counts a record someone else wrote to the topic.
+func (s *Store) foreign(msg string, args ...any) {
+	if s.log != nil {
+		s.log.Warn(msg, append([]any{"topic", s.topic}, args...)...)
+	}
+	if s.OnForeign != nil {
+		s.OnForeign()
+	}
 }

@@ -224,14 +224,8 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	}
 	if lost {
 		// The lost slot's WAL is gone: start over, as after a drop.
-		sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
-		if err != nil {
+		if err := o.dropSlot(ctx); err != nil {
 			return Accepted{}, err
-		}
-		_, err = sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot)
-		sql.Close(context.WithoutCancel(ctx))
-		if err != nil {
-			return Accepted{}, fmt.Errorf("drop lost replication slot %q: %w", o.Config.Postgres.Slot, err)
 		}
 		slot = setup.SlotState{}
 	}
@@ -256,16 +250,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 			return Accepted{}, err
 		}
 	}
-	from := gap.Checkpoint.Confirmed
-	reason := map[checkpoint.GapKind]string{
-		checkpoint.GapSlotMissing: "the slot was missing",
-		checkpoint.GapSlotAhead:   "the slot was past the checkpoint",
-		checkpoint.GapOtherSystem: "the checkpoint was of database system " + gap.Checkpoint.SystemID,
-		checkpoint.GapHistory:     "the server's WAL ended before the checkpoint (a restored backup)",
-	}[gap.Kind]
-	if lost {
-		reason = "the slot was lost (max_slot_wal_keep_size)"
-	}
+	from, reason := gap.Checkpoint.Confirmed, gapReason(gap, lost)
 	rec.Confirmed, rec.UpdatedAt = at, time.Now()
 	if rec.CommitLSN >= at {
 		// A new WAL history starts at the slot (docs/design.md, "An LSN means
@@ -281,4 +266,30 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	o.Log.Warn("accepted a gap: events committed in this range may never be delivered", "slot", o.Config.Postgres.Slot,
 		"from", from.String(), "to", at.String(), "reason", reason)
 	return Accepted{Gap: gap, LostSlot: lost, From: from, To: at}, nil
+}
+
+// dropSlot drops the pipeline's slot.
+func (o *Ops) dropSlot(ctx context.Context) error {
+	sql, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
+	if err != nil {
+		return err
+	}
+	defer sql.Close(context.WithoutCancel(ctx))
+	if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot); err != nil {
+		return fmt.Errorf("drop lost replication slot %q: %w", o.Config.Postgres.Slot, err)
+	}
+	return nil
+}
+
+// gapReason is why a gap was accepted, for the checkpoint's jump.
+func gapReason(gap *checkpoint.GapError, lost bool) string {
+	if lost {
+		return "the slot was lost (max_slot_wal_keep_size)"
+	}
+	return map[checkpoint.GapKind]string{
+		checkpoint.GapSlotMissing: "the slot was missing",
+		checkpoint.GapSlotAhead:   "the slot was past the checkpoint",
+		checkpoint.GapOtherSystem: "the checkpoint was of database system " + gap.Checkpoint.SystemID,
+		checkpoint.GapHistory:     "the server's WAL ended before the checkpoint (a restored backup)",
+	}[gap.Kind]
 }

@@ -134,43 +134,51 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 		}
 		probs = append(probs, reg.Check(ctx, o.Config.Tables)...)
 	}
+	kprobs, kwarn, err := o.checkKafka(ctx)
+	if err != nil {
+		return warnings, err
+	}
+	probs, warnings = append(probs, kprobs...), append(warnings, kwarn...)
+	if len(probs) > 0 {
+		return warnings, &setup.CheckError{Problems: probs}
+	}
+	return warnings, nil
+}
+
+// checkKafka is Check's Kafka half: the brokers, the checkpoint topic,
+// which the connector creates itself, and every topic that is not a
+// template.
+func (o *Ops) checkKafka(ctx context.Context) (probs, warnings []string, err error) {
 	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)
 	if err != nil {
-		return warnings, fmt.Errorf("kafka: %w", err)
+		return nil, nil, fmt.Errorf("kafka: %w", err)
 	}
 	defer k.Close()
 	if err := k.Ping(ctx); err != nil {
 		if unreachable(err) {
 			// Nobody answers (yet): cdc run waits for the brokers.
-			warnings = append(warnings, fmt.Sprintf("kafka: %v; cdc run would wait for the brokers, retrying, but check kafka.brokers and that they are up", err))
-		} else {
-			// Refused credentials, TLS, not Kafka at all, a connection
-			// closed on the connector: what cdc run stops or loops on.
-			probs = append(probs, fmt.Sprintf("kafka: %v", err))
+			return nil, []string{fmt.Sprintf("kafka: %v; cdc run would wait for the brokers, retrying, but check kafka.brokers and that they are up", err)}, nil
 		}
-	} else {
-		// The checkpoint topic, which the connector creates itself, and
-		// every topic that is not a template.
-		check := func(topic string, mayCreate, compact bool) {
-			if err := k.CheckTopic(ctx, topic, mayCreate, compact); err != nil {
-				probs = append(probs, "kafka: "+err.Error())
-			}
+		// Refused credentials, TLS, not Kafka at all, a connection
+		// closed on the connector: what cdc run stops or loops on.
+		return []string{fmt.Sprintf("kafka: %v", err)}, nil, nil
+	}
+	check := func(topic string, mayCreate, compact bool) {
+		if err := k.CheckTopic(ctx, topic, mayCreate, compact); err != nil {
+			probs = append(probs, "kafka: "+err.Error())
 		}
-		check(o.Config.Checkpoint.Topic, true, true)
-		seen := map[string]bool{}
-		for _, t := range o.Config.Tables {
-			for _, topic := range t.FixedTopics() {
-				if !seen[topic] {
-					seen[topic] = true
-					check(topic, o.Config.Kafka.CreateTopics, false)
-				}
+	}
+	check(o.Config.Checkpoint.Topic, true, true)
+	seen := map[string]bool{}
+	for _, t := range o.Config.Tables {
+		for _, topic := range t.FixedTopics() {
+			if !seen[topic] {
+				seen[topic] = true
+				check(topic, o.Config.Kafka.CreateTopics, false)
 			}
 		}
 	}
-	if len(probs) > 0 {
-		return warnings, &setup.CheckError{Problems: probs}
-	}
-	return warnings, nil
+	return probs, nil, nil
 }
 
 // LoadRecord reads the pipeline's checkpoint for the operator commands,

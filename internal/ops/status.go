@@ -123,18 +123,8 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 	if st.Slot, err = slotStatus(ctx, conn, o.Config.Postgres.Slot); err != nil {
 		return Status{}, err
 	}
-	st.Publication = PublicationStatus{Name: o.Config.Postgres.Publication, Tables: []string{}}
-	err = conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, o.Config.Postgres.Publication).Scan(&st.Publication.Inserts)
-	switch {
-	case err == pgx.ErrNoRows:
-	case err != nil:
+	if st.Publication, err = publicationStatus(ctx, conn, o.Config.Postgres.Publication); err != nil {
 		return Status{}, err
-	default:
-		st.Publication.Exists = true
-		rows, _ := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, o.Config.Postgres.Publication)
-		if st.Publication.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-			return Status{}, err
-		}
 	}
 	var sysid string
 	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysid); err != nil {
@@ -155,18 +145,9 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.Checkpoint = c
 	}
 	for _, t := range o.Config.Tables {
-		if t.Retention == nil {
-			continue
+		if t.Retention != nil {
+			st.Retention = append(st.Retention, retentionStatus(ctx, conn, t))
 		}
-		rs := RetentionStatus{Table: t.String(), After: t.Retention.After.String(), Mode: t.Retention.Mode}
-		q := fmt.Sprintf("SELECT count(*), NULL::timestamptz FROM %s", pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
-		if col := t.Columns[outbox.FieldTimestamp]; col != "" {
-			q = fmt.Sprintf("SELECT count(*), min(%s)::timestamptz FROM %s", pgident.Ident(col), pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
-		}
-		if err := conn.QueryRow(ctx, q).Scan(&rs.Rows, &rs.Oldest); err != nil {
-			rs.Error = errtext.OneLine(err)
-		}
-		st.Retention = append(st.Retention, rs)
 	}
 	if o.Config.Replay.Window > 0 {
 		w := &WindowStatus{Window: o.Config.Replay.Window.String()}
@@ -182,6 +163,35 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.ReplayWindow = w
 	}
 	return st, nil
+}
+
+// publicationStatus is what the publication holds, if it exists.
+func publicationStatus(ctx context.Context, conn *pgx.Conn, name string) (PublicationStatus, error) {
+	ps := PublicationStatus{Name: name, Tables: []string{}}
+	err := conn.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, name).Scan(&ps.Inserts)
+	switch {
+	case err == pgx.ErrNoRows:
+		return ps, nil
+	case err != nil:
+		return ps, err
+	}
+	ps.Exists = true
+	rows, _ := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1`, name)
+	ps.Tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	return ps, err
+}
+
+// retentionStatus is what t holds, for its retention.
+func retentionStatus(ctx context.Context, conn *pgx.Conn, t *outbox.Source) RetentionStatus {
+	rs := RetentionStatus{Table: t.String(), After: t.Retention.After.String(), Mode: t.Retention.Mode}
+	q := fmt.Sprintf("SELECT count(*), NULL::timestamptz FROM %s", pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+	if col := t.Columns[outbox.FieldTimestamp]; col != "" {
+		q = fmt.Sprintf("SELECT count(*), min(%s)::timestamptz FROM %s", pgident.Ident(col), pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+	}
+	if err := conn.QueryRow(ctx, q).Scan(&rs.Rows, &rs.Oldest); err != nil {
+		rs.Error = errtext.OneLine(err)
+	}
+	return rs
 }
 
 func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, error) {

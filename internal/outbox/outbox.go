@@ -368,6 +368,32 @@ func (t *Source) Validate() error {
 			t.CloudEventsSource = "/{schema}/{table}"
 		}
 	}
+	if err := t.validateAdditional(); err != nil {
+		return err
+	}
+	if r := t.Retention; r != nil {
+		if err := r.validate(t); err != nil {
+			return err
+		}
+	}
+	if err := t.validateBackfill(); err != nil {
+		return err
+	}
+	var err error
+	if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {
+		return fmt.Errorf("%s: topic: %w", t, err)
+	}
+	if t.KeyTemplate, err = t.parseTemplate(t.Key); err != nil {
+		return fmt.Errorf("%s: key: %w", t, err)
+	}
+	if t.SourceTemplate, err = t.parseTemplate(t.CloudEventsSource); err != nil {
+		return fmt.Errorf("%s: cloudevents_source: %w", t, err)
+	}
+	return nil
+}
+
+// validateAdditional checks the additional columns, and reads them.
+func (t *Source) validateAdditional() error {
 	for i, a := range t.Additional {
 		if a.Column == "" {
 			return fmt.Errorf("%s: additional[%d]: column is required", t, i)
@@ -380,34 +406,26 @@ func (t *Source) Validate() error {
 		}
 		t.addExtra(a.Column)
 	}
-	if r := t.Retention; r != nil {
-		if err := r.validate(t); err != nil {
-			return err
-		}
+	return nil
+}
+
+// validateBackfill fills and checks the backfill options, if any.
+func (t *Source) validateBackfill() error {
+	b := t.Backfill
+	if b == nil {
+		return nil
 	}
-	if b := t.Backfill; b != nil {
-		if t.IsMessage() {
-			return fmt.Errorf("%s: backfill applies to tables, not logical decoding messages", t)
-		}
-		if t.Columns[FieldID] == "" {
-			return fmt.Errorf("%s: backfill needs the id field mapped: it tells a backfilled row from the same row arriving live", t)
-		}
-		if b.ChunkSize == 0 {
-			b.ChunkSize = DefaultChunkSize
-		}
-		if b.ChunkSize < 1 || b.ChunkSize > 100000 {
-			return fmt.Errorf("%s: backfill.chunk_size %d: use 1 to 100000", t, b.ChunkSize)
-		}
+	if t.IsMessage() {
+		return fmt.Errorf("%s: backfill applies to tables, not logical decoding messages", t)
 	}
-	var err error
-	if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {
-		return fmt.Errorf("%s: topic: %w", t, err)
+	if t.Columns[FieldID] == "" {
+		return fmt.Errorf("%s: backfill needs the id field mapped: it tells a backfilled row from the same row arriving live", t)
 	}
-	if t.KeyTemplate, err = t.parseTemplate(t.Key); err != nil {
-		return fmt.Errorf("%s: key: %w", t, err)
+	if b.ChunkSize == 0 {
+		b.ChunkSize = DefaultChunkSize
 	}
-	if t.SourceTemplate, err = t.parseTemplate(t.CloudEventsSource); err != nil {
-		return fmt.Errorf("%s: cloudevents_source: %w", t, err)
+	if b.ChunkSize < 1 || b.ChunkSize > 100000 {
+		return fmt.Errorf("%s: backfill.chunk_size %d: use 1 to 100000", t, b.ChunkSize)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
+	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -123,16 +124,8 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.Slot
 			return 0, "", err
 		}
 	case checkpoint.StartAdopt:
-		p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
-		rec = p.newRecord(conn, from)
-		if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
+		if rec, err = p.adopt(ctx, conn, cat, from); err != nil {
 			return 0, "", err
-		}
-		// The slot was made by someone else, or by a first start that
-		// stopped before its checkpoint: the rows before it can only be
-		// backfilled beside the stream now.
-		if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false); len(rec.Backfills) > 0 {
-			p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
 		}
 	case checkpoint.StartResume:
 		if err := p.carryOver(ctx, rec); err != nil {
@@ -141,7 +134,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.Slot
 		if err := p.sameHistory(ctx, conn, rec); err != nil {
 			return 0, "", err
 		}
-		if err := p.tableBaseline(ctx, rec, cat, false); err != nil {
+		if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, false); err != nil {
 			return 0, "", err
 		}
 		rec.Address = conn.Address()
@@ -170,6 +163,22 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.Slot
 	return from, snapshot, nil
 }
 
+// adopt starts a checkpoint record at from, the position of a slot that
+// has none: one made by someone else, or by a first start that stopped
+// before its checkpoint. The rows before it can only be backfilled beside
+// the stream now.
+func (p *Pipeline) adopt(ctx context.Context, conn *wal.Conn, cat setup.Catalog, from pglogrepl.LSN) (*checkpoint.Record, error) {
+	p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
+	rec := p.newRecord(conn, from)
+	if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, true); err != nil {
+		return nil, err
+	}
+	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false); len(rec.Backfills) > 0 {
+		p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
+	}
+	return rec, nil
+}
+
 // firstStart creates the slot of a first start and the checkpoint record
 // that starts at it, with the tables' baseline and their initial backfill
 // jobs; with jobs, the slot comes with an exported snapshot of its
@@ -186,7 +195,7 @@ func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat setup.Cat
 	rec = p.newRecord(conn, 0)
 	// Every table in the publication before the slot exists: its
 	// consistent point is where the stream starts.
-	if err := p.tableBaseline(ctx, rec, cat, true); err != nil {
+	if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, true); err != nil {
 		return nil, 0, "", err
 	}
 	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
