@@ -633,14 +633,19 @@ func backfillOnce(b *testing.B) {
 		SELECT 'order', 'agg-' || (i %% 1000), 'OrderCreated', jsonb_build_object('i', i, 'pad', repeat('x', 200))
 		FROM generate_series(1, %d) i`, rows), "VACUUM ANALYZE outbox")
 
+	server := serverCPU(b, db)
 	b.ResetTimer()
 	refStart := time.Now()
-	out, err := exec.Command(filepath.Join(p.Bin, "psql"), "-X", "-q", "-d", db, "-c",
-		`\copy (SELECT id, aggregatetype, aggregateid, type, payload FROM outbox ORDER BY id) TO '/dev/null'`).CombinedOutput()
+	psql := exec.Command(filepath.Join(p.Bin, "psql"), "-X", "-q", "-d", db, "-c",
+		`\copy (SELECT id, aggregatetype, aggregateid, type, payload FROM outbox ORDER BY id) TO '/dev/null'`)
+	out, err := psql.CombinedOutput()
 	if err != nil {
 		b.Fatalf("psql: %v\n%s", err, out)
 	}
 	ref := time.Since(refStart)
+	refServer := server()
+	psqlCPU := (psql.ProcessState.UserTime() + psql.ProcessState.SystemTime()).Seconds()
+	server, broker := serverCPU(b, db), cpuTicks(brokerPID())
 	c := startConnectorWith(b, db, kafka, "    backfill: {}", "")
 	deadline := time.Now().Add(20 * time.Minute)
 	// The endpoint comes up once the config is read.
@@ -663,8 +668,15 @@ func backfillOnce(b *testing.B) {
 	}
 	elapsed := time.Since(c.start)
 	b.StopTimer()
+	// Where the CPU went: the box has two cores for the connector (or
+	// psql), Postgres and the broker (docs/benchmarks.md, "Backfill").
+	others := map[string]float64{"ref_postgres": refServer, "psql": psqlCPU}
+	if broker >= 0 && brokerPID() > 0 {
+		others["broker"] = float64(cpuTicks(brokerPID())-broker) / 100
+	}
 	sent := c.metric(b, "cdc_backfill_rows_total")
 	cpu, rss := c.stop(b)
+	others["postgres"] = server() // once the connector's backends ended
 	if int(sent) != rows {
 		b.Fatalf("the backfill sent %.0f rows, want %d", sent, rows)
 	}
@@ -675,9 +687,11 @@ func backfillOnce(b *testing.B) {
 	fmt.Printf("\nbackfill %d rows on the first start (%s):\n", rows, brokerName())
 	fmt.Printf("  cdc, start to streaming: %7.3f s  %8.0f rows/s  cpu %.2f s  peak RSS %.1f MB\n", elapsed.Seconds(), float64(rows)/elapsed.Seconds(), cpu.Seconds(), rss)
 	fmt.Printf("  psql \\copy to /dev/null: %7.3f s\n", ref.Seconds())
-	fmt.Printf("  ratio:                   %7.2f  (cdc speed / psql's)\n\n", ratio)
+	fmt.Printf("  ratio:                   %7.2f  (cdc speed / psql's)\n", ratio)
+	fmt.Printf("  CPU (s): postgres %.2f and broker %.2f for cdc; postgres %.2f and psql %.2f for psql\n\n",
+		others["postgres"], others["broker"], others["ref_postgres"], others["psql"])
 	benchResult{Bench: "backfill", Broker: brokerName(), Events: rows, Seconds: elapsed.Seconds(),
-		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss}.save(b)
+		RefSecs: ref.Seconds(), Ratio: ratio, CPU: cpu.Seconds(), RSSMB: rss, CPUSeconds: others}.save(b)
 }
 
 // warmUp prepares db for a benchmark as a deployment would be: the outbox
@@ -785,6 +799,66 @@ func cpuTicks(pid int) int64 {
 		return -1
 	}
 	return u + s
+}
+
+// serverCPU starts counting the CPU of the local Postgres server that
+// serves db, all its processes, and returns a function that stops and
+// gives it in seconds: the postmaster's own and its reaped children's
+// (cutime, cstime), plus its live children's.
+func serverCPU(b *testing.B, db string) (stop func() float64) {
+	b.Helper()
+	var backend int
+	testenv.QueryRow(b, db, `SELECT pg_backend_pid()`, nil, &backend)
+	postmaster := procStat(backend, 1)
+	if postmaster <= 0 {
+		return func() float64 { return 0 } // not a local server
+	}
+	total := func() (int64, int) {
+		pm := int(postmaster)
+		t := procStat(pm, 11) + procStat(pm, 12) + procStat(pm, 13) + procStat(pm, 14)
+		entries, _ := os.ReadDir("/proc")
+		n := 0
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || procStat(pid, 1) != postmaster {
+				continue
+			}
+			n++
+			t += procStat(pid, 11) + procStat(pid, 12)
+		}
+		return t, n
+	}
+	start, children := total()
+	return func() float64 {
+		// A backend that ended is counted once the postmaster has reaped
+		// it: wait until no more children run than at the start, or an
+		// autovacuum worker may keep one more.
+		t, n := total()
+		for deadline := time.Now().Add(2 * time.Second); n > children && time.Now().Before(deadline); t, n = total() {
+			time.Sleep(10 * time.Millisecond) // polling /proc: the sample period
+		}
+		return float64(t-start) / 100
+	}
+}
+
+// procStat is field i of /proc/pid/stat counted after the command name (0
+// is the state, 1 the parent, 11 and 12 utime and stime, 13 and 14 the
+// reaped children's), or -1.
+func procStat(pid, i int) int64 {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	j := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[j+1:]))
+	if len(f) <= i {
+		return -1
+	}
+	v, err := strconv.ParseInt(f[i], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return v
 }
 
 // cpuMeter samples processes' CPU over a span of time.
