@@ -261,6 +261,19 @@ func backfillTable(runs []result) {
 		col(func(r result) float64 { return r.Seconds }), col(func(r result) float64 { return float64(r.Events) / r.Seconds }),
 		col(func(r result) float64 { return r.RefSecs }), col(func(r result) float64 { return r.Ratio }),
 		col(func(r result) float64 { return r.CPU }), col(func(r result) float64 { return r.RSSMB }))
+	if runs[0].CPUSeconds["postgres"] == 0 {
+		return // recorded before the bench counted the others' CPU
+	}
+	// Where the CPU went: two cores hold the reader, Postgres and, for
+	// cdc, the broker.
+	other := func(k string) float64 { return col(func(r result) float64 { return r.CPUSeconds[k] }) }
+	fmt.Println()
+	fmt.Println("| backfill CPU (s), medians | reader | Postgres | broker | all | wall × 2 cores |")
+	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Printf("| cdc | %.2f | %.2f | %.2f | %.2f | %.2f |\n", col(func(r result) float64 { return r.CPU }), other("postgres"), other("broker"),
+		col(func(r result) float64 { return r.CPU + r.CPUSeconds["postgres"] + r.CPUSeconds["broker"] }), 2*col(func(r result) float64 { return r.Seconds }))
+	fmt.Printf("| psql \\copy | %.2f | %.2f | — | %.2f | %.2f |\n", other("psql"), other("ref_postgres"),
+		col(func(r result) float64 { return r.CPUSeconds["psql"] + r.CPUSeconds["ref_postgres"] }), 2*col(func(r result) float64 { return r.RefSecs }))
 }
 
 func median(xs []float64) float64 {
