@@ -167,44 +167,15 @@ func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, jo
 	started, saved, logged := time.Now(), time.Now(), time.Now()
 	rows0 := job.Rows
 	// Room for the next chunk: at most max_in_flight events, and
-	// max_in_flight_bytes, once it is sent; the chunk read ahead is held
-	// besides.
+	// max_in_flight_bytes, once it is sent.
 	limit, bytes := max(r.MaxInFlight-plan.ChunkSize(), 1), int64(-1)
 	if r.MaxInFlightBytes > 0 {
-		bytes = max(r.MaxInFlightBytes-2*r.ChunkBytes, 0)
+		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
 	}
-	// The next chunk is read while this one goes out: Postgres reads and
-	// the connector turns rows into records at the same time, where they
-	// took turns (docs/benchmarks.md, "Backfill"). Only the reading
-	// goroutine uses conn until it has answered, and no return leaves one
-	// reading.
-	type read struct {
-		c   Chunk
-		err error
-	}
-	next, reading := make(chan read, 1), false
-	readAfter := func(after []string) {
-		reading = true
-		go func() {
-			c, err := plan.Read(ctx, conn, after, nil)
-			next <- read{c, err}
-		}()
-	}
-	defer func() {
-		if reading {
-			<-next
-		}
-	}()
-	readAfter(job.After)
 	for {
-		got := <-next
-		reading = false
-		if got.err != nil {
-			return got.err
-		}
-		c := got.c
-		if !c.Final {
-			readAfter(c.Last)
+		c, err := plan.Read(ctx, conn, job.After, nil)
+		if err != nil {
+			return err
 		}
 		now := time.Now()
 		if err := s.Begin(now); err != nil {

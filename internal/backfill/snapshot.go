@@ -2,7 +2,6 @@ package backfill
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -12,16 +11,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 )
-
-// ControlRepair announces, in the stream, the point at which a table the
-// pipeline found recreated (or added back to its publication) is published
-// again: the stream sends there the rows of the table's Snapshot, taken
-// after the table was published and before this message was written, less
-// those it streamed itself (docs/design.md, "Table changes"). Its ID is
-// random, and known only to the session that wrote it: one another role
-// writes, or an earlier session's read again, names no repair and is
-// passed over.
-const ControlRepair = "table-repair"
 
 // Snapshot reads every row of one table in a snapshot of its own, chunk by
 // chunk, on a connection of its own: the rows a recreated table received
@@ -90,14 +79,6 @@ func (s *Snapshot) Close(ctx context.Context) {
 		s.conn.Close(context.WithoutCancel(ctx))
 		s.conn = nil
 	}
-}
-
-// EmitRepair writes the ControlRepair message with id, in a transaction of
-// its own on conn, or on cfg's primary_url while conn's server is a hot
-// standby.
-func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id string) error {
-	b, _ := json.Marshal(Control{Type: ControlRepair, ID: id})
-	return postgres.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
 }
 
 // NewID is a random identifier, for a repair.

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/tablewatch"
 )
 
 // Backfills are internal/backfill's (docs/design.md, "Backfill"): the
@@ -62,7 +63,7 @@ func (s *session) control(m *decode.Message) error {
 		if jobs, ok := bf.Fail(c); ok {
 			s.tracker.Note(s.tx, jobs)
 		}
-	case backfill.ControlRepair:
+	case tablewatch.ControlRepair:
 		if s.tables != nil {
 			return s.repairAt(c, m)
 		}

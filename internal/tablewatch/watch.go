@@ -2,6 +2,7 @@ package tablewatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -340,7 +341,7 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 	w.pending[r.ID] = r
 	w.repairing[t] = true
 	w.mu.Unlock()
-	if err := backfill.EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
+	if err := EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
 		w.drop(ctx, r)
 		return err
 	}
@@ -463,3 +464,21 @@ func (pt *Partitions) Close(ctx context.Context) {
 // Fresh is the ids of the fresh events of t the stream noted. The
 // stream's goroutine calls it.
 func (w *Watch) Fresh(t *outbox.Source) map[string]struct{} { return w.fresh[t] }
+
+// ControlRepair announces, in the stream, the point at which a table the
+// pipeline found recreated (or added back to its publication) is published
+// again: the stream sends there the rows of the table's backfill.Snapshot, taken
+// after the table was published and before this message was written, less
+// those it streamed itself (docs/design.md, "Table changes"). Its ID is
+// random, and known only to the session that wrote it: one another role
+// writes, or an earlier session's read again, names no repair and is
+// passed over.
+const ControlRepair = "table-repair"
+
+// EmitRepair writes the ControlRepair message with id, in a transaction of
+// its own on conn, or on cfg's primary_url while conn's server is a hot
+// standby.
+func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id string) error {
+	b, _ := json.Marshal(backfill.Control{Type: ControlRepair, ID: id})
+	return postgres.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
+}
