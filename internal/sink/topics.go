@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -166,28 +167,40 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 
 // autoCreate asks the brokers for topic's metadata with auto-creation
 // allowed, and reports whether they have it or are creating it. A broker
-// with auto.create.topics.enable off answers UNKNOWN_TOPIC_OR_PARTITION.
+// with auto.create.topics.enable off answers UNKNOWN_TOPIC_OR_PARTITION;
+// so may one while a creation of the topic is already under way, so that
+// answer counts only once it has come five times, a fifth of a second
+// apart.
 func autoCreate(ctx context.Context, cl *kgo.Client, topic string) (bool, error) {
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)
 	req.AllowAutoTopicCreation = true
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return false, fmt.Errorf("have the brokers auto-create topic %q: %w", topic, err)
-	}
-	for _, t := range resp.Topics {
-		if t.Topic != nil && *t.Topic == topic {
-			err := kerr.ErrorForCode(t.ErrorCode)
-			if errors.Is(err, kerr.InvalidTopicException) {
-				return false, &TopicRefusedError{Topic: topic, Err: err}
-			}
-			// LEADER_NOT_AVAILABLE: being created.
-			return !errors.Is(err, kerr.UnknownTopicOrPartition), nil
+	for try := 1; ; try++ {
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			return false, fmt.Errorf("have the brokers auto-create topic %q: %w", topic, err)
+		}
+		i := slices.IndexFunc(resp.Topics, func(t kmsg.MetadataResponseTopic) bool { return t.Topic != nil && *t.Topic == topic })
+		if i < 0 {
+			return false, fmt.Errorf("have the brokers auto-create topic %q: their metadata answer leaves it out", topic)
+		}
+		err = kerr.ErrorForCode(resp.Topics[i].ErrorCode)
+		switch {
+		case errors.Is(err, kerr.InvalidTopicException):
+			return false, &TopicRefusedError{Topic: topic, Err: err}
+		case !errors.Is(err, kerr.UnknownTopicOrPartition):
+			return true, nil // there, or LEADER_NOT_AVAILABLE: being created
+		case try == 5:
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return false, fmt.Errorf("have the brokers auto-create topic %q: their metadata answer leaves it out", topic)
 }
 
 // CheckTopic reports what would stop the connector from producing to
