@@ -70,8 +70,10 @@ type Config struct {
 	// the memory (docs/design.md, "Memory is bounded in bytes"). Default
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
 	MaxInFlightBytes int64
-	// ShutdownTimeout bounds the wait for Kafka's acks on shutdown.
-	// Default DefaultShutdownTimeout.
+	// ShutdownTimeout bounds a shutdown: the stream reads on to the end of
+	// the open transaction for at most half of it, and the wait for
+	// Kafka's acks and the last checkpoint ends with it. Default
+	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// RetryBackoff is the first delay before reconnecting after a transient
 	// error; it doubles up to RetryBackoffMax. Each wait is jittered over

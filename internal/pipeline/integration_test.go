@@ -648,6 +648,50 @@ func TestGracefulShutdownConfirmsEverything(t *testing.T) {
 	}
 }
 
+// TestShutdownEndsBetweenTransactions: a shutdown asked for while a
+// transaction's events are being sent lets the stream read on to its
+// COMMIT, so that the last checkpoint covers all of it, and the next start
+// sends none of it again. Cut in the middle, its first events were in
+// Kafka but not in the checkpoint, and were sent twice.
+func TestShutdownEndsBetweenTransactions(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.MaxInFlight = 16 // the stream waits for acks inside the transaction
+	var acked atomic.Int64
+	e.onDelivered = func(_ *kgo.Record, err error) {
+		if err == nil {
+			acked.Add(1)
+		}
+	}
+	r := e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	const rows = 2000
+	testenv.Exec(t, e.db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'big-' || (i %% 10), 'Created', '{}' FROM generate_series(1, %d) i`, rows))
+	testenv.Eventually(t, time.Minute, "the first events of the transaction to be acknowledged", func() bool { return acked.Load() > 0 })
+	if n := acked.Load(); n >= rows {
+		t.Fatalf("all %d events were acknowledged before the shutdown: the test cannot tell", n)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run returned %v on shutdown, want nil", err)
+	}
+	if n := acked.Load(); n != rows {
+		t.Fatalf("%d of the transaction's %d events acknowledged at shutdown, want all", n, rows)
+	}
+	e.start(t)
+	conn := testenv.Connect(t, e.db)
+	last := insertEvent(t, conn, "after", "Created")
+	c.WaitFor(t, time.Minute, "the event after the restart", func(recs []*kgo.Record) bool { return ids(recs)[last] > 0 })
+	c.Settle(500 * time.Millisecond)
+	got := ids(c.Records)
+	if len(got) != rows+1 {
+		t.Errorf("%d distinct events, want %d", len(got), rows+1)
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("event %s delivered %d times", id, n)
+		}
+	}
+}
+
 // TestConfirmsArePrompt: once Kafka has acked, the checkpoint is written and
 // the slot confirmed within a few confirm intervals, however long the
 // status interval (docs/design.md, rule 17).

@@ -204,11 +204,16 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Cont
 	if p.cfg.Replay.Window > 0 {
 		stops = append(stops, background(ctx, p.window().Keep))
 	}
-	runCtx, stopRun := context.WithCancel(ctx)
-	stops = append(stops, stopRun)
+	// The stream outlives ctx by as much as it takes to reach a
+	// transaction's end (session.end), within half of shutdown_timeout.
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	stops = append(stops, stopRun, s.ends.stopTimer)
+	grace := p.cfg.ShutdownTimeout / 2
+	shutdown := context.AfterFunc(ctx, func() { s.ends.ask(stopRun, grace) })
+	stops = append(stops, func() { shutdown() })
 	var werr atomic.Pointer[error]
 	stops = append(stops, background(ctx, func(tctx context.Context) {
-		s.tables.Run(tctx, func(err error) { werr.Store(&err); stopRun() })
+		s.tables.Run(tctx, func(err error) { werr.Store(&err); s.ends.ask(stopRun, grace) })
 	}))
 	if cl := p.cleaner(); cl != nil {
 		stops = append(stops, background(ctx, cl.Run))
@@ -249,6 +254,9 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 		s.eos.Halt()
 	}
 	stopping := ctx.Err() != nil
+	if errors.Is(runErr, errEnded) {
+		runErr = nil
+	}
 	if werr := watchErr(); werr != nil && ctx.Err() == nil {
 		runErr, stopping = werr, true
 	}
@@ -267,9 +275,10 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 		}
 	}
 	if stopping {
-		// Shutdown: stop reading (done), let Kafka answer what is in
-		// flight, write the checkpoint, then confirm what it covers.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.ShutdownTimeout)
+		// Shutdown: stop reading (done, at a transaction's end), let Kafka
+		// answer what is in flight, write the checkpoint, then confirm what
+		// it covers, all within shutdown_timeout of the request.
+		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.ends.asked().Add(p.cfg.ShutdownTimeout))
 		if err := k.Flush(fctx); err != nil {
 			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
 				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
@@ -355,6 +364,8 @@ type session struct {
 	// mode.
 	skipTo   pglogrepl.LSN
 	skipping bool
+	// ends is how a stop reaches the stream between two transactions.
+	ends ender
 }
 
 // blocking runs fn, which may block for seconds, keeping the slot's lease
@@ -380,6 +391,9 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if m.Commit <= s.skipTo {
 			s.skipping = true
 			return nil
+		}
+		if !s.ends.begin() {
+			return errEnded // nothing of this transaction was sent
 		}
 		if s.eos != nil {
 			if err := s.eos.Begin(); err != nil {
@@ -425,6 +439,9 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		s.tx = nil
 		if s.replay != nil {
 			s.replay.Commit()
+		}
+		if !s.ends.commit() {
+			return errEnded
 		}
 	}
 	return nil

@@ -99,6 +99,7 @@ func expectEvents(t *testing.T, c *testenv.Consumer, want map[string]string, max
 			dups += n - 1
 			if maxDups == 0 {
 				t.Errorf("event %s delivered %d times", id, n)
+				logCopies(t, c, id)
 			}
 		}
 	}
@@ -381,6 +382,19 @@ func expectRecreated(t *testing.T, c *testenv.Consumer, want map[string]string, 
 	for id, n := range got {
 		if n > 1 {
 			t.Errorf("event %s delivered %d times", id, n)
+			logCopies(t, c, id)
+		}
+	}
+}
+
+// logCopies logs where each copy of a duplicated event landed, and from
+// which commit: a copy sent again by a restart and one the stream sent
+// twice look different.
+func logCopies(t *testing.T, c *testenv.Consumer, id string) {
+	t.Helper()
+	for _, r := range c.Records {
+		if testenv.Header(r, route.HeaderID) == id {
+			t.Logf("  a copy at %s[%d]@%d, commit lsn %s", r.Topic, r.Partition, r.Offset, testenv.Header(r, route.HeaderCommitLSN))
 		}
 	}
 }
