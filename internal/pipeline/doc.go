@@ -43,7 +43,8 @@
 //     watermark, without the rows the stream met between its watermarks,
 //     and its progress is checkpointed with that position
 //     (docs/design.md, "Backfill consistency").
-//   - Shutdown stops reading, waits for Kafka's acks up to ShutdownTimeout,
-//     writes the last checkpoint, sends a final status update with what it
-//     covers, and closes.
+//   - Shutdown, and a stop the tables' watch asks for, stop reading between
+//     two transactions (ender), wait for Kafka's acks, write the last
+//     checkpoint, send a final status update with what it covers, and
+//     close, within ShutdownTimeout: a graceful stop sends nothing twice.
 package pipeline
