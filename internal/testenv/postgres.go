@@ -267,9 +267,16 @@ func CommitLSN(t testing.TB, dbURL string, xid string, from pglogrepl.LSN) pglog
 
 // Pending reports whether the slot still holds a change whose pgoutput
 // bytes contain needle (for example an event id): Postgres will send it
-// again. The slot must be inactive; peeking does not consume anything.
+// again. Peeking does not consume anything. Only an inactive slot can be
+// peeked at: a connector that stopped has closed its connection, but its
+// walsender may take a moment to exit, so Pending waits for that first.
 func Pending(t testing.TB, dbURL, slot, publication, needle string) bool {
 	t.Helper()
+	Eventually(t, 30*time.Second, "slot "+slot+" to be inactive", func() bool {
+		var active bool
+		QueryRow(t, dbURL, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, []any{slot}, &active)
+		return !active
+	})
 	var n int
 	QueryRow(t, dbURL, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
 		'proto_version', '1', 'publication_names', $2) WHERE position(convert_to($3, 'UTF8') in data) > 0`,
