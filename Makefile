@@ -144,7 +144,7 @@ BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency
 bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
 	mkdir -p $(BENCH_DIR) && rm -f $(BENCH_DIR)/results.jsonl
-	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/pipeline
+	$(GO) test -run '^$$' -bench BenchmarkHotPath -benchmem -count $(BENCH_COUNT) ./internal/relay
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \

@@ -40,7 +40,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 
 	cfg := config.Config{
 		Postgres:   postgres.Config{URL: src, StatusInterval: 50 * time.Millisecond},
-		Kafka:      sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
+		Kafka:      sink.Config{Brokers: k.Brokers},
 		Tables:     []*outbox.Source{{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + outbox.DefaultTopic}},
 		Checkpoint: config.CheckpointConfig{Topic: k.CheckpointTopic()},
 	}

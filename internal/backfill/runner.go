@@ -49,6 +49,12 @@ type Runner struct {
 	Metrics             *metrics.Metrics
 }
 
+// ChunkBytes is a chunk's byte budget for max_in_flight_bytes inFlight: a
+// sixteenth of it, at most 4 MiB. Memory holds a chunk's rows besides what
+// waits for Kafka; the Helm chart's memory limit counts both
+// (docs/kubernetes.md).
+func ChunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
+
 // plan works out job's queries on conn.
 func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*Plan, *decode.RowDecoder, error) {
 	t := Table(r.Tables, job.Table)

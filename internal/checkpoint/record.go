@@ -82,6 +82,18 @@ type Skip struct {
 	ID        string
 }
 
+// Skipped reports whether an operator chose, with cdc skip, to send the
+// event id of the transaction committed at commitLSN to the dead-letter
+// topic.
+func (r *Record) Skipped(commitLSN pglogrepl.LSN, id string) bool {
+	for _, k := range r.Skips {
+		if k.CommitLSN == commitLSN && k.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // Job is one backfill job's durable progress. A running pipeline
 // writes it with the confirmed position it belongs to: the rows it counts
 // as sent are acknowledged by Kafka, and a restart continues after After.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -233,42 +234,54 @@ func (c *Config) validateInFlight() error {
 	return nil
 }
 
-// validateKafka gives the producer what the other stages decide (the
-// delivery mode, the buffer the in-flight limit needs, the dead-letter
-// topics' limit) and validates it.
+// validateKafka validates the producer's settings, and its dead-letter
+// topics' limit.
 func (c *Config) validateKafka() error {
-	if c.IsExactlyOnce() {
-		// The session's producer gets its transactional id, which names
-		// the database system, when it connects.
-		c.Kafka.ExactlyOnce = true
-		c.Kafka.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
-		// An event waiting for the registry holds its Kafka transaction
-		// open: give up before the broker aborts it, and let a new
-		// session (a new transaction) wait again.
-		c.SchemaRegistry.WaitLimit = c.ExactlyOnce.TransactionTimeout / 2
-	}
-	if c.Kafka.MaxBufferedRecords == 0 {
-		// franz-go's Produce blocks when its buffer is full, which would
-		// block the replication loop and its status updates: keep the
-		// buffer above the in-flight limit.
-		c.Kafka.MaxBufferedRecords = 2 * c.MaxInFlight
-	}
 	if err := c.Kafka.Validate(); err != nil {
 		return err
-	}
-	if c.Kafka.MaxBufferedRecords <= c.MaxInFlight {
-		return fmt.Errorf("kafka buffer (%d records) must exceed max_in_flight (%d)", c.Kafka.MaxBufferedRecords, c.MaxInFlight)
 	}
 	if c.DeadLetterMaxMessageBytes == 0 {
 		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
 	}
-	c.Kafka.TopicMaxMessageBytes = map[string]int32{}
+	return nil
+}
+
+// Producer is the producer's settings: kafka.*, and what the other stages
+// decide: the delivery mode, a buffer above the in-flight limit, and the
+// dead-letter topics' size limit. It changes nothing in c; call it on a
+// validated Config.
+func (c *Config) Producer() sink.Config {
+	k := c.Kafka
+	if c.IsExactlyOnce() {
+		// The session's producer gets its transactional id, which names
+		// the database system, when it connects.
+		k.ExactlyOnce = true
+		k.TransactionTimeout = c.ExactlyOnce.TransactionTimeout
+	}
+	// franz-go's Produce blocks when its buffer is full, which would block
+	// the replication loop and its status updates: keep the buffer above
+	// the in-flight limit.
+	k.MaxBufferedRecords = 2 * c.MaxInFlight
+	k.TopicMaxMessageBytes = map[string]int32{}
 	for _, t := range c.Tables {
 		if t.OnInvalid == outbox.OnInvalidDeadLetter {
-			c.Kafka.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
+			k.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
 		}
 	}
-	return nil
+	return k
+}
+
+// Registry is the Schema Registry client's settings: schema_registry.*,
+// and, delivering exactly once, how long an event may wait for the
+// registry: an event waiting holds its Kafka transaction open, so it gives
+// up before the broker aborts it, and a new session (a new transaction)
+// waits again. It changes nothing in c.
+func (c *Config) Registry() schema.Config {
+	r := c.SchemaRegistry
+	if c.IsExactlyOnce() {
+		r.WaitLimit = c.ExactlyOnce.TransactionTimeout / 2
+	}
+	return r
 }
 
 // validateTimes fills and checks the pipeline's timeouts and backoffs.
@@ -430,10 +443,11 @@ func (c *Config) validateDelivery() error {
 // StandbyConfig configures takeover.
 type StandbyConfig struct {
 	// TakeoverAfter is how long the slot's holder may send Postgres
-	// nothing before a standby ends its walsender and takes over. Default
-	// DefaultTakeoverAfter; negative turns takeover off (a standby then
-	// waits for wal_sender_timeout). At least three status intervals.
-	TakeoverAfter time.Duration
+	// nothing before a standby ends its walsender and takes over: at
+	// least three status intervals. Default DefaultTakeoverAfter, or three
+	// status intervals when longer; 0 turns takeover off (a standby then
+	// waits for wal_sender_timeout). Read it with Config.TakeoverAfter.
+	TakeoverAfter opt.Value[time.Duration]
 }
 
 // DefaultTakeoverAfter is StandbyConfig.TakeoverAfter's default: five
@@ -441,13 +455,13 @@ type StandbyConfig struct {
 // 7 s of the holder freezing.
 const DefaultTakeoverAfter = 5 * time.Second
 
+// TakeoverAfter is standby.takeover_after, its default applied: 0 is off.
+func (c *Config) TakeoverAfter() time.Duration {
+	return c.Standby.TakeoverAfter.Or(max(DefaultTakeoverAfter, 3*c.Postgres.StatusInterval))
+}
+
 func (c *Config) validateStandby() error {
-	switch t := c.Standby.TakeoverAfter; {
-	case t == 0:
-		c.Standby.TakeoverAfter = max(DefaultTakeoverAfter, 3*c.Postgres.StatusInterval)
-	case t < 0:
-		c.Standby.TakeoverAfter = 0 // off
-	case t < 3*c.Postgres.StatusInterval:
+	if t := c.TakeoverAfter(); t != 0 && t < 3*c.Postgres.StatusInterval {
 		return fmt.Errorf("standby.takeover_after %s: use at least three postgres.status_interval (%s), or a live holder could be taken for a frozen one", t, c.Postgres.StatusInterval)
 	}
 	return nil

@@ -52,7 +52,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if cfg.Name != "outbox_cdc" {
 		t.Errorf("name = %q, want the slot's", cfg.Name)
 	}
-	if strings.Join(cfg.Kafka.Brokers, ",") != "k1:9092,k2:9092" || !cfg.Kafka.AllowAutoTopicCreation {
+	if strings.Join(cfg.Kafka.Brokers, ",") != "k1:9092,k2:9092" || !cfg.Kafka.AutoCreate() || !cfg.Kafka.Creates() {
 		t.Errorf("kafka = %+v", cfg.Kafka)
 	}
 	if len(cfg.Tables) != 1 || cfg.Tables[0].Name != (outbox.TableName{Schema: "public", Name: "outbox"}) ||
@@ -98,7 +98,7 @@ log:
 	if cfg.Postgres.Slot != "orders_slot" || cfg.Postgres.StatusInterval != 250*time.Millisecond {
 		t.Errorf("postgres = %+v", cfg.Postgres)
 	}
-	if cfg.Kafka.Brokers[0] != "file:9092" || cfg.Kafka.AllowAutoTopicCreation || cfg.Kafka.MaxMessageBytes != 2_000_000 {
+	if cfg.Kafka.Brokers[0] != "file:9092" || cfg.Kafka.AutoCreate() || cfg.Kafka.MaxMessageBytes != 2_000_000 {
 		t.Errorf("kafka = %+v", cfg.Kafka)
 	}
 	t0 := cfg.Tables[0]
@@ -234,8 +234,8 @@ func TestZeroDuration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Kafka.MaxBatchDelay >= 0 {
-		t.Errorf("max_batch_delay: 0 gave %v; want batching off (negative)", cfg.Kafka.MaxBatchDelay)
+	if d := cfg.Kafka.MaxBatchDelay.Or(time.Hour); d != 0 {
+		t.Errorf("max_batch_delay: 0 gave %v; want 0, batching off", d)
 	}
 }
 
@@ -248,7 +248,7 @@ func TestReadBatch(t *testing.T) {
 		err       string
 	}{
 		{"", "", time.Millisecond, ""},
-		{"read_batch: 0", "", -1, ""},
+		{"read_batch: 0", "", 0, ""},
 		{"read_batch: 3ms", "", 3 * time.Millisecond, ""},
 		{"", "5ms", 5 * time.Millisecond, ""},
 		{"read_batch: 20ms", "", 0, "postgres.read_batch 20ms: use a value from 0 (read at once) to 10ms"},
@@ -270,8 +270,8 @@ func TestReadBatch(t *testing.T) {
 			}
 		case err != nil:
 			t.Errorf("%q %q: %v", tt.yaml, tt.env, err)
-		case cfg.Postgres.ReadBatch != tt.want:
-			t.Errorf("%q %q: read_batch = %v; want %v", tt.yaml, tt.env, cfg.Postgres.ReadBatch, tt.want)
+		case cfg.Postgres.ReadBatchDelay() != tt.want:
+			t.Errorf("%q %q: read_batch = %v; want %v", tt.yaml, tt.env, cfg.Postgres.ReadBatchDelay(), tt.want)
 		}
 	}
 }
@@ -302,8 +302,8 @@ tables:
 	if got := cfg.Kafka.Brokers; len(got) != 2 || got[0] != "k1:9092" || cfg.Kafka.SASL.Password != "sasl-secret" {
 		t.Errorf("kafka = %+v", cfg.Kafka)
 	}
-	if cfg.Kafka.CreateTopics || cfg.MaxInFlight != 123 {
-		t.Errorf("create_topics %v, max_in_flight %d: want false and 123 (typed after expansion)", cfg.Kafka.CreateTopics, cfg.MaxInFlight)
+	if cfg.Kafka.Creates() || cfg.MaxInFlight != 123 {
+		t.Errorf("create_topics %v, max_in_flight %d: want false and 123 (typed after expansion)", cfg.Kafka.Creates(), cfg.MaxInFlight)
 	}
 	if h := cfg.Tables[0].Headers["tenant"]; h != "literal-${NOT_EXPANDED}" {
 		t.Errorf("headers.tenant = %q; want $${ kept as a literal ${", h)
@@ -365,7 +365,7 @@ func TestEverySettingFromTheEnvironment(t *testing.T) {
 	if got := cfg.Kafka.Brokers; len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
 		t.Errorf("brokers = %v", got)
 	}
-	if cfg.Kafka.MaxBatchDelay >= 0 || cfg.MaxInFlight != 77 || cfg.Kafka.CreateTopics || cfg.Kafka.TopicDefaults.Partitions != 6 ||
+	if cfg.Kafka.MaxBatchDelay.Or(time.Hour) != 0 || cfg.MaxInFlight != 77 || cfg.Kafka.Creates() || cfg.Kafka.TopicDefaults.Partitions != 6 ||
 		cfg.Replay.Window != 2*time.Hour || cfg.Kafka.ClientLog != "warn" || cfg.Postgres.ConfirmInterval != 50*time.Millisecond ||
 		cfg.Kafka.ClientID != "0123" || lc.HTTP.Listen != "127.0.0.1:9999" {
 		t.Errorf("the environment did not override the file: %+v", cfg)
@@ -469,35 +469,27 @@ func TestSchemaSetting(t *testing.T) {
 	}
 }
 
-// TestExactlyOnceLinger: exactly-once paces requests with franz-go's linger
-// (a transaction's commit flushes it), max_batch_delay long by default; a
-// linger that is set stays, and max_batch_delay: 0 leaves none. Send's own
-// pacing is off.
-func TestExactlyOnceLinger(t *testing.T) {
-	for _, tt := range []struct {
-		kafka string
-		want  time.Duration
-	}{
-		{"", 5 * time.Millisecond},
-		{", max_batch_delay: 20ms", 20 * time.Millisecond},
-		{", max_batch_delay: 0", 0},
-		{", linger: 2ms", 2 * time.Millisecond},
-	} {
-		yaml := "postgres: {url: 'postgres://u@h/d'}\ndelivery: exactly-once\nkafka: {brokers: [k:1]" + tt.kafka + "}\n"
-		cfg, _, err := validConfig(writeConfig(t, yaml), env())
-		if err != nil {
-			t.Fatalf("%q: %v", tt.kafka, err)
-		}
-		if cfg.Kafka.Linger != tt.want || cfg.Kafka.MaxBatchDelay >= 0 {
-			t.Errorf("%q: linger %v, max_batch_delay %v; want linger %v and Send's pacing off", tt.kafka, cfg.Kafka.Linger, cfg.Kafka.MaxBatchDelay, tt.want)
-		}
-	}
-	cfg, _, err := validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1]}\n"), env())
+// TestProducer: the producer's settings are kafka.* with what the other
+// stages decide (the delivery mode and its transaction timeout, a buffer
+// above max_in_flight, the dead-letter topics' limit), and Validate
+// rewrites nothing of kafka.* itself.
+func TestProducer(t *testing.T) {
+	yaml := "postgres: {url: 'postgres://u@h/d'}\ndelivery: exactly-once\nexactly_once: {transaction_timeout: 2m}\nmax_in_flight: 300\n" +
+		"kafka: {brokers: [k:1], dead_letter_max_message_bytes: 3000000}\ntables: [{name: public.outbox, on_invalid: dead-letter, dead_letter_topic: dl}]\n"
+	cfg, _, err := validConfig(writeConfig(t, yaml), env())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Kafka.Linger != 0 {
-		t.Errorf("at-least-once: linger %v; want 0 (Send paces)", cfg.Kafka.Linger)
+	p := cfg.Producer()
+	if !p.ExactlyOnce || p.TransactionTimeout != 2*time.Minute || p.MaxBufferedRecords != 600 || p.TopicMaxMessageBytes["dl"] != 3_000_000 {
+		t.Errorf("producer: exactly once %v, transaction timeout %s, buffer %d, dead-letter limit %d; want true, 2m, 600, 3000000",
+			p.ExactlyOnce, p.TransactionTimeout, p.MaxBufferedRecords, p.TopicMaxMessageBytes["dl"])
+	}
+	if cfg.Kafka.ExactlyOnce || cfg.Kafka.TransactionTimeout != 0 || cfg.Kafka.TopicMaxMessageBytes != nil {
+		t.Errorf("Validate rewrote kafka.*: %+v", cfg.Kafka)
+	}
+	if r := cfg.Registry(); r.WaitLimit != time.Minute || cfg.SchemaRegistry.WaitLimit != 0 {
+		t.Errorf("registry wait limit %s (config's %s); want half the transaction timeout, and the config's untouched", r.WaitLimit, cfg.SchemaRegistry.WaitLimit)
 	}
 }
 

@@ -20,9 +20,7 @@ import (
 // struct { Brokers []string ...") and span lines. It also accepts a bare 0
 // as a duration, which yaml.v3 refuses, by rewriting the node to "0s".
 func checkNode(n *yaml.Node, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
+	t = settingType(t)
 	if n.Kind == yaml.DocumentNode {
 		for _, c := range n.Content {
 			if err := checkNode(c, t, path); err != nil {
@@ -78,6 +76,25 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
+
+// optionalType is what an opt.Value implements: a setting that may be
+// unset, checked and set from the environment as its element.
+var optionalType = reflect.TypeOf((*interface{ Elem() reflect.Type })(nil)).Elem()
+
+// settingType is the type a setting of type t is written as: a pointer's
+// element, an opt.Value's.
+func settingType(t reflect.Type) reflect.Type {
+	for {
+		switch {
+		case t.Kind() == reflect.Pointer:
+			t = t.Elem()
+		case t.Kind() == reflect.Struct && t.Implements(optionalType):
+			t = reflect.Zero(t).Interface().(interface{ Elem() reflect.Type }).Elem()
+		default:
+			return t
+		}
+	}
+}
 
 // shorthandType is what a mapping that may be written as a scalar
 // implements (tables[].schema).
@@ -282,9 +299,7 @@ func validEnvName(s string) bool {
 // is CDC_KAFKA_MAX_BATCH_DELAY). Lists of tables and free-form maps have
 // none; a list of strings is written comma-separated.
 func envKeys(t reflect.Type, path []string, f func(name string, path []string, t reflect.Type)) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
+	t = settingType(t)
 	if t.Kind() == reflect.Struct && t != durationType {
 		fields := yamlFields(t)
 		keys := make([]string, 0, len(fields))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/postgres"
@@ -28,30 +29,30 @@ import (
 // keep the two in step.
 type fileConfig struct {
 	Postgres struct {
-		URL             string         `yaml:"url"`
-		PrimaryURL      string         `yaml:"primary_url"`
-		PasswordFile    string         `yaml:"password_file"`
-		Slot            string         `yaml:"slot"`
-		Publication     string         `yaml:"publication"`
-		StatusInterval  time.Duration  `yaml:"status_interval"`
-		ConfirmInterval time.Duration  `yaml:"confirm_interval"`
-		ReadBatch       *time.Duration `yaml:"read_batch"`
-		CatalogCheck    time.Duration  `yaml:"catalog_check_interval"`
-		ReceiveTimeout  time.Duration  `yaml:"receive_timeout"`
+		URL             string                   `yaml:"url"`
+		PrimaryURL      string                   `yaml:"primary_url"`
+		PasswordFile    string                   `yaml:"password_file"`
+		Slot            string                   `yaml:"slot"`
+		Publication     string                   `yaml:"publication"`
+		StatusInterval  time.Duration            `yaml:"status_interval"`
+		ConfirmInterval time.Duration            `yaml:"confirm_interval"`
+		ReadBatch       opt.Value[time.Duration] `yaml:"read_batch"`
+		CatalogCheck    time.Duration            `yaml:"catalog_check_interval"`
+		ReceiveTimeout  time.Duration            `yaml:"receive_timeout"`
 	} `yaml:"postgres"`
 	Kafka struct {
-		Brokers                []string `yaml:"brokers"`
-		ClientID               string   `yaml:"client_id"`
-		MaxMessageBytes        int32    `yaml:"max_message_bytes"`
-		AllowAutoTopicCreation *bool    `yaml:"allow_auto_topic_creation"`
-		CreateTopics           *bool    `yaml:"create_topics"`
+		Brokers                []string        `yaml:"brokers"`
+		ClientID               string          `yaml:"client_id"`
+		MaxMessageBytes        int32           `yaml:"max_message_bytes"`
+		AllowAutoTopicCreation opt.Value[bool] `yaml:"allow_auto_topic_creation"`
+		CreateTopics           opt.Value[bool] `yaml:"create_topics"`
 		TopicDefaults          struct {
 			Partitions        int32             `yaml:"partitions"`
 			ReplicationFactor int16             `yaml:"replication_factor"`
 			Configs           map[string]string `yaml:"configs"`
 		} `yaml:"topic_defaults"`
-		Linger        time.Duration  `yaml:"linger"`
-		MaxBatchDelay *time.Duration `yaml:"max_batch_delay"`
+		Linger        time.Duration            `yaml:"linger"`
+		MaxBatchDelay opt.Value[time.Duration] `yaml:"max_batch_delay"`
 		TLS           struct {
 			Enabled    bool   `yaml:"enabled"`
 			CAFile     string `yaml:"ca_file"`
@@ -77,7 +78,7 @@ type fileConfig struct {
 		Window time.Duration `yaml:"window"`
 	} `yaml:"replay"`
 	Standby struct {
-		TakeoverAfter *time.Duration `yaml:"takeover_after"`
+		TakeoverAfter opt.Value[time.Duration] `yaml:"takeover_after"`
 	} `yaml:"standby"`
 	Backfill struct {
 		StatementTimeout time.Duration `yaml:"statement_timeout"`
@@ -349,13 +350,6 @@ func (fc *fileConfig) log(env Environ) (Log, error) {
 // config maps the file's keys onto the stages' configs; their defaults
 // are theirs, filled by Validate.
 func (fc *fileConfig) config(signingKeys [][]byte) Config {
-	autoCreate, createTopics := true, true
-	if fc.Kafka.AllowAutoTopicCreation != nil {
-		autoCreate = *fc.Kafka.AllowAutoTopicCreation
-	}
-	if fc.Kafka.CreateTopics != nil {
-		createTopics = *fc.Kafka.CreateTopics
-	}
 	return Config{
 		Postgres: postgres.Config{
 			URL:                  fc.Postgres.URL,
@@ -365,7 +359,7 @@ func (fc *fileConfig) config(signingKeys [][]byte) Config {
 			Publication:          fc.Postgres.Publication,
 			StatusInterval:       fc.Postgres.StatusInterval,
 			ConfirmInterval:      fc.Postgres.ConfirmInterval,
-			ReadBatch:            batchDelay(fc.Postgres.ReadBatch),
+			ReadBatch:            fc.Postgres.ReadBatch,
 			CatalogCheckInterval: fc.Postgres.CatalogCheck,
 			ReceiveTimeout:       fc.Postgres.ReceiveTimeout,
 		},
@@ -373,13 +367,13 @@ func (fc *fileConfig) config(signingKeys [][]byte) Config {
 			Brokers:                fc.Kafka.Brokers,
 			ClientID:               fc.Kafka.ClientID,
 			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
-			AllowAutoTopicCreation: autoCreate,
-			CreateTopics:           createTopics,
+			AllowAutoTopicCreation: fc.Kafka.AllowAutoTopicCreation,
+			CreateTopics:           fc.Kafka.CreateTopics,
 			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
 				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
 			ClientLog:     fc.Log.Kafka,
 			Linger:        fc.Kafka.Linger,
-			MaxBatchDelay: batchDelay(fc.Kafka.MaxBatchDelay),
+			MaxBatchDelay: fc.Kafka.MaxBatchDelay,
 			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
 				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
 			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
@@ -401,7 +395,7 @@ func (fc *fileConfig) config(signingKeys [][]byte) Config {
 		Replay:                    ReplayConfig{Window: fc.Replay.Window},
 		Name:                      fc.Name,
 		Delivery:                  fc.Delivery,
-		Standby:                   StandbyConfig{TakeoverAfter: batchDelay(fc.Standby.TakeoverAfter)},
+		Standby:                   StandbyConfig{TakeoverAfter: fc.Standby.TakeoverAfter},
 		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout, ReaderRole: fc.Backfill.ReaderRole},
 		ExactlyOnce: ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
 			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
@@ -515,19 +509,6 @@ func (ft fileTable) columns(t *outbox.Source, isMessage bool) error {
 		t.Additional = append(t.Additional, outbox.Additional{Column: c, Placement: a.Placement, As: a.As})
 	}
 	return nil
-}
-
-// batchDelay maps a duration whose 0 means off (kafka.max_batch_delay,
-// postgres.read_batch, standby.takeover_after) to the packages' convention: unset (nil) is 0,
-// the default, and 0 is -1, off.
-func batchDelay(d *time.Duration) time.Duration {
-	switch {
-	case d == nil:
-		return 0
-	case *d == 0:
-		return -1
-	}
-	return *d
 }
 
 // yamlError flattens yaml.v3's multi-line errors ("yaml: unmarshal

@@ -218,6 +218,10 @@ func parseTuple(r *reader, vals []tupleValue) []tupleValue {
 	return vals
 }
 
+// IsCommit reports whether data is a pgoutput COMMIT message: the
+// replication loop ends a transaction there (wal.Stream.End).
+func IsCommit(data []byte) bool { return len(data) > 0 && data[0] == msgCommit }
+
 // BeginCommitTime is the commit time a pgoutput BEGIN message carries, or
 // false for another message: the replication loop reads it before it hands
 // the message on, to tell a stream that runs live from a backlog.

@@ -198,7 +198,7 @@ type demoConnector struct {
 func demoConfig(pgURL string, brokers []string) config.Config {
 	return config.Config{
 		Postgres:   postgres.Config{URL: pgURL, Slot: "cdc_demo", Publication: "cdc_demo", StatusInterval: 250 * time.Millisecond},
-		Kafka:      sink.Config{Brokers: brokers, AllowAutoTopicCreation: true, CreateTopics: true},
+		Kafka:      sink.Config{Brokers: brokers},
 		Tables:     []*outbox.Source{{Name: outbox.TableName{Schema: "cdc_demo", Name: "outbox"}, Columns: outbox.DefaultColumns}},
 		Checkpoint: config.CheckpointConfig{Topic: "cdc-demo.checkpoints"},
 		Replay:     config.ReplayConfig{Window: time.Hour},

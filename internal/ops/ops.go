@@ -107,7 +107,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 			probs = append(probs, "postgres: "+pr)
 		}
 	}
-	if o.Config.Standby.TakeoverAfter > 0 {
+	if o.Config.TakeoverAfter() > 0 {
 		if w := checkTakeover(ctx, o.Config.Postgres); w != "" {
 			warnings = append(warnings, "postgres: "+w)
 		}
@@ -149,7 +149,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 // which the connector creates itself, and every topic that is not a
 // template.
 func (o *Ops) checkKafka(ctx context.Context) (probs, warnings []string, err error) {
-	k, err := sink.New(o.Config.Kafka, o.Log.Named("kafka"), o.KafkaOpts...)
+	k, err := sink.New(o.Config.Producer(), o.Log.Named("kafka"), o.KafkaOpts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka: %w", err)
 	}
@@ -174,7 +174,7 @@ func (o *Ops) checkKafka(ctx context.Context) (probs, warnings []string, err err
 		for _, topic := range t.FixedTopics() {
 			if !seen[topic] {
 				seen[topic] = true
-				check(topic, o.Config.Kafka.CreateTopics, false)
+				check(topic, o.Config.Kafka.Creates(), false)
 			}
 		}
 	}

@@ -23,7 +23,7 @@ import (
 func (p *Pipeline) backfills() *backfill.Runner {
 	return &backfill.Runner{
 		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, Tables: p.cfg.Tables,
-		MaxInFlight: p.cfg.MaxInFlight, MaxInFlightBytes: p.cfg.MaxInFlightBytes, ChunkBytes: chunkBytes(p.cfg.MaxInFlightBytes),
+		MaxInFlight: p.cfg.MaxInFlight, MaxInFlightBytes: p.cfg.MaxInFlightBytes, ChunkBytes: backfill.ChunkBytes(p.cfg.MaxInFlightBytes),
 		StatusInterval: p.cfg.Postgres.StatusInterval,
 		Backoff:        p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax,
 		Log: p.log, Metrics: p.m,
@@ -78,20 +78,14 @@ func (s *session) request(id string, at time.Time) error {
 		return nil // read again after a restart
 	}
 	a := &s.p.announced
-	if _, ok := a.refused[id]; ok {
+	if a.Refused(id) {
 		return nil // refused before: said once
 	}
 	refuse := func(msg string) {
-		if len(a.refused) >= maxRefusedRequests {
-			clear(a.refused) // bounded: any role may announce ids at will
-		}
-		if a.refused == nil {
-			a.refused = map[string]struct{}{}
-		}
-		a.refused[id] = struct{}{}
+		a.Refuse(id)
 		s.p.log.Warn(msg, "id", id)
 	}
-	if !s.requests.Read(id) && !a.allow(time.Now()) {
+	if !s.requests.Read(id) && !a.Allow(time.Now()) {
 		// An id the follower has not read costs a look at the topic's
 		// end, on the replication loop: a role announcing ids at will
 		// gets a few a second, not the loop.
@@ -125,33 +119,6 @@ func (s *session) request(id string, at time.Time) error {
 	return nil
 }
 
-// maxRefusedRequests bounds the ids of refused requests a pipeline
-// remembers, so as to pass over each at once when it is announced again.
-const maxRefusedRequests = 1024
-
-// announcements is what a pipeline keeps of the backfill requests the
-// stream announced, on the replication loop: those it refused, and a
-// budget of look-ups of ids the follower has not read (lookupsPerSecond,
-// as a token bucket).
-type announcements struct {
-	refused map[string]struct{}
-	tokens  float64
-	at      time.Time
-}
-
-const lookupsPerSecond = 5
-
-// allow takes a look-up from the budget, if one is left at now.
-func (a *announcements) allow(now time.Time) bool {
-	a.tokens = min(lookupsPerSecond, a.tokens+now.Sub(a.at).Seconds()*lookupsPerSecond)
-	a.at = now
-	if a.tokens < 1 {
-		return false
-	}
-	a.tokens--
-	return true
-}
-
 // The session is the first start's backfill.Sender.
 
 func (s *session) Begin(now time.Time) error {
@@ -171,18 +138,20 @@ func (s *session) Commit(at pglogrepl.LSN, now time.Time) {
 	s.tx = nil
 	s.kafka.Release(time.Time{})
 	// A chunk sent: the first start is busy, not stuck (Healthy).
-	s.p.idleSince.Store(now.UnixNano())
+	s.p.status.Busy()
 }
 
 func (s *session) WaitRoom(ctx context.Context, n int, bytes int64) error {
 	return s.tracker.WaitRoom(ctx, n, bytes)
 }
 
-// chunkBytes is a backfill chunk's byte budget for max_in_flight_bytes
-// inFlight: a sixteenth of it, at most 4 MiB. Memory holds a chunk's rows
-// besides what waits for Kafka; the Helm chart's memory limit counts both
-// (docs/kubernetes.md).
-func chunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
+// room waits until the events in flight leave room for a chunk of rows
+// read beside the stream (a backfill's, a repair's): half of
+// max_in_flight, and max_in_flight_bytes less the chunk's budget.
+func (s *session) room(ctx context.Context) error {
+	cfg := s.p.cfg
+	return s.tracker.WaitRoom(ctx, max(cfg.MaxInFlight/2, 1), max(cfg.MaxInFlightBytes-backfill.ChunkBytes(cfg.MaxInFlightBytes), 0))
+}
 
 // Save writes the checkpoint with job's progress, through the session's
 // producer (in exactly-once mode, in the transaction with the rows it

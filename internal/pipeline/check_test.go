@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -22,7 +23,7 @@ import (
 // creation without creating it.
 func TestCheckKafkaTopics(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
-	e.cfg.Kafka.CreateTopics, e.cfg.Kafka.AllowAutoTopicCreation = false, false
+	e.cfg.Kafka.CreateTopics, e.cfg.Kafka.AllowAutoTopicCreation = opt.Set(false), opt.Set(false)
 	static := e.kafka.Prefix + "orders.static"
 	e.cfg.Tables[0].Topic = static
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...))
@@ -55,7 +56,7 @@ func TestCheckKafkaTopics(t *testing.T) {
 	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "cleanup.policy", Value: kadm.StringPtr("compact")}}, e.kafka.CheckpointTopic()); err != nil {
 		t.Fatal(err)
 	}
-	e.cfg.Kafka.CreateTopics = true
+	e.cfg.Kafka.CreateTopics = opt.Set(true)
 	if err := check(); err != nil {
 		t.Fatalf("a compacted checkpoint topic and a topic the connector may create: %v", err)
 	}

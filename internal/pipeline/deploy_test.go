@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/localpg"
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -155,7 +156,7 @@ func TestReplicasStartTogether(t *testing.T) {
 func TestStandbyLeavesABusyHolder(t *testing.T) {
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
-	e.cfg.Standby.TakeoverAfter = time.Second
+	e.cfg.Standby.TakeoverAfter = opt.Set(time.Second)
 	a := e.start(t)
 	b := e.launch(t, ioDiscard{})
 	waitDetail(t, b, "standby")
@@ -171,7 +172,7 @@ func TestStandbyLeavesABusyHolder(t *testing.T) {
 	})
 	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "created")
 	testenv.Eventually(t, 30*time.Second, "the holder to block creating the topic", held.Load)
-	hold := time.NewTimer(4 * e.cfg.Standby.TakeoverAfter) // the fault: how long the broker holds the call
+	hold := time.NewTimer(4 * e.cfg.TakeoverAfter()) // the fault: how long the broker holds the call
 	<-hold.C
 	close(release)
 	c := kafka.NewConsumer(t, kafka.AllTopics())

@@ -16,7 +16,7 @@
 // fatal error, or on a transient one; transient errors start a new session
 // after a backoff, and Postgres re-sends everything after the slot's confirmed
 // position. An instance that finds the slot held waits as a standby and takes
-// over a silent holder (standby.go).
+// over a silent holder (postgres.Takeover).
 //
 // The session also carries what other packages decide: the backfill
 // chunks internal/backfill hands it at their high watermarks, and the

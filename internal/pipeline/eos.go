@@ -25,7 +25,7 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System, opening *checkpoin
 	if err := p.openStore(ctx, opening); err != nil {
 		return nil, err
 	}
-	kcfg := p.cfg.Kafka
+	kcfg := p.cfg.Producer()
 	kcfg.TransactionalID = delivery.TransactionalID(p.cfg.Postgres.Slot, sys.ID)
 	k, err := sink.New(kcfg, p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {

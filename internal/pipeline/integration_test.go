@@ -77,7 +77,7 @@ func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
 func newEnvConfig(db string, kafka *testenv.Kafka) config.Config {
 	return config.Config{
 		Postgres: postgres.Config{URL: db, StatusInterval: 50 * time.Millisecond},
-		Kafka:    sink.Config{Brokers: kafka.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
+		Kafka:    sink.Config{Brokers: kafka.Brokers},
 		Tables: []*outbox.Source{{
 			Name:    outbox.TableName{Schema: "public", Name: "outbox"},
 			Columns: outbox.DefaultColumns,

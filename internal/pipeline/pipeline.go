@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/delivery"
+	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/ops"
@@ -71,24 +71,17 @@ type Pipeline struct {
 	m        *metrics.Metrics
 	// onStandby: the last session's server was a hot standby.
 	onStandby bool
-	// state is what /readyz and /healthz report; beat, while a session
-	// streams, is when its replication loop last ran.
-	state atomic.Pointer[State]
-	beat  atomic.Pointer[func() time.Time]
-	// idleSince is when this process last streamed or, as a standby, saw
-	// a live holder, or made progress on a long step before streaming (a
-	// first start's backfill sent a chunk): unix nanoseconds, for
-	// Healthy. Busy is not stuck.
-	idleSince atomic.Int64
+	// status is what /readyz and /healthz report: what the pipeline does,
+	// and whether it streams or makes progress. Busy is not stuck.
+	status endpoint.Status
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
 	// waitingLogged: the standby has said it waits; it says so once.
 	waitingLogged bool
-	// lease is what the standby last saw of the holder (takeOver);
-	// leaseBlind: it said once that its role cannot see the holder.
-	lease      lease
-	leaseBlind bool
+	// takeover watches the slot's holder while this instance waits as a
+	// standby (docs/operations.md, "Active and standby").
+	takeover *postgres.Takeover
 	// walsender is the server process of the last session's replication
 	// connection, to tell this instance's slot hold from another's.
 	walsender atomic.Uint32
@@ -100,7 +93,7 @@ type Pipeline struct {
 	ops *ops.Ops // the operator commands for cfg
 	// announced is what the stream made of the backfill requests it met
 	// (session.request), across sessions.
-	announced announcements
+	announced checkpoint.Announced
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session that resumes checkpoints
 	// it first. It is the pipeline's, not a session's: the sessions that
@@ -128,18 +121,21 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 		p.m = metrics.New(p.cfg.Name)
 	}
 	if cfg.UsesRegistry() {
-		if p.schemas, err = schema.New(cfg.SchemaRegistry, p.m, log); err != nil {
+		if p.schemas, err = schema.New(cfg.Registry(), p.m, log); err != nil {
 			return nil, err
 		}
 	}
+	p.takeover = &postgres.Takeover{Postgres: cfg.Postgres, After: cfg.TakeoverAfter(), Log: log}
 	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
 		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics(), Schema: t.Schema.Registered()})
 	}
 	p.m.Init(sources)
+	// A streaming loop runs at least every status interval.
+	p.status = endpoint.Status{UnhealthyAfter: cfg.UnhealthyAfter, LoopSilence: max(30*time.Second, 5*cfg.Postgres.StatusInterval), Gauge: p.m.Streaming}
 	p.setState(false, "starting")
-	p.idleSince.Store(time.Now().UnixNano())
+	p.status.Busy()
 	return p, nil
 }
 
@@ -151,64 +147,24 @@ func (p *Pipeline) Ops() *ops.Ops { return p.ops }
 func (p *Pipeline) Metrics() *metrics.Metrics { return p.m }
 
 // State is what the pipeline is doing, for /readyz.
-type State struct {
-	// Streaming: this instance holds the slot and streams.
-	Streaming bool
-	// Detail says what it does: streaming, waiting for the slot (a
-	// standby), reconnecting, stopped. It names no host or role.
-	Detail string
-	// Reason is why, when Detail says it retries: the error, which may
-	// name hosts and roles (/readyz shows it only with the token).
-	Reason string
-	Since  time.Time
-}
+type State = endpoint.State
 
-func (p *Pipeline) setState(streaming bool, detail string) { p.setStateWhy(streaming, detail, "") }
-
-func (p *Pipeline) setStateWhy(streaming bool, detail, reason string) {
-	p.state.Store(&State{Streaming: streaming, Detail: detail, Reason: reason, Since: time.Now()})
-	if streaming {
-		p.m.Streaming.Set(1)
-	} else {
-		p.m.Streaming.Set(0)
-	}
-}
+func (p *Pipeline) setState(streaming bool, detail string) { p.status.Set(streaming, detail, "") }
 
 // Ready reports whether this instance holds the slot and streams, and what
 // it does, for /readyz.
-func (p *Pipeline) Ready() (bool, string) {
-	st := p.State()
-	return st.Streaming, st.Detail
-}
+func (p *Pipeline) Ready() (bool, string) { return p.status.Ready() }
 
 // Why is the error the pipeline retries after, if any, for /readyz with
 // the token.
-func (p *Pipeline) Why() string { return p.State().Reason }
+func (p *Pipeline) Why() string { return p.status.Why() }
 
 // State returns what the pipeline is doing.
-func (p *Pipeline) State() State { return *p.state.Load() }
+func (p *Pipeline) State() State { return p.status.State() }
 
-// Healthy reports whether the pipeline's loops are alive: the replication
-// loop of a streaming session runs at least every status interval, so
-// silence for much longer means it is stuck.
-func (p *Pipeline) Healthy() error {
-	beat := p.beat.Load()
-	if beat == nil {
-		// Between sessions: a standby waiting for a live holder is
-		// healthy, and so is a first start whose backfill makes
-		// progress; retrying, or a backfill that sent nothing, for
-		// longer than UnhealthyAfter is stuck.
-		if d := time.Since(time.Unix(0, p.idleSince.Load())); d > p.cfg.UnhealthyAfter {
-			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), p.cfg.UnhealthyAfter, p.State().Detail)
-		}
-		return nil
-	}
-	limit := max(30*time.Second, 5*p.cfg.Postgres.StatusInterval)
-	if d := time.Since((*beat)()); d > limit {
-		return fmt.Errorf("the replication loop has not run for %s", d.Round(time.Second))
-	}
-	return nil
-}
+// Healthy reports whether the pipeline's loops are alive
+// (endpoint.Status): busy is not stuck.
+func (p *Pipeline) Healthy() error { return p.status.Healthy() }
 
 // Weaknesses lists the settings that leave a connection or a secret open
 // to the network (postgres.Config.Weaknesses, sink.Config.Weaknesses): cdc run
@@ -329,20 +285,23 @@ func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Back
 		if p.progress == nil {
 			what = "first start, not streaming yet; retrying after an error"
 		}
-		p.setStateWhy(false, what, errtext.OneLine(err))
+		p.status.Set(false, what, errtext.OneLine(err))
 		p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", retryIn)
 		return wait
 	}
 	p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-	p.idleSince.Store(time.Now().UnixNano()) // the holder is alive, or will be taken over
-	if after := p.cfg.Standby.TakeoverAfter; after > 0 && !errors.Is(err, postgres.ErrStarting) {
+	p.status.Busy() // the holder is alive, or will be taken over
+	if after := p.cfg.TakeoverAfter(); after > 0 && !errors.Is(err, postgres.ErrStarting) {
 		wait = min(wait, after/4)
-		if p.takeOver(ctx) {
+		if now, ended := p.takeover.Try(ctx); now {
 			wait = 0
+			if ended {
+				p.waitingLogged = false
+			}
 		}
 	}
 	if wait > 0 && !p.waitingLogged {
-		p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", errtext.OneLine(err), "takeover_after", p.cfg.Standby.TakeoverAfter)
+		p.log.Warn("replication slot is in use; waiting for it as a standby", "slot", p.cfg.Postgres.Slot, "error", errtext.OneLine(err), "takeover_after", p.cfg.TakeoverAfter())
 		p.waitingLogged = true
 	}
 	return wait
@@ -358,39 +317,6 @@ func (p *Pipeline) newTracker(from pglogrepl.LSN) *delivery.Tracker {
 // maxRefused is how many times in a row a connector that has streamed
 // retries Postgres refusing its credentials before it stops.
 const maxRefused = 5
-
-// stallAfter is how long Kafka may leave events unacknowledged before the
-// connector says so.
-const stallAfter = 10 * time.Second
-
-// watchKafka logs once when Kafka stops acknowledging events that are in
-// flight, and once when it resumes. It only reads the tracker.
-func (p *Pipeline) watchKafka(tr *delivery.Tracker, done <-chan struct{}) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	lastAcked, lastProgress, stalled := tr.Acked(), time.Now(), false
-	for {
-		select {
-		case <-done:
-			return
-		case now := <-t.C:
-			acked, inFlight := tr.Acked(), tr.InFlight()
-			p.m.InFlight.Set(float64(inFlight))
-			p.m.Behind.Set(tr.Behind(now).Seconds())
-			switch {
-			case acked != lastAcked || inFlight == 0:
-				if stalled {
-					p.log.Info("kafka acknowledges events again", "stalled_for", now.Sub(lastProgress).Round(time.Second).String())
-				}
-				lastAcked, lastProgress, stalled = acked, now, false
-			case !stalled && now.Sub(lastProgress) >= stallAfter:
-				p.log.Warn("kafka has not acknowledged any event recently; retrying, and still answering postgres keepalives",
-					"for", now.Sub(lastProgress).Round(time.Second).String(), "in_flight", inFlight, "brokers", strings.Join(p.cfg.Kafka.Brokers, ","))
-				stalled = true
-			}
-		}
-	}
-}
 
 // decodeError marks an undecodable replication message. The same bytes would
 // arrive again after a reconnect, so it is fatal.

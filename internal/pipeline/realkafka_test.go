@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -55,8 +56,8 @@ func adminClient(t *testing.T, k *testenv.Kafka) *kadm.Client {
 func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 	k := realKafka(t)
 	e := newEnv(t, k)
-	e.cfg.Kafka.AllowAutoTopicCreation = false
-	e.cfg.Kafka.CreateTopics = false
+	e.cfg.Kafka.AllowAutoTopicCreation = opt.Set(false)
+	e.cfg.Kafka.CreateTopics = opt.Set(false)
 	r := e.start(t)
 	before := testenv.CurrentWAL(t, e.db)
 	id, xid := insertEventTx(t, testenv.Connect(t, e.db), "order", "m-1", "Missing", `'{}'`)
@@ -81,7 +82,7 @@ func TestRealMissingTopicWithoutAutoCreation(t *testing.T) {
 func TestRealCreatesMissingTopics(t *testing.T) {
 	k := realKafka(t)
 	e := newEnv(t, k)
-	e.cfg.Kafka.AllowAutoTopicCreation = false
+	e.cfg.Kafka.AllowAutoTopicCreation = opt.Set(false)
 	e.cfg.Kafka.TopicDefaults = sink.TopicDefaults{Partitions: 2, ReplicationFactor: 1, Configs: map[string]string{"retention.ms": "3600000"}}
 	e.start(t)
 	id := insertEvent(t, testenv.Connect(t, e.db), "c-1", "Created")
@@ -112,8 +113,8 @@ func TestRealCreatesMissingTopics(t *testing.T) {
 func TestRealBrokerAutoCreatesTopic(t *testing.T) {
 	k := realKafka(t)
 	e := newEnv(t, k)
-	e.cfg.Kafka.CreateTopics = false
-	e.cfg.Kafka.AllowAutoTopicCreation = true
+	e.cfg.Kafka.CreateTopics = opt.Set(false)
+	e.cfg.Kafka.AllowAutoTopicCreation = opt.Set(true)
 	e.start(t)
 	id := insertEvent(t, testenv.Connect(t, e.db), "a-1", "AutoCreated")
 	c := k.NewConsumer(t, k.AllTopics())

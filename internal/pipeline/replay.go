@@ -45,7 +45,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	}
 	f.EndAt(end)
 
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
+	k, err := sink.New(p.cfg.Producer(), p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return replay.Summary{}, err
 	}
@@ -58,6 +58,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}
 	defer pt.Close(ctx)
 	s.dec = s.newDecoder(pt, nil)
+	s.out = s.newSender()
 	acks := replay.NewAcks(s.tracker, f)
 
 	report := func() replay.Status { return f.Progress(start, s.tracker.Acked()) }

@@ -5,22 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
-	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/relay"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/retention"
-	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -30,10 +29,11 @@ import (
 // opens (openSession), streams with its background tasks beside the
 // stream (besides), and ends (endSession).
 func (p *Pipeline) runSession(ctx context.Context) error {
-	k, err := p.connectKafka(ctx)
+	k, err := sink.Connect(ctx, p.cfg.Producer(), p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {
 		return err
 	}
+	p.log.Debug("kafka: brokers answered")
 	defer func() { k.Close() }() // the transactional producer replaces it
 	var opening *checkpoint.Opening
 	if p.store == nil {
@@ -78,44 +78,23 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	// The walsender holds the slot now: that is the lock from here on.
 	lock.Release(ctx)
 
-	beat := s.stream.Beat
-	p.beat.Store(&beat)
+	p.status.Streaming(s.stream.Beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
 	p.streamed.Store(true)
 	defer func() {
-		p.beat.Store(nil)
-		p.idleSince.Store(time.Now().UnixNano())
+		p.status.Streaming(nil)
 		p.setState(false, "session ended")
 	}()
 	acks, batch := p.acks(s, k)
 	if p.opts.OnSession != nil {
 		p.opts.OnSession(s.tracker)
 	}
-	runCtx, watchErr, stop := p.besides(ctx, s)
+	watchErr, stop := p.besides(ctx, s)
 	defer stop()
-	runErr := s.stream.Run(runCtx, s.handle, acks, batch)
+	// The stream outlives ctx by as much as it takes to reach the end of a
+	// transaction: a shutdown ends it through session.end.
+	runErr := s.stream.Run(context.WithoutCancel(ctx), s.handle, acks, batch)
 	return p.endSession(ctx, s, k, acks, runErr, watchErr)
-}
-
-// connectKafka opens the session's Kafka client and waits until the
-// brokers answer.
-func (p *Pipeline) connectKafka(ctx context.Context) (*sink.Kafka, error) {
-	k, err := sink.New(p.cfg.Kafka, p.log.Named("kafka"), p.kafkaOpts()...)
-	if err != nil {
-		return nil, err
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = k.Ping(pingCtx)
-	cancel()
-	if err != nil {
-		k.Close()
-		if !errors.As(err, new(*sink.ConnectError)) {
-			return nil, fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
-		}
-		return nil, err
-	}
-	p.log.Debug("kafka: brokers answered")
-	return k, nil
 }
 
 // openSession makes the session of what start opened: its tracker,
@@ -144,6 +123,7 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 		s.eos = delivery.NewCommitter(k, s.tracker, p.progress, p.store, func() bool { return s.tx != nil },
 			eos.CommitEvents, eos.CommitInterval, p.cfg.Postgres.StatusInterval)
 	}
+	s.out = s.newSender()
 	fail := func(err error) (*session, func(), error) {
 		o.conn.Close(context.WithoutCancel(ctx))
 		if s.requests != nil {
@@ -187,12 +167,12 @@ func (p *Pipeline) acks(s *session, k *sink.Kafka) (sessionAcks, wal.Releaser) {
 
 // besides starts the session's background tasks beside the stream: the
 // Kafka watch, the replay window, the tables' watch, retention (on the
-// holder of the slot only) and the backfills. The stream runs with runCtx:
+// holder of the slot only) and the backfills. A shutdown (ctx done), and
 // what must stop the connector, found by the tables' watch (watchErr),
-// ends it as a shutdown does, so that what Kafka acknowledged is
-// checkpointed and confirmed first and a restart sends nothing twice.
-// stop ends the tasks, the last started first.
-func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Context, watchErr func() error, stop func()) {
+// end the stream between two transactions (session.end), so that what
+// Kafka acknowledged is checkpointed and confirmed first and a restart
+// sends nothing twice. stop ends the tasks, the last started first.
+func (p *Pipeline) besides(ctx context.Context, s *session) (watchErr func() error, stop func()) {
 	var stops []func()
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -200,20 +180,17 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Cont
 		}
 	}
 	// The watch reports the session until it ends, shutdown included.
-	stops = append(stops, background(context.WithoutCancel(ctx), func(wctx context.Context) { p.watchKafka(s.tracker, wctx.Done()) }))
+	stops = append(stops, background(context.WithoutCancel(ctx), func(wctx context.Context) {
+		delivery.Watch(s.tracker, p.m, p.log, strings.Join(p.cfg.Kafka.Brokers, ","), wctx.Done())
+	}))
 	if p.cfg.Replay.Window > 0 {
 		stops = append(stops, background(ctx, p.window().Keep))
 	}
-	// The stream outlives ctx by as much as it takes to reach a
-	// transaction's end (session.end), within half of shutdown_timeout.
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
-	stops = append(stops, stopRun, s.ends.stopTimer)
-	grace := p.cfg.ShutdownTimeout / 2
-	shutdown := context.AfterFunc(ctx, func() { s.ends.ask(stopRun, grace) })
+	shutdown := context.AfterFunc(ctx, s.end)
 	stops = append(stops, func() { shutdown() })
 	var werr atomic.Pointer[error]
 	stops = append(stops, background(ctx, func(tctx context.Context) {
-		s.tables.Run(tctx, func(err error) { werr.Store(&err); s.ends.ask(stopRun, grace) })
+		s.tables.Run(tctx, func(err error) { werr.Store(&err); s.end() })
 	}))
 	if cl := p.cleaner(); cl != nil {
 		stops = append(stops, background(ctx, cl.Run))
@@ -221,9 +198,7 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Cont
 	// Backfills run from the saved checkpoint's state.
 	p.bf.Reset(p.progress.Saved().Backfills)
 	runner := p.backfills()
-	runner.Room = func(ctx context.Context) error {
-		return s.tracker.WaitRoom(ctx, max(p.cfg.MaxInFlight/2, 1), max(p.cfg.MaxInFlightBytes-runner.ChunkBytes, 0))
-	}
+	runner.Room = s.room
 	stops = append(stops, background(ctx, func(bctx context.Context) { runner.Run(bctx, p.bf) }))
 	watchErr = func() error {
 		if e := werr.Load(); e != nil {
@@ -231,7 +206,7 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (runCtx context.Cont
 		}
 		return nil
 	}
-	return runCtx, watchErr, stop
+	return watchErr, stop
 }
 
 // background runs task on a goroutine of its own, with a context of its
@@ -254,7 +229,7 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 		s.eos.Halt()
 	}
 	stopping := ctx.Err() != nil
-	if errors.Is(runErr, errEnded) {
+	if errors.Is(runErr, wal.ErrEnded) {
 		runErr = nil
 	}
 	if werr := watchErr(); werr != nil && ctx.Err() == nil {
@@ -278,7 +253,7 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 		// Shutdown: stop reading (done, at a transaction's end), let Kafka
 		// answer what is in flight, write the checkpoint, then confirm what
 		// it covers, all within shutdown_timeout of the request.
-		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.ends.asked().Add(p.cfg.ShutdownTimeout))
+		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.endAsked().Add(p.cfg.ShutdownTimeout))
 		if err := k.Flush(fctx); err != nil {
 			p.log.Warn("shutdown deadline passed before kafka acked every event; they will be sent again on the next start",
 				"in_flight", s.tracker.InFlight(), "timeout", p.cfg.ShutdownTimeout)
@@ -329,12 +304,13 @@ type sessionAcks interface {
 }
 
 // session is one replication session: one replication connection, one
-// Kafka client, one decoder and one tracker. Its methods follow one event
-// as docs/design.md draws it: the stream hands its bytes to handle, the
-// decoder turns them into an Event, event has the router make a Record (or
-// deadLetter a dead-letter record), produce sends it, and its ack lands in
-// the tracker, which the stream reads before its next receive. Everything
-// but the ack callback runs on the stream's goroutine.
+// Kafka client, one decoder and one tracker. One event goes as
+// docs/design.md draws it: the stream hands its bytes to handle, the
+// decoder turns them into an Event, event hands it to the relay.Sender,
+// which has the router make a Record (or a dead-letter record) and
+// produces it, and its ack lands in the tracker, which the stream reads
+// before its next receive. Everything but the ack callback runs on the
+// stream's goroutine.
 type session struct {
 	p       *Pipeline
 	kafka   *sink.Kafka
@@ -344,8 +320,9 @@ type session struct {
 	// replay, when set, selects what a replay re-sends; nil streams all.
 	replay *replay.Filter
 	// ctx is the session's, for the admin calls EnsureTopic makes.
-	ctx      context.Context
-	counters metrics.EventCounters
+	ctx context.Context
+	// out sends the events on to Kafka.
+	out *relay.Sender
 	// eos commits Kafka transactions in exactly-once mode (nil otherwise).
 	eos *delivery.Committer
 	// stream is the replication stream once it started, for blocking.
@@ -364,8 +341,27 @@ type session struct {
 	// mode.
 	skipTo   pglogrepl.LSN
 	skipping bool
-	// ends is how a stop reaches the stream between two transactions.
-	ends ender
+	// endedAt is when end was first called (unix nanoseconds), or 0.
+	endedAt atomic.Int64
+}
+
+// end asks the stream to end between two transactions, within half of
+// shutdown_timeout (wal.Stream.End): what it sent is then whole
+// transactions, which the last checkpoint covers, and a restart sends
+// none of it again. Shutdown and the tables' watch call it, on any
+// goroutine.
+func (s *session) end() {
+	s.endedAt.CompareAndSwap(0, time.Now().UnixNano())
+	s.stream.End(s.p.cfg.ShutdownTimeout / 2)
+}
+
+// endAsked is when end was first called, or now if it was not: a
+// shutdown's deadlines run from it.
+func (s *session) endAsked() time.Time {
+	if at := s.endedAt.Load(); at != 0 {
+		return time.Unix(0, at)
+	}
+	return time.Now()
 }
 
 // blocking runs fn, which may block for seconds, keeping the slot's lease
@@ -391,9 +387,6 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if m.Commit <= s.skipTo {
 			s.skipping = true
 			return nil
-		}
-		if !s.ends.begin() {
-			return errEnded // nothing of this transaction was sent
 		}
 		if s.eos != nil {
 			if err := s.eos.Begin(); err != nil {
@@ -440,124 +433,31 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		if s.replay != nil {
 			s.replay.Commit()
 		}
-		if !s.ends.commit() {
-			return errEnded
-		}
 	}
 	return nil
 }
 
-// event routes one event and produces its record, or applies the source's
-// on_invalid policy when it cannot be delivered as configured.
-func (s *session) event(m *decode.Message) error {
-	ev := &m.Event
-	rec, err := s.record(m)
-	if err != nil {
-		if !errors.As(err, new(*outbox.EventError)) {
-			return err // a registry that cannot answer: retried, never dead-lettered
-		}
-		if rec, err = s.deadLetter(ev, err); err != nil {
-			return err
-		}
+// event sends one event on to Kafka, in the open transaction (package
+// relay).
+func (s *session) event(m *decode.Message) error { return s.out.Send(s.ctx, s.tx, m) }
+
+// newSender is the session's relay.Sender, once its tracker, Kafka client,
+// committer and replay filter are set.
+func (s *session) newSender() *relay.Sender {
+	p := s.p
+	out := &relay.Sender{
+		Router: p.router, Schemas: p.schemas, Kafka: s.kafka, Tracker: s.tracker,
+		MaxMessageBytes: int(p.cfg.Kafka.MaxMessageBytes), DeadLetterMaxMessageBytes: int(p.cfg.DeadLetterMaxMessageBytes),
+		CheckpointTopic: p.cfg.Checkpoint.Topic, Blocking: s.blocking, Skipped: s.skipped,
+		OnDelivered: p.opts.OnDelivered, DeadLettered: &p.DeadLettered, Metrics: p.m, Log: p.log,
+	}
+	if s.eos != nil {
+		out.Produced = s.eos.Produced
 	}
 	if s.replay != nil {
-		rec.Topic += s.replay.Suffix()
+		out.Suffix = s.replay.Suffix()
 	}
-	if rec.Topic == s.p.cfg.Checkpoint.Topic {
-		// A template that expands to the checkpoint topic: a row writer would
-		// be writing the connector's own state (docs/design.md, "Untrusted
-		// input stays data").
-		cause := outbox.Invalid(ev, "its topic is the checkpoint topic %q, which only the connector and the operator write; fix the row's routing fields or the table's topic template", rec.Topic)
-		if rec.Topic == ev.Source.DeadLetterTopic || ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
-			return cause
-		}
-		if rec, err = s.deadLetter(ev, cause); err != nil {
-			return err
-		}
-	}
-	if s.p.log.IsTrace() {
-		s.p.log.Trace("event", "source", ev.Source.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
-	}
-	if !s.kafka.TopicKnown(rec.Topic) {
-		err := s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) })
-		var refused *sink.TopicRefusedError
-		if errors.As(err, &refused) && rec.Topic != ev.Source.DeadLetterTopic {
-			// The row's fields chose a name the brokers refuse: the
-			// event's problem, for on_invalid, not the stream's.
-			cause := outbox.Invalid(ev, "%v; fix the row's routing fields or the table's topic template", err)
-			if rec, err = s.deadLetter(ev, cause); err != nil {
-				return err
-			}
-			if !s.kafka.TopicKnown(rec.Topic) {
-				err = s.blocking(func() error { return s.kafka.EnsureTopic(s.ctx, rec.Topic) })
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
-	s.produce(rec, ev)
-	return nil
-}
-
-// record builds m's Kafka record: an *outbox.EventError when m is invalid,
-// or the record does not fit kafka.max_message_bytes.
-func (s *session) record(m *decode.Message) (*kgo.Record, error) {
-	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
-		return nil, m.Invalid
-	}
-	rec, err := s.p.router.Record(&m.Event)
-	if err == nil {
-		err = s.p.schemas.Apply(s.ctx, rec, &m.Event, s.blocking)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if n, limit := sink.RecordSize(rec), int(s.p.cfg.Kafka.MaxMessageBytes); n > limit {
-		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, limit)
-	}
-	return rec, nil
-}
-
-// deadLetter applies on_invalid to an event that cannot be delivered: with
-// fail it returns cause, which stops the connector; with dead-letter it
-// returns the dead-letter record, which is tracked like any event, so that
-// its transaction is confirmed only once Kafka acked it.
-func (s *session) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
-	s.p.m.InvalidEvents.Inc()
-	reason := cause.Error()
-	var ee *outbox.EventError
-	if errors.As(cause, &ee) {
-		reason = ee.Brief() // the reason, without what to do when stopping on it
-	}
-	if ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
-		if !s.skipped(ev) {
-			return nil, cause
-		}
-		reason += " (sent here by cdc skip)"
-	}
-	rec := s.p.router.DeadLetter(ev, reason)
-	if n, limit := sink.RecordSize(rec), int(s.p.cfg.DeadLetterMaxMessageBytes); n > limit {
-		// Too large for the dead-letter topic too: the row's problem
-		// still, so its dead letter keeps the reason and what fits.
-		route.TruncateDeadLetter(rec, limit, sink.RecordSize)
-		s.p.log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Source.String(), "id", ev.ID(), "bytes", n, "limit", limit)
-	}
-	s.p.DeadLettered.Add(1)
-	s.p.m.DeadLetter(ev.Source.String())
-	s.p.log.Warn("event sent to the dead-letter topic", "source", ev.Source.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
-	return rec, nil
-}
-
-// metricTopic is cdc_events_total's topic label for a record of t to
-// topic: the topic itself when it is static (or a dead letter), the
-// template when a row's fields choose it, so that rows cannot make series
-// without bound.
-func metricTopic(t *outbox.Source, topic string) string {
-	if parts := t.TopicTemplate.Parts; (len(parts) == 1 && parts[0].Kind == outbox.PartLiteral) || topic == t.DeadLetterTopic {
-		return topic
-	}
-	return t.Topic
+	return out
 }
 
 // skipped reports whether an operator chose, with cdc skip, to send ev to
@@ -566,44 +466,6 @@ func (s *session) skipped(ev *outbox.Event) bool {
 	if s.p.progress == nil || s.replay != nil {
 		return false
 	}
-	for _, k := range s.p.progress.Saved().Skips {
-		if k.CommitLSN == ev.CommitLSN && k.ID == ev.ID() {
-			return true
-		}
-	}
-	return false
-}
-
-// produce counts rec in flight in the open transaction and sends it; the
-// ack comes back to the tracker, and to the metrics, on franz-go's
-// goroutine. The labelled counter and the event's timestamp are worked out
-// here, so the ack does no lookups.
-func (s *session) produce(rec *kgo.Record, ev *outbox.Event) {
-	tx, onDelivered, m := s.tx, s.p.opts.OnDelivered, s.p.m
-	events := s.counters.Get(s.p.m, ev.Source, metricTopic(ev.Source, rec.Topic))
-	var stamped time.Time
-	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
-		stamped, _ = route.ParseTimestamp(string(v.B))
-	}
-	size := sink.RecordSize(rec)
-	s.tracker.Track(tx, size)
-	if s.eos != nil {
-		s.eos.Produced()
-	}
-	s.kafka.Send(rec, func(err error) {
-		s.tracker.Ack(tx, size, err)
-		if err != nil {
-			m.ProduceErrors.Inc()
-		} else {
-			now := time.Now()
-			events.Inc()
-			m.CommitToAck.Observe(now.Sub(rec.Timestamp).Seconds())
-			if !stamped.IsZero() {
-				m.EventAge.Observe(now.Sub(stamped).Seconds())
-			}
-		}
-		if onDelivered != nil {
-			onDelivered(rec, err)
-		}
-	})
+	saved := s.p.progress.Saved()
+	return saved.Skipped(ev.CommitLSN, ev.ID())
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -228,93 +227,11 @@ func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat setup.Cat
 	return rec, from, snapshot, nil
 }
 
-// slotWaitReport is how often a first start says what creating its slot
-// waits for.
-var slotWaitReport = 5 * time.Second
-
-// whileCreatingSlot runs create, which creates the slot. A logical slot's
-// creation waits until every transaction that had written when it began
-// has ended (its consistent point): one session left idle in a
-// transaction (a leak) makes it wait for ever, in silence. So every
-// slotWaitReport it says what it waits for, in the log and in /readyz: the
-// transactions, as far as the role can see them, and how to end them.
-//
-// On a hot standby it waits instead for the primary's next record of its
-// running transactions, which the primary logs about every 15 s while it
-// writes: with postgres.primary_url, the connector asks for one every
-// second (pg_log_standby_snapshot).
+// whileCreatingSlot runs create, which creates the slot, and says in the
+// log and in /readyz what the creation waits for
+// (setup.WhileCreatingSlot).
 func (p *Pipeline) whileCreatingSlot(ctx context.Context, standby bool, create func() error) error {
-	done := make(chan struct{})
-	reported := make(chan struct{})
-	go func() {
-		defer close(reported)
-		t := time.NewTicker(slotWaitReport)
-		defer t.Stop()
-		ask := time.NewTicker(time.Second)
-		defer ask.Stop()
-		if !standby || p.cfg.Postgres.PrimaryURL == "" {
-			ask.Stop()
-		}
-		asked := false
-		for {
-			select {
-			case <-done:
-				return
-			case <-ask.C:
-				if err := postgres.LogStandbySnapshot(ctx, p.cfg.Postgres); err != nil && !asked {
-					p.log.Warn("could not ask the primary to log its running transactions (pg_log_standby_snapshot), which the slot's creation on the standby waits for; it logs them about every 15 s while it writes", "error", errtext.OneLine(err))
-				}
-				asked = true
-			case <-t.C:
-				if standby {
-					detail := "first start: creating the replication slot on a hot standby waits for the primary to log its running transactions (about every 15 s while it writes; at once with postgres.primary_url)"
-					p.setState(false, detail)
-					p.log.Warn(detail, "slot", p.cfg.Postgres.Slot)
-					continue
-				}
-				p.reportSlotWait(ctx)
-			}
-		}
-	}()
-	err := create()
-	close(done)
-	<-reported
-	return err
-}
-
-// reportSlotWait says once what the slot's creation waits for.
-func (p *Pipeline) reportSlotWait(ctx context.Context) {
-	conn, err := postgres.ConnectSQL(ctx, p.cfg.Postgres)
-	if err != nil {
-		return
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(extract(epoch FROM now() - xact_start)::bigint, 0)
-		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 5`)
-	if err != nil {
-		return
-	}
-	var seen []string
-	for rows.Next() {
-		var pid int
-		var state string
-		var age int64
-		if rows.Scan(&pid, &state, &age) == nil {
-			seen = append(seen, fmt.Sprintf("pid %d, %s for %ds", pid, state, age))
-		}
-	}
-	rows.Close()
-	end := "end it, or run SELECT pg_terminate_backend(<pid>) as its owner or a superuser"
-	if len(seen) == 0 {
-		detail := "first start: creating the replication slot waits for transactions that were open when it began to end"
-		p.setState(false, detail)
-		p.log.Warn(detail+"; the connector's role cannot see other sessions' transactions (GRANT pg_read_all_stats lets it): find them with SELECT pid, state, xact_start FROM pg_stat_activity WHERE backend_xid IS NOT NULL ORDER BY xact_start; "+end,
-			"slot", p.cfg.Postgres.Slot)
-		return
-	}
-	detail := fmt.Sprintf("first start: creating the replication slot waits for %d open transaction(s) to end: %s", len(seen), strings.Join(seen, "; "))
-	p.setState(false, detail)
-	p.log.Warn(detail+"; a session left idle in a transaction keeps it waiting for ever: "+end, "slot", p.cfg.Postgres.Slot)
+	return setup.WhileCreatingSlot(ctx, p.cfg.Postgres, standby, p.log, func(detail string) { p.setState(false, detail) }, create)
 }
 
 // openStore opens the checkpoint store, creating its topic when missing,

@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
@@ -19,42 +18,14 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 	if r == nil {
 		return nil // another session's, read again, or not the connector's
 	}
-	sent, read := 0, 0
-	if r.Snap != nil {
-		defer r.Snap.Close(s.ctx)
-		dec, seen := r.Snap.Decoder(), w.Fresh(r.Table)
-		limit := max(s.p.cfg.MaxInFlight/2, 1)
-		bytes := max(s.p.cfg.MaxInFlightBytes-chunkBytes(s.p.cfg.MaxInFlightBytes), 0)
-		for final := false; !final; {
-			var rows [][][]byte
-			err := s.blocking(func() (err error) {
-				rows, final, err = r.Snap.Next(s.ctx)
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("repair of %s: %w", r.Table, err)
-			}
-			for _, row := range rows {
-				read++
-				ev, err := dec.Row(row, m.Commit, m.CommitTime)
-				if err != nil {
-					return err
-				}
-				if _, ok := seen[ev.Event.ID()]; ok {
-					continue // the stream sent it, in its place
-				}
-				if err := s.event(&ev); err != nil {
-					return err
-				}
-				sent++
-			}
-			// The held batch goes now: the loop that lets batches go is
-			// this goroutine, which waits below for their acks.
-			s.kafka.Release(time.Time{})
-			if err := s.blocking(func() error { return s.tracker.WaitRoom(s.ctx, limit, bytes) }); err != nil {
-				return err
-			}
-		}
+	read, sent, err := w.Rows(s.ctx, r, m.Commit, m.CommitTime, s.blocking, s.event, func() error {
+		// The held batch goes now: the loop that lets batches go is
+		// this goroutine, which waits for their acks.
+		s.kafka.Release(time.Time{})
+		return s.blocking(func() error { return s.room(s.ctx) })
+	})
+	if err != nil {
+		return err
 	}
 	s.tracker.NoteTables(s.tx, w.Done(r))
 	s.dec.Refresh()

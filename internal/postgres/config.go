@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/secret"
 )
 
@@ -43,14 +44,15 @@ type Config struct {
 	// about this. Default 20ms; at most StatusInterval.
 	ConfirmInterval time.Duration
 	// ReadBatch is how long a busy stream waits after a read that
-	// drained the socket before it reads again (coalescingConn). Default
-	// DefaultReadBatch; -1 (postgres.read_batch: 0) reads at once.
-	ReadBatch time.Duration
+	// drained the socket before it reads again (coalescingConn), at most
+	// 10ms. Default DefaultReadBatch; 0 reads at once. Read it with
+	// ReadBatchDelay.
+	ReadBatch opt.Value[time.Duration] `yaml:"read_batch"`
 	// OnLive, when set, is told on the stream's goroutine each time the
 	// stream turns live or falls behind (coalescingConn's liveAge), and
 	// false when a session that was live ends. It is the program's, not
 	// the config file's: cdc run sets its GOMAXPROCS with it. Read
-	// batching off (ReadBatch -1) turns it off too.
+	// batching off (ReadBatch 0) turns it off too.
 	OnLive func(live bool)
 	// ReceiveTimeout is how long the stream may hear nothing from the
 	// walsender, while it reads, before it takes the connection for dead
@@ -151,14 +153,14 @@ func (c *Config) Validate() error {
 	if c.CatalogCheckInterval < 10*time.Millisecond || c.CatalogCheckInterval > 5*time.Minute {
 		return fmt.Errorf("postgres.catalog_check_interval %s: use a value from 10ms to 5m", c.CatalogCheckInterval)
 	}
-	if c.ReadBatch == 0 {
-		c.ReadBatch = DefaultReadBatch
-	}
-	if c.ReadBatch > 10*time.Millisecond || (c.ReadBatch < 0 && c.ReadBatch != -1) {
-		return fmt.Errorf("postgres.read_batch %s: use a value from 0 (read at once) to 10ms", c.ReadBatch)
+	if d := c.ReadBatchDelay(); d > 10*time.Millisecond || d < 0 {
+		return fmt.Errorf("postgres.read_batch %s: use a value from 0 (read at once) to 10ms", d)
 	}
 	return nil
 }
+
+// ReadBatchDelay is ReadBatch, its default applied: 0 reads at once.
+func (c Config) ReadBatchDelay() time.Duration { return c.ReadBatch.Or(DefaultReadBatch) }
 
 // ConnConfig parses URL and applies PasswordFile: what every connection,
 // the replication one too, starts from.

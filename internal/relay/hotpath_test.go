@@ -1,6 +1,7 @@
-package pipeline
+package relay
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"runtime"
@@ -59,7 +60,8 @@ func pgInsert(rel uint32, vals ...string) []byte {
 // of the default outbox layout, up to the Kafka record: decode BEGIN,
 // INSERT and COMMIT, route the event and size-check its record.
 type hotPath struct {
-	s                     *session
+	s                     *Sender
+	dec                   *decode.Decoder
 	begin, insert, commit []byte
 }
 
@@ -76,19 +78,19 @@ func newHotPathSized(t testing.TB, size int) *hotPath {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{router: r}
-	p.cfg.Kafka.MaxMessageBytes = 1 << 20
-	s := &session{p: p, dec: decode.New([]*outbox.Source{tbl})}
+	s := &Sender{Router: r, MaxMessageBytes: 1 << 20}
+	dec := decode.New([]*outbox.Source{tbl})
 	payload := `{"i": 417, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`
 	if size > 0 {
 		payload = `{"i": 417, "pad": "` + strings.Repeat("x", size-20) + `"}`
 	}
 	rel := pgRelation(16384, []string{"id", "aggregatetype", "aggregateid", "type", "payload"}, []uint32{2950, 25, 25, 25, 3802})
-	if _, err := s.dec.Decode(rel); err != nil {
+	if _, err := dec.Decode(rel); err != nil {
 		t.Fatal(err)
 	}
 	return &hotPath{
 		s:      s,
+		dec:    dec,
 		begin:  pgBegin(0x1000, 7),
 		insert: pgInsert(16384, "5f0c7c1e-8b1a-4c57-9a51-3c3f2f1d9e01", "order", "agg-417", "OrderCreated", payload),
 		commit: pgCommit(0x1000, 0x1040),
@@ -97,14 +99,14 @@ func newHotPathSized(t testing.TB, size int) *hotPath {
 
 func (h *hotPath) run(t testing.TB) {
 	for _, data := range [][]byte{h.begin, h.insert, h.commit} {
-		m, err := h.s.dec.Decode(data)
+		m, err := h.dec.Decode(data)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if m.Kind != decode.KindEvent {
 			continue
 		}
-		rec, err := h.s.record(&m)
+		rec, err := h.s.record(context.Background(), &m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +119,7 @@ func (h *hotPath) run(t testing.TB) {
 // BenchmarkHotPath: allocations per event from pgoutput bytes to the Kafka
 // record (docs/benchmarks.md).
 //
-//	go test -run '^$' -bench HotPath -benchmem ./internal/pipeline
+//	go test -run '^$' -bench HotPath -benchmem ./internal/relay
 func BenchmarkHotPath(b *testing.B) {
 	for _, size := range []int{0, 100_000} {
 		name := "payload=120B"

@@ -38,19 +38,22 @@ type batcher struct {
 	first time.Time // when the first of held was held
 	live  bool      // Send holds every record for Drained
 	now   func() time.Time
+	// delay is the least time between two batches (Config.batchDelay);
+	// 0: every record goes at once.
+	delay time.Duration
 }
 
 // Send produces rec, at once or with the next batch (see above); done is
 // called with Kafka's answer.
 func (k *Kafka) Send(rec *kgo.Record, done func(error)) {
 	b := &k.batch
-	if k.cfg.MaxBatchDelay < 0 {
+	if b.delay == 0 {
 		k.Produce(rec, done)
 		return
 	}
 	if len(b.held) == 0 {
 		now := b.now()
-		if !b.live && now.Sub(b.last) >= k.cfg.MaxBatchDelay {
+		if !b.live && now.Sub(b.last) >= b.delay {
 			b.last = now
 			k.Produce(rec, done)
 			return
@@ -72,9 +75,9 @@ func (k *Kafka) Release(now time.Time) time.Time {
 	if len(b.held) == 0 {
 		return time.Time{}
 	}
-	due := b.last.Add(k.cfg.MaxBatchDelay)
+	due := b.last.Add(b.delay)
 	if b.live {
-		due = b.first.Add(k.cfg.MaxBatchDelay)
+		due = b.first.Add(b.delay)
 	}
 	if !now.IsZero() && now.Before(due) {
 		return due
@@ -94,11 +97,11 @@ func (k *Kafka) Live(on bool) { k.batch.live = on }
 // Drained sends what Send holds, and returns the earliest time the next
 // batch may go. It is the live stream's release: see above.
 func (k *Kafka) Drained() time.Time {
-	if k.cfg.MaxBatchDelay < 0 {
+	if k.batch.delay == 0 {
 		return time.Time{}
 	}
 	k.Release(time.Time{})
-	return k.batch.last.Add(k.cfg.MaxBatchDelay)
+	return k.batch.last.Add(k.batch.delay)
 }
 
 // RecordSize estimates a record's size in a batch: franz-go fails a record

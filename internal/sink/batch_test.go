@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -116,7 +117,7 @@ func (c *fakeClock) now() time.Time { return c.t }
 func TestSendPacesBatches(t *testing.T) {
 	c := newCluster(t)
 	log := watchProduces(c)
-	k := newSink(t, c, Config{MaxBatchDelay: 20 * time.Millisecond})
+	k := newSink(t, c, Config{MaxBatchDelay: opt.Set(20 * time.Millisecond)})
 	clock := &fakeClock{t: time.Now()}
 	k.batch.now = clock.now
 
@@ -173,7 +174,7 @@ func TestSendPacesBatches(t *testing.T) {
 // TestFlushSendsHeld: Flush lets held records go before it waits.
 func TestFlushSendsHeld(t *testing.T) {
 	c := newCluster(t)
-	k := newSink(t, c, Config{MaxBatchDelay: time.Second})
+	k := newSink(t, c, Config{MaxBatchDelay: opt.Set(time.Second)})
 	acked := sendAll(k, "e0", "e1", "e2")
 	if len(k.batch.held) != 2 {
 		t.Fatalf("%d records held, want 2", len(k.batch.held))
@@ -187,12 +188,12 @@ func TestFlushSendsHeld(t *testing.T) {
 	expectAcks(t, acked, "e0", "e1", "e2")
 }
 
-// TestSendWithoutBatching: a negative MaxBatchDelay sends every record at
+// TestSendWithoutBatching: a MaxBatchDelay of 0 sends every record at
 // once.
 func TestSendWithoutBatching(t *testing.T) {
 	c := newCluster(t)
 	log := watchProduces(c)
-	k := newSink(t, c, Config{MaxBatchDelay: -1})
+	k := newSink(t, c, Config{MaxBatchDelay: opt.Set(time.Duration(0))})
 	acked := sendAll(k, "e0")
 	testenv.Eventually(t, 15*time.Second, "the first record's request", func() bool { return len(log.snapshot()) == 1 })
 	acked1 := sendAll(k, "e1", "e2")
@@ -213,7 +214,7 @@ func TestLiveBatchesByDrain(t *testing.T) {
 	c := newCluster(t)
 	log := watchProduces(c)
 	close(log.gate)
-	k := newSink(t, c, Config{MaxBatchDelay: 20 * time.Millisecond})
+	k := newSink(t, c, Config{MaxBatchDelay: opt.Set(20 * time.Millisecond)})
 	clock := &fakeClock{t: time.Now()}
 	k.batch.now = clock.now
 
@@ -254,11 +255,37 @@ func TestLiveBatchesByDrain(t *testing.T) {
 	}
 	expectAcks(t, acked, "e4")
 
-	off := newSink(t, c, Config{MaxBatchDelay: -1})
+	off := newSink(t, c, Config{MaxBatchDelay: opt.Set(time.Duration(0))})
 	off.Live(true)
 	acked = sendAll(off, "e5")
 	if len(off.batch.held) != 0 || !off.Drained().IsZero() {
 		t.Fatal("with batching off, a live stream's record was held, or Drained asked the stream to wait")
 	}
 	expectAcks(t, acked, "e5")
+}
+
+// TestExactlyOnceLinger: delivering exactly once, requests are paced by
+// franz-go's linger (a transaction's commit flushes it), max_batch_delay
+// long by default; a linger that is set stays, and max_batch_delay: 0
+// leaves none. Send's own pacing is off for a transactional producer, and
+// on, max_batch_delay apart, at least once.
+func TestExactlyOnceLinger(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		cfg   Config
+		want  time.Duration
+		delay time.Duration
+	}{
+		{"exactly once", Config{ExactlyOnce: true}, DefaultMaxBatchDelay, 0},
+		{"exactly once, max_batch_delay 20ms", Config{ExactlyOnce: true, MaxBatchDelay: opt.Set(20 * time.Millisecond)}, 20 * time.Millisecond, 0},
+		{"exactly once, max_batch_delay 0", Config{ExactlyOnce: true, MaxBatchDelay: opt.Set(time.Duration(0))}, 0, 0},
+		{"exactly once, linger 2ms", Config{ExactlyOnce: true, Linger: 2 * time.Millisecond}, 2 * time.Millisecond, 0},
+		{"a transactional id", Config{TransactionalID: "x"}, 0, 0},
+		{"at least once", Config{}, 0, DefaultMaxBatchDelay},
+		{"at least once, max_batch_delay 20ms", Config{MaxBatchDelay: opt.Set(20 * time.Millisecond)}, 0, 20 * time.Millisecond},
+	} {
+		if l, d := tt.cfg.linger(), tt.cfg.batchDelay(); l != tt.want || d != tt.delay {
+			t.Errorf("%s: linger %s, Send's batch delay %s; want %s and %s", tt.name, l, d, tt.want, tt.delay)
+		}
+	}
 }

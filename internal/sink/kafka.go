@@ -1,7 +1,6 @@
 package sink
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/opt"
 )
 
 // Config configures the Kafka producer.
@@ -36,15 +37,13 @@ type Config struct {
 	// pipeline sets the dead-letter topics' limit here.
 	TopicMaxMessageBytes map[string]int32
 	// CreateTopics creates a missing topic through the admin API, with
-	// TopicDefaults, before its first record. Default true (set by the
-	// caller's config loader).
-	CreateTopics  bool
+	// TopicDefaults, before its first record. Default true.
+	CreateTopics  opt.Value[bool]
 	TopicDefaults TopicDefaults
 	// AllowAutoTopicCreation asks the broker to create missing topics, as
 	// the Java producer does, where the connector may not create them; the
-	// broker's auto.create.topics.enable still decides. Default true (set
-	// by the caller's config loader).
-	AllowAutoTopicCreation bool
+	// broker's auto.create.topics.enable still decides. Default true.
+	AllowAutoTopicCreation opt.Value[bool]
 	// Linger is how long a partition waits for more records before it
 	// sends a batch. Default 0: send at once; records still batch while
 	// an earlier request is in flight, so a backlog drains in large
@@ -55,10 +54,10 @@ type Config struct {
 	TLS  TLSConfig
 	SASL SASLConfig
 	// MaxBatchDelay is the least time between two batches Send lets go,
-	// and so the longest an event waits to join one (see Send). 0 means
-	// the default, DefaultMaxBatchDelay; a negative value sends every event
-	// at once.
-	MaxBatchDelay time.Duration
+	// and so the longest an event waits to join one (see Send), at most
+	// 1s. Default DefaultMaxBatchDelay; 0 sends every event at once, and so
+	// does a transactional producer, whatever it says (batchDelay).
+	MaxBatchDelay opt.Value[time.Duration]
 	// TransactionalID, when set, makes the producer transactional, for
 	// exactly-once delivery: records go only inside BeginTxn and
 	// CommitTxn, and a second producer with the same id fences this one.
@@ -74,9 +73,9 @@ type Config struct {
 	// for their transaction's commit anyway, so Send does not hold them to
 	// pace requests (MaxBatchDelay is off), and franz-go's linger paces
 	// them instead, MaxBatchDelay long (unless Linger is set), which a
-	// commit's flush cuts short. Without either each record goes as soon
-	// as the broker answered the last request, in many more requests for
-	// more CPU (docs/benchmarks.md, "Exactly-once").
+	// commit's flush cuts short (linger). Without either each record goes
+	// as soon as the broker answered the last request, in many more
+	// requests for more CPU (docs/benchmarks.md, "Exactly-once").
 	ExactlyOnce bool
 }
 
@@ -119,25 +118,11 @@ func (c *Config) Validate() error {
 	if err := c.validateSecurity(); err != nil {
 		return err
 	}
-	if c.ExactlyOnce {
-		if c.Linger == 0 && c.MaxBatchDelay >= 0 {
-			c.Linger = cmp.Or(c.MaxBatchDelay, DefaultMaxBatchDelay)
-		}
-		c.MaxBatchDelay = -1
+	if c.TransactionalID != "" && c.TransactionTimeout == 0 {
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
-	if c.MaxBatchDelay == 0 {
-		c.MaxBatchDelay = DefaultMaxBatchDelay
-	}
-	if c.TransactionalID != "" {
-		// Records wait for the transaction's commit anyway; holding them
-		// to pace requests would only delay that commit.
-		c.MaxBatchDelay = -1
-		if c.TransactionTimeout == 0 {
-			c.TransactionTimeout = DefaultTransactionTimeout
-		}
-	}
-	if c.MaxBatchDelay > time.Second {
-		return fmt.Errorf("kafka.max_batch_delay %s: use a value from 0 (off) to 1s", c.MaxBatchDelay)
+	if d := c.MaxBatchDelay.Or(DefaultMaxBatchDelay); d > time.Second || d < 0 {
+		return fmt.Errorf("kafka.max_batch_delay %s: use a value from 0 (off) to 1s", d)
 	}
 	if c.Linger < 0 || c.Linger > time.Minute {
 		return fmt.Errorf("kafka.linger %s: use a value from 0 to 1m", c.Linger)
@@ -147,6 +132,32 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// batchDelay is the least time between two batches Send lets go: 0 sends
+// each record at once. A transactional producer's records wait for the
+// transaction's commit anyway, and holding them to pace requests would only
+// delay that commit.
+func (c Config) batchDelay() time.Duration {
+	if c.ExactlyOnce || c.TransactionalID != "" {
+		return 0
+	}
+	return c.MaxBatchDelay.Or(DefaultMaxBatchDelay)
+}
+
+// linger is franz-go's linger: Linger, or, delivering exactly once,
+// MaxBatchDelay (see ExactlyOnce).
+func (c Config) linger() time.Duration {
+	if c.Linger != 0 || !c.ExactlyOnce {
+		return c.Linger
+	}
+	return c.MaxBatchDelay.Or(DefaultMaxBatchDelay)
+}
+
+// AutoCreate is AllowAutoTopicCreation, its default applied.
+func (c Config) AutoCreate() bool { return c.AllowAutoTopicCreation.Or(true) }
+
+// Creates is CreateTopics, its default applied.
+func (c Config) Creates() bool { return c.CreateTopics.Or(true) }
 
 // DefaultMaxBatchDelay is MaxBatchDelay's default: a small part of a
 // latency budget of tens of milliseconds, and long enough that a steady
@@ -182,7 +193,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 			return cfg.MaxMessageBytes
 		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
-		kgo.ProducerLinger(cfg.Linger),
+		kgo.ProducerLinger(cfg.linger()),
 		// A topic just created is in the brokers' metadata a moment
 		// later: seconds on a starved broker. franz-go counts an
 		// unknown-topic try per metadata refresh, not per second, and
@@ -202,7 +213,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		// refresh stays at MetadataMaxAge.
 		kgo.MetadataMinAge(250*time.Millisecond), // pinned by TestNewTopicMetadataRetriesStayQuick
 	)
-	if cfg.AllowAutoTopicCreation {
+	if cfg.AutoCreate() {
 		opts = append(opts, kgo.AllowAutoTopicCreation())
 	}
 	if cfg.TransactionalID != "" {
@@ -213,7 +224,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, batch: batcher{now: time.Now}}, nil
+	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, batch: batcher{now: time.Now, delay: cfg.batchDelay()}}, nil
 }
 
 // ClientOpts are the options every client of the cluster shares: the
@@ -279,6 +290,30 @@ func (k *Kafka) Ping(ctx context.Context) error {
 		return fmt.Errorf("reach kafka brokers: %w", err)
 	}
 	return nil
+}
+
+// ConnectTimeout bounds Connect's wait for a broker's answer.
+const ConnectTimeout = 15 * time.Second
+
+// Connect creates the producer (New) and waits, up to ConnectTimeout,
+// until a broker answers (Ping). A failure a setting must fix is a
+// *ConnectError; any other says to check the brokers.
+func Connect(ctx context.Context, cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
+	k, err := New(cfg, log, extra...)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	err = k.Ping(pctx)
+	cancel()
+	if err != nil {
+		k.Close()
+		if !errors.As(err, new(*ConnectError)) {
+			return nil, fmt.Errorf("%w; check kafka.brokers (or CDC_KAFKA_BROKERS) and that the brokers are up", err)
+		}
+		return nil, err
+	}
+	return k, nil
 }
 
 // Close closes the client. Records still in flight fail with

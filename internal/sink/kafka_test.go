@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/outboxcdc/cdc/internal/delivery"
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -150,7 +151,7 @@ func TestEnsureTopic(t *testing.T) {
 	c := newCluster(t) // auto-creation is off in this cluster
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := newSink(t, c, Config{CreateTopics: true, TopicDefaults: TopicDefaults{Partitions: 3}})
+	k := newSink(t, c, Config{CreateTopics: opt.Set(true), TopicDefaults: TopicDefaults{Partitions: 3}})
 	if err := k.EnsureTopic(ctx, "made.here"); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestEnsureTopic(t *testing.T) {
 		t.Fatalf("created topic: %v, %+v; want 3 partitions", err, td["made.here"])
 	}
 
-	none := newSink(t, c, Config{})
+	none := newSink(t, c, Config{CreateTopics: opt.Set(false), AllowAutoTopicCreation: opt.Set(false)})
 	err = none.EnsureTopic(ctx, "no.such.topic")
 	var pe *ProduceError
 	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "no.such.topic") ||
@@ -180,7 +181,7 @@ func TestEnsureTopic(t *testing.T) {
 
 	// Relying on broker auto-creation where the brokers do not
 	// auto-create: refused before the first record, naming the setting.
-	relies := newSink(t, c, Config{AllowAutoTopicCreation: true})
+	relies := newSink(t, c, Config{CreateTopics: opt.Set(false)})
 	err = relies.EnsureTopic(ctx, "never.created")
 	if !errors.As(err, &pe) || !pe.Permanent() || !strings.Contains(err.Error(), "never.created") ||
 		!strings.Contains(err.Error(), "turn on auto.create.topics.enable on the brokers") {
@@ -194,7 +195,7 @@ func TestEnsureTopicAutoCreated(t *testing.T) {
 	c := newCluster(t, kfake.AllowAutoTopicCreation())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := newSink(t, c, Config{AllowAutoTopicCreation: true})
+	k := newSink(t, c, Config{CreateTopics: opt.Set(false)})
 	if err := k.EnsureTopic(ctx, "auto.made"); err != nil {
 		t.Fatal(err)
 	}

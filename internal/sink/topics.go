@@ -90,7 +90,7 @@ func (k *Kafka) TopicKnown(topic string) bool { return k.topics[topic] != topicU
 
 func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, error) {
 	adm := kadm.NewClient(k.cl)
-	if k.cfg.CreateTopics {
+	if k.cfg.Creates() {
 		d := k.cfg.TopicDefaults
 		configs := map[string]*string{}
 		for key, v := range d.Configs {
@@ -131,7 +131,7 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 	if listed.Has(topic) && listed[topic].Err == nil {
 		return topicReady, nil
 	}
-	if k.cfg.AllowAutoTopicCreation {
+	if k.cfg.AutoCreate() {
 		// The broker creates it at the first record, and fails the
 		// record (and the stream with it) if it refuses the name: ask
 		// it now, so that a name it refuses is the event's problem.
@@ -154,11 +154,11 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 		}
 	}
 	how := "set kafka.create_topics: true (and grant the connector CREATE on it)"
-	if k.cfg.CreateTopics {
+	if k.cfg.Creates() {
 		how = "grant the connector CREATE on it"
 	}
 	auto := "allow broker auto-creation (kafka.allow_auto_topic_creation: true and auto.create.topics.enable=true)"
-	if k.cfg.AllowAutoTopicCreation {
+	if k.cfg.AutoCreate() {
 		auto = "turn on auto.create.topics.enable on the brokers (they do not auto-create it)"
 	}
 	return 0, &ProduceError{Topic: topic, Err: kerr.UnknownTopicOrPartition, permanent: true,
@@ -242,7 +242,7 @@ func (k *Kafka) CheckTopic(ctx context.Context, topic string, mayCreate, compact
 		return nil
 	}
 	if !mayCreate {
-		if k.cfg.AllowAutoTopicCreation {
+		if k.cfg.AutoCreate() {
 			return nil // the broker may create it on the first record
 		}
 		return fmt.Errorf("topic %q does not exist, and the connector may not create it: create it, or set kafka.create_topics: true", topic)

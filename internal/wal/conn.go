@@ -52,7 +52,7 @@ func Connect(ctx context.Context, cfg postgres.Config, log hclog.Logger) (*Conn,
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outbox-cdc"
 	}
-	if cfg.ReadBatch > 0 {
+	if cfg.ReadBatchDelay() > 0 {
 		coalesce(pcfg)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
@@ -240,7 +240,7 @@ func (c *Conn) Start(ctx context.Context, slot string, from pglogrepl.LSN) (*Str
 		return nil, startError(slot, err)
 	}
 	c.log.Info("streaming from replication slot", "slot", slot, "publication", c.cfg.Publication, "lsn", from.String(), "host", c.host, "database", c.db)
-	return &Stream{cfg: c.cfg, slot: slot, conn: c.conn, log: c.log, sent: from}, nil
+	return &Stream{cfg: c.cfg, slot: slot, conn: c.conn, log: c.log, sent: from, ending: make(chan struct{})}, nil
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -71,6 +71,30 @@ type Stream struct {
 	beat atomic.Int64
 	// recv is Run's receiver while it runs, for Wake.
 	recv atomic.Pointer[receiver]
+	// endBy is when End's grace runs out (unix nanoseconds; 0: End was not
+	// called), and ending is closed by End.
+	endBy   atomic.Int64
+	ending  chan struct{}
+	endOnce sync.Once
+}
+
+// ErrEnded is what Run returns when it ended as End asked.
+var ErrEnded = errors.New("the replication stream ended between two transactions, as asked")
+
+// End asks Run to return ErrEnded between two transactions: at once when
+// none is open, after the COMMIT of the one it is in otherwise, and once
+// grace has passed in any case. A stop that cut a transaction in two (a
+// shutdown, or the tables' watch) left its first events in Kafka but out of
+// the checkpoint, which covers whole transactions only (docs/design.md,
+// "Confirm transaction end LSNs"), and the next start sent them again; a
+// transaction too large to finish within grace is still cut. It is safe
+// from any goroutine; a second call does nothing.
+func (s *Stream) End(grace time.Duration) {
+	s.endOnce.Do(func() {
+		s.endBy.Store(time.Now().Add(grace).UnixNano())
+		close(s.ending)
+		s.Wake()
+	})
 }
 
 // Wake makes Run look at its Acks now rather than at its next poll: call it
@@ -119,9 +143,10 @@ func startError(slot string, err error) error {
 	return fmt.Errorf("start replication on slot %q: %w", slot, err)
 }
 
-// Run receives until ctx is done, Acks reports an error, handle fails, or
-// the connection breaks. It returns ctx.Err() on cancellation, leaving the
-// connection open for Close to send the final position.
+// Run receives until ctx is done, End's stop comes, Acks reports an error,
+// handle fails, or the connection breaks. It returns ctx.Err() on
+// cancellation and ErrEnded after End, leaving the connection open for
+// Close to send the final position.
 //
 // Confirms are prompt: while Acks owes anything, the loop looks at
 // Confirmed at least every ConfirmInterval and sends a status update as
@@ -159,9 +184,15 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if by := s.endBy.Load(); by != 0 && (!l.open || now.UnixNano() >= by) {
+			return ErrEnded
+		}
 		wake, err := l.status(now)
 		if err != nil {
 			return err
+		}
+		if by := s.endBy.Load(); by != 0 {
+			wake = minTime(wake, time.Unix(0, by))
 		}
 		if acks.Saturated() {
 			l.heard = now // not reading: silence says nothing
@@ -173,6 +204,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 			case <-acks.Changed():
 			case <-t.C:
 			case <-ctx.Done():
+			case <-s.ending:
 			}
 			t.Stop()
 			continue
@@ -212,6 +244,9 @@ type loop struct {
 	heard time.Time
 	batch *coalescingConn
 	live  bool
+	// open: a transaction's BEGIN was handled, and its COMMIT not yet
+	// (End).
+	open bool
 	// atEnd: a keepalive came after the last BEGIN. A walsender sends one
 	// when it has sent all the WAL there is (and the client has not
 	// confirmed it all): only then may the stream turn live (liveAfter),
@@ -223,7 +258,7 @@ type loop struct {
 
 func (l *loop) setLive(on bool) {
 	l.live = on
-	l.batch.batchReads(on, l.s.cfg.ReadBatch)
+	l.batch.batchReads(on, l.s.cfg.ReadBatchDelay())
 	if l.rel != nil {
 		l.rel.Live(on)
 	}
@@ -290,13 +325,19 @@ func (l *loop) dispatch(msg pgproto3.BackendMessage, handle Handler) error {
 			}
 			// Batch reads while the stream is live (coalescingConn).
 			if commit, ok := decode.BeginCommitTime(xld.WALData); ok {
+				if s.endBy.Load() != 0 {
+					return ErrEnded // nothing of this transaction was handled
+				}
 				if on := liveAfter(l.live, l.atEnd, time.Since(commit)); l.batch != nil && on != l.live {
 					l.setLive(on)
 				}
-				l.atEnd, l.begun = false, true
+				l.atEnd, l.begun, l.open = false, true, true
 			}
 			if err := handle(xld.WALStart, xld.WALData); err != nil {
 				return err
+			}
+			if l.open && decode.IsCommit(xld.WALData) {
+				l.open = false
 			}
 			l.heard = time.Now() // a blocking handle (While) read nothing meanwhile
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -108,14 +109,14 @@ func TestWakeConfirmsAtOnce(t *testing.T) {
 // works through a backlog (transactions committed more than a second
 // before), or when the batch time is off.
 func TestReadBatchOnlyWhenLive(t *testing.T) {
-	for _, batch := range []time.Duration{time.Millisecond, -1} {
+	for _, batch := range []time.Duration{time.Millisecond, 0} {
 		db, c, from := slotted(t)
 		// A backlog, old by the time the stream reads it.
 		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('old', 'b', 'c')`)
 		written := time.Now()
 		testenv.Eventually(t, time.Minute, "the backlog to age past a second", func() bool { return time.Since(written) > 1200*time.Millisecond })
 
-		c.ReadBatch = batch
+		c.ReadBatch = opt.Set(batch)
 		onLive := make(chan bool, 10)
 		c.OnLive = func(live bool) { onLive <- live }
 		ctx, cancel := context.WithCancel(context.Background())
@@ -159,7 +160,7 @@ func TestReadBatchOnlyWhenLive(t *testing.T) {
 		if want := map[bool]string{true: "[false]", false: "[]"}[batch > 0]; fmt.Sprint(after) != want {
 			t.Fatalf("read_batch %s: OnLive told %v once the live session ended, want %s", batch, after, want)
 		}
-		if lives := acks.lives(); batch > 0 && fmt.Sprint(lives) != "[true false]" || batch < 0 && (len(lives) > 0 || acks.drained.Load() > 0) {
+		if lives := acks.lives(); batch > 0 && fmt.Sprint(lives) != "[true false]" || batch == 0 && (len(lives) > 0 || acks.drained.Load() > 0) {
 			t.Fatalf("read_batch %s: the producer was told Live %v and drained %d times", batch, lives, acks.drained.Load())
 		}
 		s.Close(context.Background(), &movingAcks{})
@@ -210,7 +211,7 @@ func readYoungBacklog(t *testing.T) time.Duration {
 	}
 	testenv.Exec(t, db, stmts...)
 	written := time.Now()
-	c.ReadBatch = time.Millisecond
+	c.ReadBatch = opt.Set(time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
 	if err != nil {

@@ -54,7 +54,7 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 	}
 	cfg := config.Config{
 		Postgres: postgres.Config{URL: db, StatusInterval: 50 * time.Millisecond},
-		Kafka:    sink.Config{Brokers: k.Brokers, AllowAutoTopicCreation: true, CreateTopics: true},
+		Kafka:    sink.Config{Brokers: k.Brokers},
 		Tables: []*outbox.Source{
 			{Name: outbox.TableName{Schema: "public", Name: "outbox"}, Columns: outbox.DefaultColumns, Topic: k.Prefix + "orders",
 				Schema: outbox.Schema{Format: outbox.SchemaAvro}},

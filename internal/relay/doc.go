@@ -1,0 +1,25 @@
+// Package relay sends a session's events on to Kafka. Each event the
+// decoder (or a backfill) hands it becomes a record (package route),
+// checked against its schema (package schema) and sized, on a topic made
+// before its first record; it is counted in the tracker of what waits for
+// Kafka, in its Postgres transaction, and produced, and Kafka's answer
+// lands in the tracker.
+//
+// Invariants (docs/design.md, "No path skips a record" and "Untrusted
+// input stays data"):
+//   - Nothing is skipped to keep going. An event that cannot be delivered
+//     as configured (a bad routing field, a record too large, a topic the
+//     brokers refuse, a payload that does not match its schema) stops the
+//     session with an *outbox.EventError naming the source, the event id and
+//     the LSN; or, with its source's on_invalid: dead-letter, or an
+//     operator's cdc skip for that one event, becomes a dead-letter record,
+//     which is counted and tracked like any other, so that its transaction
+//     is confirmed only once Kafka acknowledged the dead letter.
+//   - A registry that cannot answer is not the event's problem: the event
+//     waits (Sender.Blocking keeps the slot's lease) and is never
+//     dead-lettered for it.
+//   - No row reaches the checkpoint topic: a record routed there is the
+//     event's problem, as above.
+//   - A record is counted in the tracker before it is handed to the
+//     producer, so its ack can never come first.
+package relay
