@@ -1,8 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -47,6 +53,61 @@ func TestPackageFloors(t *testing.T) {
 			if f, ok := floor[dep]; ok && f >= own {
 				t.Errorf("%s (floor %d) imports %s (floor %d): a package imports only lower floors", pkg, own, dep, f)
 			}
+		}
+	}
+}
+
+// Size limits (docs/design.md, "The pipeline"): a package that grows past
+// maxPackageLines has started to gather more than one concept, and a
+// function past maxFuncLines more than one step; either is split, not
+// the limit raised.
+const (
+	maxPackageLines = 1600
+	maxFuncLines    = 80
+)
+
+// TestPackageSizes holds every package of the module to maxPackageLines
+// lines of non-test Go, and every function outside tests to maxFuncLines.
+func TestPackageSizes(t *testing.T) {
+	lines := map[string]int{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != "../.." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		lines[filepath.Dir(path)] += bytes.Count(src, []byte("\n"))
+		f, err := parser.ParseFile(fset, path, src, 0)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Body != nil {
+				if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
+					t.Errorf("%s: %s is %d lines, more than %d: split it into named steps", path, fn.Name.Name, n, maxFuncLines)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) < 20 {
+		t.Fatalf("found %d packages: the walk missed the tree", len(lines))
+	}
+	for dir, n := range lines {
+		if n > maxPackageLines {
+			t.Errorf("%s has %d lines of non-test Go, more than %d: give a concept of it a package of its own", strings.TrimPrefix(dir, "../../"), n, maxPackageLines)
 		}
 	}
 }
