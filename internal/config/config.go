@@ -46,72 +46,73 @@ const (
 )
 
 // Config configures a pipeline: what Load reads, and what pipeline.New
-// takes.
+// takes. The config file is decoded into it (its YAML keys, and the
+// stages' configs' own: docs/config.md); the fields without a key Load
+// fills from the file's other sections (tables, schema_registry, reconnect,
+// http, log).
 type Config struct {
 	// Name is the pipeline's, for the pipeline label of its metrics and
-	// cdc status. Default: the slot's name (name).
-	Name     string
-	Postgres postgres.Config
-	Kafka    sink.Config
-	Tables   []*outbox.Source
+	// cdc status. Default: the slot's name.
+	Name     string           `yaml:"name"`
+	Postgres postgres.Config  `yaml:"postgres"`
+	Kafka    sink.Config      `yaml:"kafka"`
+	Tables   []*outbox.Source `yaml:"-"`
 	// SchemaRegistry is where tables with a schema (json-schema, avro,
 	// protobuf) find it.
-	SchemaRegistry schema.Config
-	// DeadLetterMaxMessageBytes is the record size limit of the
-	// dead-letter topics; to dead-letter oversized events it must exceed
-	// Kafka.MaxMessageBytes. Default sink.DefaultMaxMessageBytes
-	// (1,000,012, Kafka's).
-	DeadLetterMaxMessageBytes int32
+	SchemaRegistry schema.Config `yaml:"-"`
 	// MaxInFlight is how many events may wait for Kafka's ack before the
 	// replication loop stops reading. Default DefaultMaxInFlight.
-	MaxInFlight int
+	MaxInFlight int `yaml:"max_in_flight"`
 	// MaxInFlightBytes is how many bytes of records may wait for Kafka's ack
 	// before the replication loop stops reading, whichever of the two limits
 	// comes first: with large payloads the count alone let a broker stall fill
 	// the memory (docs/design.md, "Memory is bounded in bytes"). Default
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
-	MaxInFlightBytes int64
+	MaxInFlightBytes int64 `yaml:"max_in_flight_bytes"`
 	// ShutdownTimeout bounds a shutdown: the stream reads on to the end of
 	// the open transaction for at most half of it, and the wait for
 	// Kafka's acks and the last checkpoint ends with it. Default
 	// DefaultShutdownTimeout.
-	ShutdownTimeout time.Duration
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// RetryBackoff is the first delay before reconnecting after a transient
 	// error; it doubles up to RetryBackoffMax. Each wait is jittered over
 	// its second half. Defaults DefaultRetryBackoff and
 	// DefaultRetryBackoffMax (reconnect.backoff and reconnect.backoff_max).
-	RetryBackoff    time.Duration
-	RetryBackoffMax time.Duration
+	RetryBackoff    time.Duration `yaml:"-"`
+	RetryBackoffMax time.Duration `yaml:"-"`
 	// Checkpoint is where the pipeline keeps its durable progress.
-	Checkpoint CheckpointConfig
+	Checkpoint CheckpointConfig `yaml:"checkpoint"`
 	// Replay keeps WAL for replays and rewinds.
-	Replay ReplayConfig
+	Replay ReplayConfig `yaml:"replay"`
 	// Backfill configures every backfill's statements.
-	Backfill BackfillConfig
+	Backfill BackfillConfig `yaml:"backfill"`
 	// Standby configures how an instance that finds the slot in use
 	// takes over from a holder that went silent.
-	Standby StandbyConfig
+	Standby StandbyConfig `yaml:"standby"`
 	// UnhealthyAfter is how long the pipeline may go without streaming,
 	// other than as a standby watching a live holder, before Healthy
 	// fails: /healthz then answers 503 so that an orchestrator restarts a
 	// process that is stuck (a connection that never comes back, say).
-	// Default 5m (http.unhealthy_after).
-	UnhealthyAfter time.Duration
+	// Default DefaultUnhealthyAfter (http.unhealthy_after).
+	UnhealthyAfter time.Duration `yaml:"-"`
 	// Delivery is DeliveryAtLeastOnce (the default) or
 	// DeliveryExactlyOnce, which ExactlyOnce configures.
-	Delivery    string
-	ExactlyOnce ExactlyOnceConfig
+	Delivery    string            `yaml:"delivery"`
+	ExactlyOnce ExactlyOnceConfig `yaml:"exactly_once"`
 }
 
 // CheckpointConfig configures the checkpoint store.
 type CheckpointConfig struct {
 	// Topic is the compacted Kafka topic of the checkpoints, created when
 	// missing. Default checkpoint.DefaultTopic ("outbox-cdc.checkpoints").
-	Topic string
+	Topic string `yaml:"topic"`
+	// SigningKeyFile holds the signing keys, one a line; Load reads them
+	// into SigningKeys.
+	SigningKeyFile string `yaml:"signing_key_file"`
 	// SigningKeys sign backfill requests (the first) and verify them (any):
-	// checkpoint.signing_key_file's lines. Without them cdc backfill
-	// refuses to ask and cdc run ignores requests.
-	SigningKeys [][]byte
+	// SigningKeyFile's lines. Without them cdc backfill refuses to ask and
+	// cdc run ignores requests.
+	SigningKeys [][]byte `yaml:"-"`
 }
 
 // BackfillConfig configures the statements backfills run.
@@ -120,14 +121,14 @@ type BackfillConfig struct {
 	// that runs longer: a condition is the operator's, and runs as a role
 	// that can read every table. Default DefaultStatementTimeout
 	// (backfill.statement_timeout).
-	StatementTimeout time.Duration
+	StatementTimeout time.Duration `yaml:"statement_timeout"`
 	// ReaderRole, when set, is the role every statement that carries a
 	// condition runs as (SET LOCAL ROLE): one that may only read the
 	// outbox tables, without REPLICATION, so that a condition can neither
 	// read other tables nor touch slots or other sessions
 	// (backfill.reader_role; docs/security.md). The connector's role must
 	// be a member of it. Default none: the connector's role.
-	ReaderRole string
+	ReaderRole string `yaml:"reader_role"`
 }
 
 // ReplayConfig configures the replay window.
@@ -136,7 +137,7 @@ type ReplayConfig struct {
 	// pipeline keeps a second slot, "<slot>_replay", that far behind, so
 	// Postgres retains that much WAL. Default 0: no window, no second
 	// slot. At least 1s when set.
-	Window time.Duration
+	Window time.Duration `yaml:"window"`
 }
 
 // ReplaySlot is the replay window's slot.
@@ -149,7 +150,7 @@ func (c *Config) ReplaySlot() string { return c.Postgres.Slot + "_replay" }
 func (c *Config) Validate() error {
 	for _, step := range []func() error{
 		c.validateTables, c.validateRegistry, c.Postgres.Validate, c.validateDelivery, c.validateStandby,
-		c.validateInFlight, c.validateKafka, c.validateTimes, c.validateCheckpoint, c.validateNames,
+		c.validateInFlight, c.Kafka.Validate, c.validateTimes, c.validateCheckpoint, c.validateNames,
 	} {
 		if err := step(); err != nil {
 			return err
@@ -234,18 +235,6 @@ func (c *Config) validateInFlight() error {
 	return nil
 }
 
-// validateKafka validates the producer's settings, and its dead-letter
-// topics' limit.
-func (c *Config) validateKafka() error {
-	if err := c.Kafka.Validate(); err != nil {
-		return err
-	}
-	if c.DeadLetterMaxMessageBytes == 0 {
-		c.DeadLetterMaxMessageBytes = sink.DefaultMaxMessageBytes
-	}
-	return nil
-}
-
 // Producer is the producer's settings: kafka.*, and what the other stages
 // decide: the delivery mode, a buffer above the in-flight limit, and the
 // dead-letter topics' size limit. It changes nothing in c; call it on a
@@ -265,7 +254,7 @@ func (c *Config) Producer() sink.Config {
 	k.TopicMaxMessageBytes = map[string]int32{}
 	for _, t := range c.Tables {
 		if t.OnInvalid == outbox.OnInvalidDeadLetter {
-			k.TopicMaxMessageBytes[t.DeadLetterTopic] = c.DeadLetterMaxMessageBytes
+			k.TopicMaxMessageBytes[t.DeadLetterTopic] = k.DeadLetterMaxMessageBytes
 		}
 	}
 	return k
@@ -397,13 +386,13 @@ type ExactlyOnceConfig struct {
 	// the first Postgres transaction boundary after it holds this many
 	// events, or has been open this long. Defaults DefaultCommitEvents and
 	// DefaultCommitInterval.
-	CommitEvents   int
-	CommitInterval time.Duration
+	CommitEvents   int           `yaml:"commit_events"`
+	CommitInterval time.Duration `yaml:"commit_interval"`
 	// TransactionTimeout is how long the broker lets a transaction stay
 	// open (transaction.timeout.ms): a Postgres transaction must stream
 	// within it. Default sink.DefaultTransactionTimeout; at most the
 	// broker's transaction.max.timeout.ms (15m by default).
-	TransactionTimeout time.Duration
+	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
 }
 
 // IsExactlyOnce reports whether delivery is exactly once.
@@ -447,7 +436,7 @@ type StandbyConfig struct {
 	// least three status intervals. Default DefaultTakeoverAfter, or three
 	// status intervals when longer; 0 turns takeover off (a standby then
 	// waits for wal_sender_timeout). Read it with Config.TakeoverAfter.
-	TakeoverAfter opt.Value[time.Duration]
+	TakeoverAfter opt.Value[time.Duration] `yaml:"takeover_after"`
 }
 
 // DefaultTakeoverAfter is StandbyConfig.TakeoverAfter's default: five

@@ -1,17 +1,28 @@
 // Package config is the connector's configuration: the Config a pipeline
-// runs with, its defaults and the rules that tie the stages' settings
-// together (Validate), and Load, which reads it from the YAML file, the
-// ${VAR} references in its values, and the CDC_<KEY> variables that
-// override its keys (docs/config.md). Load refuses an unknown key with the
-// nearest known one and a value of the wrong type with its line, and never
-// shows a secret in an error; it also returns the process's logging and
-// endpoint settings. Validate runs once, in pipeline.New; it fills the
-// defaults into copies of the tables, never into the caller's
-// (TestValidateLeavesCallersTablesAlone).
+// runs with, the rules that tie the stages' settings together (Validate),
+// what a stage's settings are once the others are known (Producer,
+// Registry), and Load, which reads it from the YAML file, the ${VAR}
+// references in its values, and the CDC_<KEY> variables that override its
+// keys (docs/config.md).
 //
-// Every key of the file is documented in docs/config.md, and every key
-// outside tables has an environment variable (TestEveryConfigKeyIsDocumented,
-// TestEverySettingFromTheEnvironment).
+// Each stage's config (postgres.Config, sink.Config, ...) states its own
+// keys (yaml tags), documents and applies its own defaults (its Validate,
+// or an opt.Value's default where unset and zero differ), and the file is
+// decoded straight into them; Load maps by hand only what the file keeps
+// elsewhere than the Config does (tables, schema_registry, reconnect,
+// http, log). Config's own fields state their defaults as named
+// constants next to them. Validate never rewrites a stage's settings.
+//
+// Load refuses an unknown key with the nearest known one and a value of the
+// wrong type with its line, and never shows a secret in an error; it also
+// returns the process's logging and endpoint settings. Validate runs once,
+// in pipeline.New; it fills the defaults into copies of the tables, never
+// into the caller's (TestValidateLeavesCallersTablesAlone).
+//
+// Every key of the file is documented in docs/config.md, every key outside
+// tables has an environment variable, and every field of the decoded types
+// says its key or that it has none (TestEveryConfigKeyIsDocumented,
+// TestEverySettingFromTheEnvironment, TestEveryFieldSaysItsKey).
 package config
 
 // Environ looks a variable up: os.LookupEnv, or a test's map. "Set to

@@ -74,7 +74,11 @@ func yamlKeys(typ reflect.Type, prefix string) []string {
 	var keys []string
 	for i := 0; i < typ.NumField(); i++ {
 		f := typ.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, flags, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if flags == "inline" {
+			keys = append(keys, yamlKeys(f.Type, prefix)...)
+			continue
+		}
 		if name == "" || name == "-" {
 			continue
 		}
@@ -115,4 +119,40 @@ func documented(doc, key string) bool {
 	}
 	leaf := parts[len(parts)-1]
 	return strings.Contains(section, "{"+leaf+":") || strings.Contains(section, ", "+leaf+":")
+}
+
+// TestEveryFieldSaysItsKey: every exported field of the types the file
+// decodes into, the stages' configs among them, has a yaml tag: its key, or
+// "-" for a setting that is not the file's. An untagged field would be a
+// key by its Go name, and CDC_ variable, that nobody chose.
+func TestEveryFieldSaysItsKey(t *testing.T) {
+	seen := map[reflect.Type]bool{}
+	var walk func(reflect.Type, string)
+	walk = func(typ reflect.Type, path string) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct || typ == reflect.TypeOf(time.Duration(0)) || seen[typ] || typ.Implements(optionalType) {
+			return
+		}
+		seen[typ] = true
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			tag, ok := f.Tag.Lookup("yaml")
+			if !ok {
+				t.Errorf("%s.%s (%s) has no yaml tag: give it its key, or yaml:\"-\"", path, f.Name, typ)
+				continue
+			}
+			if tag != "-" {
+				walk(f.Type, path+"."+f.Name)
+			}
+		}
+	}
+	walk(reflect.TypeOf(fileConfig{}), "fileConfig")
+	if len(seen) < 10 {
+		t.Fatalf("walked %d types: the walk is broken", len(seen))
+	}
 }

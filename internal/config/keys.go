@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -129,13 +130,18 @@ func checkScalar(n *yaml.Node, t reflect.Type, path string) error {
 	return nil
 }
 
-// yamlFields maps a struct's YAML keys to their types.
+// yamlFields maps a struct's YAML keys to their types, an inline
+// struct's keys among them.
 func yamlFields(t reflect.Type) map[string]reflect.Type {
 	fields := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, flags, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if flags == "inline" {
+			maps.Copy(fields, yamlFields(f.Type))
 			continue
 		}
 		if name == "" {

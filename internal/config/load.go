@@ -16,81 +16,21 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
-	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pgident"
-	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/secret"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
-// fileConfig is the YAML file format. docs/config.md documents every key;
-// keep the two in step.
+// fileConfig is the YAML file format: the Config itself, whose keys and
+// its stages' are the file's, and the sections Load maps onto the Config
+// by hand (a table's name and columns are parsed, the registry's basic_auth
+// and a few settings sit elsewhere in the file than in the Config, and log
+// and http are the process's). docs/config.md documents every key; keep
+// the two in step.
 type fileConfig struct {
-	Postgres struct {
-		URL             string                   `yaml:"url"`
-		PrimaryURL      string                   `yaml:"primary_url"`
-		PasswordFile    string                   `yaml:"password_file"`
-		Slot            string                   `yaml:"slot"`
-		Publication     string                   `yaml:"publication"`
-		StatusInterval  time.Duration            `yaml:"status_interval"`
-		ConfirmInterval time.Duration            `yaml:"confirm_interval"`
-		ReadBatch       opt.Value[time.Duration] `yaml:"read_batch"`
-		CatalogCheck    time.Duration            `yaml:"catalog_check_interval"`
-		ReceiveTimeout  time.Duration            `yaml:"receive_timeout"`
-	} `yaml:"postgres"`
-	Kafka struct {
-		Brokers                []string        `yaml:"brokers"`
-		ClientID               string          `yaml:"client_id"`
-		MaxMessageBytes        int32           `yaml:"max_message_bytes"`
-		AllowAutoTopicCreation opt.Value[bool] `yaml:"allow_auto_topic_creation"`
-		CreateTopics           opt.Value[bool] `yaml:"create_topics"`
-		TopicDefaults          struct {
-			Partitions        int32             `yaml:"partitions"`
-			ReplicationFactor int16             `yaml:"replication_factor"`
-			Configs           map[string]string `yaml:"configs"`
-		} `yaml:"topic_defaults"`
-		Linger        time.Duration            `yaml:"linger"`
-		MaxBatchDelay opt.Value[time.Duration] `yaml:"max_batch_delay"`
-		TLS           struct {
-			Enabled    bool   `yaml:"enabled"`
-			CAFile     string `yaml:"ca_file"`
-			CertFile   string `yaml:"cert_file"`
-			KeyFile    string `yaml:"key_file"`
-			ServerName string `yaml:"server_name"`
-		} `yaml:"tls"`
-		SASL struct {
-			Mechanism    string `yaml:"mechanism"`
-			Username     string `yaml:"username"`
-			Password     string `yaml:"password"`
-			PasswordFile string `yaml:"password_file"`
-			TokenFile    string `yaml:"token_file"`
-		} `yaml:"sasl"`
-		// DeadLetterMaxMessageBytes is the dead-letter topics' limit.
-		DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
-	} `yaml:"kafka"`
-	Checkpoint struct {
-		Topic          string `yaml:"topic"`
-		SigningKeyFile string `yaml:"signing_key_file"`
-	} `yaml:"checkpoint"`
-	Replay struct {
-		Window time.Duration `yaml:"window"`
-	} `yaml:"replay"`
-	Standby struct {
-		TakeoverAfter opt.Value[time.Duration] `yaml:"takeover_after"`
-	} `yaml:"standby"`
-	Backfill struct {
-		StatementTimeout time.Duration `yaml:"statement_timeout"`
-		ReaderRole       string        `yaml:"reader_role"`
-	} `yaml:"backfill"`
-	Name        string `yaml:"name"`
-	Delivery    string `yaml:"delivery"`
-	ExactlyOnce struct {
-		CommitEvents       int           `yaml:"commit_events"`
-		CommitInterval     time.Duration `yaml:"commit_interval"`
-		TransactionTimeout time.Duration `yaml:"transaction_timeout"`
-	} `yaml:"exactly_once"`
+	Config         `yaml:",inline"`
 	SchemaRegistry struct {
 		URL       string `yaml:"url"`
 		BasicAuth struct {
@@ -109,11 +49,8 @@ type fileConfig struct {
 		MissingAfter time.Duration `yaml:"missing_subject_after"`
 		Timeout      time.Duration `yaml:"timeout"`
 	} `yaml:"schema_registry"`
-	Tables           []fileTable   `yaml:"tables"`
-	MaxInFlight      int           `yaml:"max_in_flight"`
-	MaxInFlightBytes int64         `yaml:"max_in_flight_bytes"`
-	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`
-	Reconnect        struct {
+	Tables    []fileTable `yaml:"tables"`
+	Reconnect struct {
 		Backoff    time.Duration `yaml:"backoff"`
 		BackoffMax time.Duration `yaml:"backoff_max"`
 	} `yaml:"reconnect"`
@@ -347,59 +284,19 @@ func (fc *fileConfig) log(env Environ) (Log, error) {
 	return lc, nil
 }
 
-// config maps the file's keys onto the stages' configs; their defaults
-// are theirs, filled by Validate.
+// config is the Config the file decoded into, with what the file keeps
+// in its other sections; the defaults are the stages', filled by Validate.
 func (fc *fileConfig) config(signingKeys [][]byte) Config {
-	return Config{
-		Postgres: postgres.Config{
-			URL:                  fc.Postgres.URL,
-			PasswordFile:         fc.Postgres.PasswordFile,
-			PrimaryURL:           fc.Postgres.PrimaryURL,
-			Slot:                 fc.Postgres.Slot,
-			Publication:          fc.Postgres.Publication,
-			StatusInterval:       fc.Postgres.StatusInterval,
-			ConfirmInterval:      fc.Postgres.ConfirmInterval,
-			ReadBatch:            fc.Postgres.ReadBatch,
-			CatalogCheckInterval: fc.Postgres.CatalogCheck,
-			ReceiveTimeout:       fc.Postgres.ReceiveTimeout,
-		},
-		Kafka: sink.Config{
-			Brokers:                fc.Kafka.Brokers,
-			ClientID:               fc.Kafka.ClientID,
-			MaxMessageBytes:        fc.Kafka.MaxMessageBytes,
-			AllowAutoTopicCreation: fc.Kafka.AllowAutoTopicCreation,
-			CreateTopics:           fc.Kafka.CreateTopics,
-			TopicDefaults: sink.TopicDefaults{Partitions: fc.Kafka.TopicDefaults.Partitions,
-				ReplicationFactor: fc.Kafka.TopicDefaults.ReplicationFactor, Configs: fc.Kafka.TopicDefaults.Configs},
-			ClientLog:     fc.Log.Kafka,
-			Linger:        fc.Kafka.Linger,
-			MaxBatchDelay: fc.Kafka.MaxBatchDelay,
-			TLS: sink.TLSConfig{Enabled: fc.Kafka.TLS.Enabled, CAFile: fc.Kafka.TLS.CAFile, CertFile: fc.Kafka.TLS.CertFile,
-				KeyFile: fc.Kafka.TLS.KeyFile, ServerName: fc.Kafka.TLS.ServerName},
-			SASL: sink.SASLConfig{Mechanism: fc.Kafka.SASL.Mechanism, Username: fc.Kafka.SASL.Username, Password: fc.Kafka.SASL.Password,
-				PasswordFile: fc.Kafka.SASL.PasswordFile, TokenFile: fc.Kafka.SASL.TokenFile},
-		},
-		SchemaRegistry: schema.Config{URL: fc.SchemaRegistry.URL, Username: fc.SchemaRegistry.BasicAuth.Username,
-			Password: fc.SchemaRegistry.BasicAuth.Password, PasswordFile: fc.SchemaRegistry.BasicAuth.PasswordFile,
-			TokenFile: fc.SchemaRegistry.TokenFile, AutoRegister: fc.SchemaRegistry.AutoRegister, Timeout: fc.SchemaRegistry.Timeout, MissingAfter: fc.SchemaRegistry.MissingAfter,
-			TLS: sink.TLSConfig{CAFile: fc.SchemaRegistry.TLS.CAFile, CertFile: fc.SchemaRegistry.TLS.CertFile,
-				KeyFile: fc.SchemaRegistry.TLS.KeyFile, ServerName: fc.SchemaRegistry.TLS.ServerName}},
-		DeadLetterMaxMessageBytes: fc.Kafka.DeadLetterMaxMessageBytes,
-		MaxInFlight:               fc.MaxInFlight,
-		MaxInFlightBytes:          fc.MaxInFlightBytes,
-		ShutdownTimeout:           fc.ShutdownTimeout,
-		UnhealthyAfter:            fc.HTTP.UnhealthyAfter,
-		RetryBackoff:              fc.Reconnect.Backoff,
-		RetryBackoffMax:           fc.Reconnect.BackoffMax,
-		Checkpoint:                CheckpointConfig{Topic: fc.Checkpoint.Topic, SigningKeys: signingKeys},
-		Replay:                    ReplayConfig{Window: fc.Replay.Window},
-		Name:                      fc.Name,
-		Delivery:                  fc.Delivery,
-		Standby:                   StandbyConfig{TakeoverAfter: fc.Standby.TakeoverAfter},
-		Backfill:                  BackfillConfig{StatementTimeout: fc.Backfill.StatementTimeout, ReaderRole: fc.Backfill.ReaderRole},
-		ExactlyOnce: ExactlyOnceConfig{CommitEvents: fc.ExactlyOnce.CommitEvents, CommitInterval: fc.ExactlyOnce.CommitInterval,
-			TransactionTimeout: fc.ExactlyOnce.TransactionTimeout},
-	}
+	cfg := fc.Config
+	cfg.Checkpoint.SigningKeys = signingKeys
+	cfg.Kafka.ClientLog = fc.Log.Kafka
+	cfg.RetryBackoff, cfg.RetryBackoffMax = fc.Reconnect.Backoff, fc.Reconnect.BackoffMax
+	cfg.UnhealthyAfter = fc.HTTP.UnhealthyAfter
+	r := fc.SchemaRegistry
+	cfg.SchemaRegistry = schema.Config{URL: r.URL, Username: r.BasicAuth.Username, Password: r.BasicAuth.Password, PasswordFile: r.BasicAuth.PasswordFile,
+		TokenFile: r.TokenFile, AutoRegister: r.AutoRegister, Timeout: r.Timeout, MissingAfter: r.MissingAfter,
+		TLS: sink.TLSConfig{CAFile: r.TLS.CAFile, CertFile: r.TLS.CertFile, KeyFile: r.TLS.KeyFile, ServerName: r.TLS.ServerName}}
+	return cfg
 }
 
 func (ft fileTable) table() (*outbox.Source, error) {

@@ -428,7 +428,7 @@ func TestRealDeadLetterTooLarge(t *testing.T) {
 				}
 			}
 			e.cfg.Kafka.MaxMessageBytes = 10000
-			e.cfg.DeadLetterMaxMessageBytes = tc.dlqLimit
+			e.cfg.Kafka.DeadLetterMaxMessageBytes = tc.dlqLimit
 			e.cfg.Tables[0].OnInvalid = outbox.OnInvalidDeadLetter
 			e.cfg.Tables[0].DeadLetterTopic = dlq
 			r := e.start(t)

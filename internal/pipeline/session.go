@@ -447,7 +447,7 @@ func (s *session) newSender() *relay.Sender {
 	p := s.p
 	out := &relay.Sender{
 		Router: p.router, Schemas: p.schemas, Kafka: s.kafka, Tracker: s.tracker,
-		MaxMessageBytes: int(p.cfg.Kafka.MaxMessageBytes), DeadLetterMaxMessageBytes: int(p.cfg.DeadLetterMaxMessageBytes),
+		MaxMessageBytes: int(p.cfg.Kafka.MaxMessageBytes), DeadLetterMaxMessageBytes: int(p.cfg.Kafka.DeadLetterMaxMessageBytes),
 		CheckpointTopic: p.cfg.Checkpoint.Topic, Blocking: s.blocking, Skipped: s.skipped,
 		OnDelivered: p.opts.OnDelivered, DeadLettered: &p.DeadLettered, Metrics: p.m, Log: p.log,
 	}

@@ -429,7 +429,7 @@ func TestRowProblemsAreDeadLettered(t *testing.T) {
 	tbl.OnInvalid = outbox.OnInvalidDeadLetter
 	tbl.DeadLetterTopic = kafka.Prefix + "dead-letters"
 	e.cfg.Kafka.MaxMessageBytes = 10000
-	e.cfg.DeadLetterMaxMessageBytes = 20000
+	e.cfg.Kafka.DeadLetterMaxMessageBytes = 20000
 	refused := kafka.Prefix + "col.lides"
 	kafka.Fake.ControlKey(int16(kmsg.CreateTopics), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		kafka.Fake.KeepControl()

@@ -17,32 +17,34 @@ import (
 	"github.com/outboxcdc/cdc/internal/secret"
 )
 
-// Config configures the replication connection.
+// Config configures the replication connection. Its YAML keys are the
+// config file's postgres section (docs/config.md).
 type Config struct {
 	// URL is a libpq connection string or URL for the database that holds
 	// the outbox tables. Required. It is never logged. TLS is set in it the
 	// libpq way: sslmode=verify-full, sslrootcert, sslcert, sslkey.
-	URL string
+	URL string `yaml:"url"`
 	// PasswordFile, when set, holds the password; it is read at every
 	// connection, so a rotated password is picked up without a restart.
 	// It overrides a password in URL (and in PrimaryURL).
-	PasswordFile string
+	PasswordFile string `yaml:"password_file"`
 	// PrimaryURL is the primary of the hot standby URL reaches, when it
 	// is one (PostgreSQL 16+): what a standby cannot write goes there
 	// (standby.go). Optional; never logged.
-	PrimaryURL string
-	// Slot is the logical replication slot. Default "outbox_cdc".
-	Slot string
-	// Publication is the publication the slot streams. Default "outbox_cdc".
-	Publication string
+	PrimaryURL string `yaml:"primary_url"`
+	// Slot is the logical replication slot. Default DefaultSlot.
+	Slot string `yaml:"slot"`
+	// Publication is the publication the slot streams. Default
+	// DefaultPublication.
+	Publication string `yaml:"publication"`
 	// StatusInterval is how often a standby status update goes out when
-	// nothing new is confirmed: the keepalive period. Default 1s. Must
-	// stay well below wal_sender_timeout.
-	StatusInterval time.Duration
+	// nothing new is confirmed: the keepalive period. Default
+	// DefaultStatusInterval; from 10ms to 30s.
+	StatusInterval time.Duration `yaml:"status_interval"`
 	// ConfirmInterval is the least time between two status updates that
 	// confirm new events: once Kafka has acked, the confirm follows within
-	// about this. Default 20ms; at most StatusInterval.
-	ConfirmInterval time.Duration
+	// about this. Default DefaultConfirmInterval; at most StatusInterval.
+	ConfirmInterval time.Duration `yaml:"confirm_interval"`
 	// ReadBatch is how long a busy stream waits after a read that
 	// drained the socket before it reads again (coalescingConn), at most
 	// 10ms. Default DefaultReadBatch; 0 reads at once. Read it with
@@ -53,30 +55,42 @@ type Config struct {
 	// false when a session that was live ends. It is the program's, not
 	// the config file's: cdc run sets its GOMAXPROCS with it. Read
 	// batching off (ReadBatch 0) turns it off too.
-	OnLive func(live bool)
+	OnLive func(live bool) `yaml:"-"`
 	// ReceiveTimeout is how long the stream may hear nothing from the
 	// walsender, while it reads, before it takes the connection for dead
 	// and starts a new session: a network that drops packets without a
 	// reset (a black hole) looks like a quiet database otherwise. From
 	// half of it on, each status update asks the walsender to answer.
 	// Default DefaultReceiveTimeout; at least three StatusIntervals.
-	ReceiveTimeout time.Duration
+	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
 	// ConnectTimeout bounds opening a connection, when postgres.url sets
 	// no connect_timeout: through a black hole a connect would wait for
 	// ever. Not a file key; DefaultConnectTimeout.
-	ConnectTimeout time.Duration
+	ConnectTimeout time.Duration `yaml:"-"`
 	// CatalogCheckInterval is how often a session looks in the catalog
 	// for a configured table that was dropped and created again, left
 	// the publication or vanished (docs/design.md, "Table changes").
 	// Default DefaultCatalogCheckInterval.
-	CatalogCheckInterval time.Duration
+	CatalogCheckInterval time.Duration `yaml:"catalog_check_interval"`
 	// Messages asks pgoutput for logical decoding messages
 	// (pg_logical_emit_message); set when a message source is configured.
-	Messages bool
+	Messages bool `yaml:"-"`
 
 	// rowsTimeout is ConnectRows' statement timeout.
 	rowsTimeout time.Duration
 }
+
+// DefaultSlot and DefaultPublication are Slot's and Publication's
+// defaults.
+const (
+	DefaultSlot        = "outbox_cdc"
+	DefaultPublication = "outbox_cdc"
+)
+
+// DefaultStatusInterval is StatusInterval's default: well below
+// wal_sender_timeout (60 s by default), and often enough for a standby to
+// tell a live holder from a frozen one within seconds.
+const DefaultStatusInterval = time.Second
 
 // DefaultConfirmInterval is ConfirmInterval's default: short enough that a
 // drain ends at Kafka's pace, long enough that a busy stream confirms (and
@@ -115,10 +129,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Slot == "" {
-		c.Slot = "outbox_cdc"
+		c.Slot = DefaultSlot
 	}
 	if c.Publication == "" {
-		c.Publication = "outbox_cdc"
+		c.Publication = DefaultPublication
 	}
 	if !nameRE.MatchString(c.Slot) {
 		return fmt.Errorf("postgres.slot %q: use 1 to 63 lower-case letters, digits and underscores", c.Slot)
@@ -127,7 +141,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("postgres.publication %q: use 1 to 63 lower-case letters, digits and underscores", c.Publication)
 	}
 	if c.StatusInterval == 0 {
-		c.StatusInterval = time.Second
+		c.StatusInterval = DefaultStatusInterval
 	}
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > 30*time.Second {
 		return fmt.Errorf("postgres.status_interval %s: use a value from 10ms to 30s (wal_sender_timeout is 60s by default)", c.StatusInterval)

@@ -16,59 +16,66 @@ import (
 	"github.com/outboxcdc/cdc/internal/opt"
 )
 
-// Config configures the Kafka producer.
+// Config configures the Kafka producer. Its YAML keys are the config
+// file's kafka section (docs/config.md); the fields without one are the
+// pipeline's to set (config.Config.Producer).
 type Config struct {
 	// Brokers are the seed brokers, host:port. Required.
-	Brokers []string
-	// ClientID is sent to the brokers. Default "outbox-cdc".
-	ClientID string
+	Brokers []string `yaml:"brokers"`
+	// ClientID is sent to the brokers. Default DefaultClientID.
+	ClientID string `yaml:"client_id"`
 	// ClientLog is the least level of franz-go's own lines that are
 	// logged: "error" (the default), "warn", "info" or "debug" (every
 	// request on the wire). It is separate from the connector's log
 	// level, so that debug or trace logging of the pipeline does not
-	// bury it in wire traffic.
-	ClientLog string
+	// bury it in wire traffic. The file's log.kafka.
+	ClientLog string `yaml:"-"`
 	// MaxMessageBytes is the largest record batch the producer builds,
 	// mirroring the broker's message.max.bytes. A record larger than this
 	// fails with MESSAGE_TOO_LARGE. Default DefaultMaxMessageBytes
 	// (1,000,012, Kafka's default).
-	MaxMessageBytes int32
+	MaxMessageBytes int32 `yaml:"max_message_bytes"`
+	// DeadLetterMaxMessageBytes is the record size limit of the
+	// dead-letter topics; to dead-letter oversized events it must exceed
+	// MaxMessageBytes. Default DefaultMaxMessageBytes.
+	DeadLetterMaxMessageBytes int32 `yaml:"dead_letter_max_message_bytes"`
 	// TopicMaxMessageBytes overrides MaxMessageBytes for some topics; the
 	// pipeline sets the dead-letter topics' limit here.
-	TopicMaxMessageBytes map[string]int32
+	TopicMaxMessageBytes map[string]int32 `yaml:"-"`
 	// CreateTopics creates a missing topic through the admin API, with
 	// TopicDefaults, before its first record. Default true.
-	CreateTopics  opt.Value[bool]
-	TopicDefaults TopicDefaults
+	CreateTopics  opt.Value[bool] `yaml:"create_topics"`
+	TopicDefaults TopicDefaults   `yaml:"topic_defaults"`
 	// AllowAutoTopicCreation asks the broker to create missing topics, as
 	// the Java producer does, where the connector may not create them; the
 	// broker's auto.create.topics.enable still decides. Default true.
-	AllowAutoTopicCreation opt.Value[bool]
+	AllowAutoTopicCreation opt.Value[bool] `yaml:"allow_auto_topic_creation"`
 	// Linger is how long a partition waits for more records before it
 	// sends a batch. Default 0: send at once; records still batch while
 	// an earlier request is in flight, so a backlog drains in large
 	// batches. franz-go's own default (10ms) would add 10ms to every
 	// event's latency on a quiet outbox.
-	Linger time.Duration
+	Linger time.Duration `yaml:"linger"`
 	// TLS and SASL say how to reach secured brokers.
-	TLS  TLSConfig
-	SASL SASLConfig
+	TLS  TLSConfig  `yaml:"tls"`
+	SASL SASLConfig `yaml:"sasl"`
 	// MaxBatchDelay is the least time between two batches Send lets go,
 	// and so the longest an event waits to join one (see Send), at most
 	// 1s. Default DefaultMaxBatchDelay; 0 sends every event at once, and so
 	// does a transactional producer, whatever it says (batchDelay).
-	MaxBatchDelay opt.Value[time.Duration]
+	MaxBatchDelay opt.Value[time.Duration] `yaml:"max_batch_delay"`
 	// TransactionalID, when set, makes the producer transactional, for
 	// exactly-once delivery: records go only inside BeginTxn and
 	// CommitTxn, and a second producer with the same id fences this one.
 	// TransactionTimeout is how long a transaction may stay open;
 	// DefaultTransactionTimeout when 0.
-	TransactionalID    string
-	TransactionTimeout time.Duration
+	TransactionalID    string        `yaml:"-"`
+	TransactionTimeout time.Duration `yaml:"-"`
 	// MaxBufferedRecords bounds the records franz-go holds; Produce blocks
 	// while it is full. The pipeline sets it to twice its in-flight limit,
-	// so that Produce never blocks the replication loop. Default 10,000.
-	MaxBufferedRecords int
+	// so that Produce never blocks the replication loop. Default
+	// DefaultMaxBufferedRecords.
+	MaxBufferedRecords int `yaml:"-"`
 	// ExactlyOnce says the pipeline delivers exactly once: records wait
 	// for their transaction's commit anyway, so Send does not hold them to
 	// pace requests (MaxBatchDelay is off), and franz-go's linger paces
@@ -76,14 +83,14 @@ type Config struct {
 	// commit's flush cuts short (linger). Without either each record goes
 	// as soon as the broker answered the last request, in many more
 	// requests for more CPU (docs/benchmarks.md, "Exactly-once").
-	ExactlyOnce bool
+	ExactlyOnce bool `yaml:"-"`
 }
 
 // Validate reports a configuration error and fills the defaults. New
 // expects a validated Config.
 func (c *Config) Validate() error {
 	if c.ClientID == "" {
-		c.ClientID = "outbox-cdc"
+		c.ClientID = DefaultClientID
 	}
 	switch c.ClientLog {
 	case "":
@@ -96,7 +103,10 @@ func (c *Config) Validate() error {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.MaxBufferedRecords == 0 {
-		c.MaxBufferedRecords = 10_000
+		c.MaxBufferedRecords = DefaultMaxBufferedRecords
+	}
+	if c.DeadLetterMaxMessageBytes == 0 {
+		c.DeadLetterMaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.TopicDefaults.Partitions == 0 {
 		c.TopicDefaults.Partitions = -1
@@ -163,6 +173,12 @@ func (c Config) Creates() bool { return c.CreateTopics.Or(true) }
 // latency budget of tens of milliseconds, and long enough that a steady
 // stream goes in a few requests a batch time instead of one an event.
 const DefaultMaxBatchDelay = 5 * time.Millisecond
+
+// DefaultClientID is ClientID's default.
+const DefaultClientID = "outbox-cdc"
+
+// DefaultMaxBufferedRecords is MaxBufferedRecords' default.
+const DefaultMaxBufferedRecords = 10_000
 
 // DefaultMaxMessageBytes is Kafka's default message.max.bytes.
 const DefaultMaxMessageBytes = 1_000_012

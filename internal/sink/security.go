@@ -26,16 +26,17 @@ import (
 // TLSConfig configures TLS to the brokers.
 type TLSConfig struct {
 	// Enabled turns TLS on. Setting any file below turns it on too.
-	Enabled bool
+	Enabled bool `yaml:"enabled"`
 	// CAFile is a PEM file of the CAs that sign the brokers' certificates.
 	// Default: the system's roots.
-	CAFile string
+	CAFile string `yaml:"ca_file"`
 	// CertFile and KeyFile are a PEM client certificate and its key, for
 	// brokers that authenticate clients by certificate (mTLS).
-	CertFile, KeyFile string
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 	// ServerName overrides the name checked in the brokers' certificates.
 	// Default: each broker's host.
-	ServerName string
+	ServerName string `yaml:"server_name"`
 }
 
 // The SASL mechanisms.
@@ -50,14 +51,16 @@ const (
 // SASLConfig configures SASL authentication. Secrets are never logged.
 type SASLConfig struct {
 	// Mechanism is one of the SASL constants; "" turns SASL off.
-	Mechanism string
+	Mechanism string `yaml:"mechanism"`
 	// Username and Password authenticate PLAIN and SCRAM. PasswordFile,
 	// when set, is read at every authentication instead, so a rotated
 	// password is picked up without a restart.
-	Username, Password, PasswordFile string
+	Username     string `yaml:"username"`
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
 	// TokenFile holds the OAUTHBEARER token; it is read at every
 	// authentication, so a token refreshed on disk is picked up.
-	TokenFile string
+	TokenFile string `yaml:"token_file"`
 }
 
 // validateSecurity reports a security configuration error, naming the key to fix.

@@ -19,12 +19,12 @@ import (
 type TopicDefaults struct {
 	// Partitions of a new topic; -1 (the default) is the broker's
 	// num.partitions.
-	Partitions int32
+	Partitions int32 `yaml:"partitions"`
 	// ReplicationFactor of a new topic; -1 (the default) is the broker's
 	// default.replication.factor.
-	ReplicationFactor int16
+	ReplicationFactor int16 `yaml:"replication_factor"`
 	// Configs are topic configs, e.g. retention.ms, min.insync.replicas.
-	Configs map[string]string
+	Configs map[string]string `yaml:"configs"`
 }
 
 // topicState is what the producer knows of one topic.
