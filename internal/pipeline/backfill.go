@@ -138,7 +138,7 @@ func (s *session) Commit(at pglogrepl.LSN, now time.Time) {
 	s.tx = nil
 	s.kafka.Release(time.Time{})
 	// A chunk sent: the first start is busy, not stuck (Healthy).
-	s.p.status.Busy()
+	s.p.health.Busy()
 }
 
 func (s *session) WaitRoom(ctx context.Context, n int, bytes int64) error {

@@ -71,9 +71,9 @@ type Pipeline struct {
 	m        *metrics.Metrics
 	// onStandby: the last session's server was a hot standby.
 	onStandby bool
-	// status is what /readyz and /healthz report: what the pipeline does,
+	// health is what /readyz and /healthz report: what the pipeline does,
 	// and whether it streams or makes progress. Busy is not stuck.
-	status endpoint.Status
+	health endpoint.Health
 	// streamed: a session of this process has streamed, so a refused
 	// connection since is retried (a bounded number of times).
 	streamed atomic.Bool
@@ -133,9 +133,9 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	}
 	p.m.Init(sources)
 	// A streaming loop runs at least every status interval.
-	p.status = endpoint.Status{UnhealthyAfter: cfg.UnhealthyAfter, LoopSilence: max(30*time.Second, 5*cfg.Postgres.StatusInterval), Gauge: p.m.Streaming}
+	p.health = endpoint.Health{UnhealthyAfter: cfg.UnhealthyAfter, LoopSilence: max(30*time.Second, 5*cfg.Postgres.StatusInterval), Gauge: p.m.Streaming}
 	p.setState(false, "starting")
-	p.status.Busy()
+	p.health.Busy()
 	return p, nil
 }
 
@@ -149,22 +149,22 @@ func (p *Pipeline) Metrics() *metrics.Metrics { return p.m }
 // State is what the pipeline is doing, for /readyz.
 type State = endpoint.State
 
-func (p *Pipeline) setState(streaming bool, detail string) { p.status.Set(streaming, detail, "") }
+func (p *Pipeline) setState(streaming bool, detail string) { p.health.Set(streaming, detail, "") }
 
 // Ready reports whether this instance holds the slot and streams, and what
 // it does, for /readyz.
-func (p *Pipeline) Ready() (bool, string) { return p.status.Ready() }
+func (p *Pipeline) Ready() (bool, string) { return p.health.Ready() }
 
 // Why is the error the pipeline retries after, if any, for /readyz with
 // the token.
-func (p *Pipeline) Why() string { return p.status.Why() }
+func (p *Pipeline) Why() string { return p.health.Why() }
 
 // State returns what the pipeline is doing.
-func (p *Pipeline) State() State { return p.status.State() }
+func (p *Pipeline) State() State { return p.health.State() }
 
 // Healthy reports whether the pipeline's loops are alive
-// (endpoint.Status): busy is not stuck.
-func (p *Pipeline) Healthy() error { return p.status.Healthy() }
+// (endpoint.Health): busy is not stuck.
+func (p *Pipeline) Healthy() error { return p.health.Healthy() }
 
 // Weaknesses lists the settings that leave a connection or a secret open
 // to the network (postgres.Config.Weaknesses, sink.Config.Weaknesses): cdc run
@@ -285,12 +285,12 @@ func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Back
 		if p.progress == nil {
 			what = "first start, not streaming yet; retrying after an error"
 		}
-		p.status.Set(false, what, errtext.OneLine(err))
+		p.health.Set(false, what, errtext.OneLine(err))
 		p.log.Error("session failed; reconnecting", "error", errtext.OneLine(err), "retry_in", retryIn)
 		return wait
 	}
 	p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
-	p.status.Busy() // the holder is alive, or will be taken over
+	p.health.Busy() // the holder is alive, or will be taken over
 	if after := p.cfg.TakeoverAfter(); after > 0 && !errors.Is(err, postgres.ErrStarting) {
 		wait = min(wait, after/4)
 		if now, ended := p.takeover.Try(ctx); now {

@@ -78,11 +78,11 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 	// The walsender holds the slot now: that is the lock from here on.
 	lock.Release(ctx)
 
-	p.status.Streaming(s.stream.Beat)
+	p.health.Streaming(s.stream.Beat)
 	p.setState(true, fmt.Sprintf("streaming replication slot %q", p.cfg.Postgres.Slot))
 	p.streamed.Store(true)
 	defer func() {
-		p.status.Streaming(nil)
+		p.health.Streaming(nil)
 		p.setState(false, "session ended")
 	}()
 	acks, batch := p.acks(s, k)

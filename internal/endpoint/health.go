@@ -8,14 +8,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Status is what a pipeline says of itself to the probes: a Source. What
+// Health is what a pipeline says of itself to the probes: a Source. What
 // it does (Set), whether a session streams and when its replication loop
 // last went round (Streaming), and when it last made progress otherwise
 // (Busy). Healthy means "not stuck", never "not busy": a loop that runs,
 // a standby that sees a live holder and a first start's backfill that
 // sends chunks are all healthy however long they last. Its methods are
 // safe from any goroutine.
-type Status struct {
+type Health struct {
 	// UnhealthyAfter is http.unhealthy_after: how long the pipeline may go
 	// without streaming or progress before Healthy fails.
 	UnhealthyAfter time.Duration
@@ -47,35 +47,35 @@ type State struct {
 }
 
 // Set says what the pipeline does, and why when it retries.
-func (s *Status) Set(streaming bool, detail, reason string) {
-	s.state.Store(&State{Streaming: streaming, Detail: detail, Reason: reason, Since: time.Now()})
-	if s.Gauge != nil {
+func (h *Health) Set(streaming bool, detail, reason string) {
+	h.state.Store(&State{Streaming: streaming, Detail: detail, Reason: reason, Since: time.Now()})
+	if h.Gauge != nil {
 		v := 0.0
 		if streaming {
 			v = 1
 		}
-		s.Gauge.Set(v)
+		h.Gauge.Set(v)
 	}
 }
 
 // Streaming says a session streams, its loop's last round told by beat;
 // nil says the session ended, which counts as progress.
-func (s *Status) Streaming(beat func() time.Time) {
+func (h *Health) Streaming(beat func() time.Time) {
 	if beat == nil {
-		s.beat.Store(nil)
-		s.Busy()
+		h.beat.Store(nil)
+		h.Busy()
 		return
 	}
-	s.beat.Store(&beat)
+	h.beat.Store(&beat)
 }
 
 // Busy notes progress outside a session: the pipeline started, a
 // standby saw a live holder, a first start's backfill sent a chunk.
-func (s *Status) Busy() { s.idleSince.Store(time.Now().UnixNano()) }
+func (h *Health) Busy() { h.idleSince.Store(time.Now().UnixNano()) }
 
 // State returns what the pipeline is doing.
-func (s *Status) State() State {
-	if st := s.state.Load(); st != nil {
+func (h *Health) State() State {
+	if st := h.state.Load(); st != nil {
 		return *st
 	}
 	return State{}
@@ -83,31 +83,31 @@ func (s *Status) State() State {
 
 // Ready reports whether this instance holds the slot and streams, and what
 // it does, for /readyz.
-func (s *Status) Ready() (bool, string) {
-	st := s.State()
+func (h *Health) Ready() (bool, string) {
+	st := h.State()
 	return st.Streaming, st.Detail
 }
 
 // Why is the error the pipeline retries after, if any, for /readyz with
 // the token.
-func (s *Status) Why() string { return s.State().Reason }
+func (h *Health) Why() string { return h.State().Reason }
 
 // Healthy reports whether the pipeline's loops are alive: the replication
 // loop of a streaming session runs at least every status interval, so
 // silence for LoopSilence means it is stuck.
-func (s *Status) Healthy() error {
-	beat := s.beat.Load()
+func (h *Health) Healthy() error {
+	beat := h.beat.Load()
 	if beat == nil {
 		// Between sessions: a standby waiting for a live holder is
 		// healthy, and so is a first start whose backfill makes
 		// progress; retrying, or a backfill that sent nothing, for
 		// longer than UnhealthyAfter is stuck.
-		if d := time.Since(time.Unix(0, s.idleSince.Load())); d > s.UnhealthyAfter {
-			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), s.UnhealthyAfter, s.State().Detail)
+		if d := time.Since(time.Unix(0, h.idleSince.Load())); d > h.UnhealthyAfter {
+			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), h.UnhealthyAfter, h.State().Detail)
 		}
 		return nil
 	}
-	if d := time.Since((*beat)()); d > s.LoopSilence {
+	if d := time.Since((*beat)()); d > h.LoopSilence {
 		return fmt.Errorf("the replication loop has not run for %s", d.Round(time.Second))
 	}
 	return nil
