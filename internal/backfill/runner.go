@@ -111,9 +111,9 @@ func (r *Runner) progressLog(job checkpoint.Job, rows int64, since time.Time, fi
 	r.Log.Info("backfill progress", l...)
 }
 
-// Sender is what the first start's backfill sends through: the session,
+// Session is what the first start's backfill sends through: the session,
 // before its stream starts.
-type Sender interface {
+type Session interface {
 	// Begin opens a transaction of events committed at now.
 	Begin(now time.Time) error
 	// Event routes and produces one event, as the stream would.
@@ -134,7 +134,7 @@ type Sender interface {
 // confirmed past it until the stream runs; the jobs' progress goes to the
 // checkpoint as it is acknowledged, and an interruption is continued
 // beside the stream (docs/design.md, "Backfill consistency").
-func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
+func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
 	conn, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
 	if err != nil {
 		return err
@@ -161,7 +161,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Sender, jobs []checkpoint.Job
 	return err
 }
 
-func (r *Runner) firstStartJob(ctx context.Context, s Sender, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
+func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
 		return err

@@ -119,7 +119,7 @@ func (s *session) request(id string, at time.Time) error {
 	return nil
 }
 
-// The session is the first start's backfill.Sender.
+// The session is the first start's backfill.Session.
 
 func (s *session) Begin(now time.Time) error {
 	if s.eos != nil {
