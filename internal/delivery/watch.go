@@ -9,14 +9,14 @@ import (
 )
 
 // StallAfter is how long Kafka may leave events unacknowledged before
-// Watch says so.
+// WatchAcks says so.
 const StallAfter = 10 * time.Second
 
-// Watch reports tr once a second until done: the events in flight and how
+// WatchAcks reports tr once a second until done: the events in flight and how
 // far behind the stream is (cdc_in_flight_events, cdc_behind_seconds), and
 // one line when Kafka stops acknowledging events in flight (naming
 // brokers) and one when it resumes. It only reads the tracker.
-func Watch(tr *Tracker, m *metrics.Metrics, log hclog.Logger, brokers string, done <-chan struct{}) {
+func WatchAcks(tr *Tracker, m *metrics.Metrics, log hclog.Logger, brokers string, done <-chan struct{}) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastAcked, lastProgress, stalled := tr.Acked(), time.Now(), false

@@ -181,7 +181,7 @@ func (p *Pipeline) besides(ctx context.Context, s *session) (watchErr func() err
 	}
 	// The watch reports the session until it ends, shutdown included.
 	stops = append(stops, background(context.WithoutCancel(ctx), func(wctx context.Context) {
-		delivery.Watch(s.tracker, p.m, p.log, strings.Join(p.cfg.Kafka.Brokers, ","), wctx.Done())
+		delivery.WatchAcks(s.tracker, p.m, p.log, strings.Join(p.cfg.Kafka.Brokers, ","), wctx.Done())
 	}))
 	if p.cfg.Replay.Window > 0 {
 		stops = append(stops, background(ctx, p.window().Keep))
