@@ -28,9 +28,13 @@ func TestEndBetweenTransactions(t *testing.T) {
 	}
 
 	type seen struct{ begins, inserts, commits atomic.Int64 }
+	var runWith func(t *testing.T, acks wal.Acks, endAt func(s *wal.Stream, n *seen, data []byte), outside func(s *wal.Stream)) (*seen, error)
 	// run streams both transactions with handle's endAt, and outside on
 	// the test's goroutine, and returns what Run returned.
 	run := func(t *testing.T, endAt func(s *wal.Stream, n *seen, data []byte), outside func(s *wal.Stream)) (*seen, error) {
+		return runWith(t, &movingAcks{}, endAt, outside)
+	}
+	runWith = func(t *testing.T, acks wal.Acks, endAt func(s *wal.Stream, n *seen, data []byte), outside func(s *wal.Stream)) (*seen, error) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		// Status updates an hour apart: nothing but End wakes an idle loop.
@@ -40,8 +44,6 @@ func TestEndBetweenTransactions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		acks := &movingAcks{}
-		acks.pos.Store(uint64(from)) // confirms nothing: each run reads it all again
 		n := &seen{}
 		done := make(chan error, 1)
 		go func() {
@@ -125,4 +127,41 @@ func TestEndBetweenTransactions(t *testing.T) {
 			t.Fatalf("handled %d INSERT and %d COMMIT; want the transaction cut at the grace", n.inserts.Load(), c)
 		}
 	})
+	t.Run("saturated inside a transaction", func(t *testing.T) {
+		// Kafka does not answer: the loop waits for room inside the
+		// transaction, and must wait for the grace's end, not spin.
+		acks := &saturatedAcks{}
+		start := time.Now()
+		n, err := runWith(t, acks, func(s *wal.Stream, n *seen, data []byte) {
+			if data[0] == 'I' && n.inserts.Load() == 1 {
+				acks.full.Store(true)
+				s.End(300 * time.Millisecond)
+			}
+		}, nil)
+		if !errors.Is(err, wal.ErrEnded) {
+			t.Fatalf("Run returned %v, want ErrEnded", err)
+		}
+		if took := time.Since(start); took > 30*time.Second {
+			t.Fatalf("Run ended %s after End(300ms)", took)
+		}
+		if c, looks := n.commits.Load(), acks.looks.Load(); c != 0 || looks > 100 {
+			t.Fatalf("%d COMMIT handled and the loop asked Saturated %d times while it waited: want the transaction cut at the grace, and a wait, not a spin", c, looks)
+		}
+	})
+}
+
+// saturatedAcks is movingAcks whose in-flight bound fills when full is
+// set, and never frees: Kafka stopped answering.
+type saturatedAcks struct {
+	movingAcks
+	full  atomic.Bool
+	looks atomic.Int64
+}
+
+func (a *saturatedAcks) Saturated() bool {
+	if !a.full.Load() {
+		return false
+	}
+	a.looks.Add(1)
+	return true
 }

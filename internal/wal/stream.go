@@ -191,8 +191,11 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 		if err != nil {
 			return err
 		}
+		// End wakes a wait once; after it, the grace's end is a wake-up
+		// like the others (a closed channel would wake every wait at once).
+		ending := s.ending
 		if by := s.endBy.Load(); by != 0 {
-			wake = minTime(wake, time.Unix(0, by))
+			wake, ending = minTime(wake, time.Unix(0, by)), nil
 		}
 		if acks.Saturated() {
 			l.heard = now // not reading: silence says nothing
@@ -204,7 +207,7 @@ func (s *Stream) Run(ctx context.Context, handle Handler, acks Acks, rel Release
 			case <-acks.Changed():
 			case <-t.C:
 			case <-ctx.Done():
-			case <-s.ending:
+			case <-ending:
 			}
 			t.Stop()
 			continue
