@@ -22,7 +22,7 @@ demo: setup-base ## see it work: throwaway Postgres, embedded Kafka, an order se
 
 test: setup-base vet ## unit and integration tests (real Postgres, in-process Kafka), the Helm chart and the compose file
 	@$(GO) run ./scripts/testbackend
-	$(GO) test -race -count=1 -timeout 20m ./...
+	GO=$(GO) ./scripts/gotest.sh -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
 	@# A count, not a duration: Go 1.26's fuzz coordinator can report its own
 	@# -fuzztime deadline as a failure (go.dev/issue/75804, fixed in 1.27).
@@ -38,7 +38,7 @@ test-kafka: setup ## integration tests against a real Apache Kafka broker
 	echo "test-kafka: Apache Kafka at $$brokers"; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) run ./scripts/testbackend; \
 	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_TEST_KAFKA_DIR=$$dir \
-	  $(GO) test -tags realkafka -count=1 -timeout 20m ./...
+	  GO=$(GO) ./scripts/gotest.sh -tags realkafka -count=1 -timeout 20m ./...
 
 # The suite on another PostgreSQL major, 14 to 18, with server binaries
 # scripts/pgbin.sh fetches from Maven Central. Below 15 the three tests that
@@ -48,7 +48,7 @@ test-pg: setup     ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-p
 	@bin=$$(./scripts/pgbin.sh $(PG)) || exit 1; \
 	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy)$$'; fi; \
 	echo "test-pg: PostgreSQL $(PG) from $$bin"; \
-	CDC_PG_BIN=$$bin $(GO) test -count=1 -timeout 20m -skip "$$skip" ./...
+	CDC_PG_BIN=$$bin GO=$(GO) ./scripts/gotest.sh -count=1 -timeout 20m -skip "$$skip" ./...
 
 # Failover to a promoted standby with failover slots (PostgreSQL 17+,
 # internal/pipeline/failover_test.go, -tags failover).
