@@ -30,6 +30,10 @@
 //   - Streaming starts at the slot's own position (LSN 0 in
 //     START_REPLICATION); any other start is a deliberate operator act,
 //     done by advancing a slot, never by the start LSN.
+//   - Stream.End ends Run between two transactions: never after a BEGIN
+//     without its COMMIT, unless the grace it is given runs out, so that a
+//     stop asked for leaves nothing of a transaction in Kafka that the last
+//     checkpoint does not cover.
 //   - Temporary slots are made on the replication connection that streams
 //     them (Conn.CopySlot), so they vanish with it however it ends.
 package wal
