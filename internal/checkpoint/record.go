@@ -35,6 +35,13 @@ type Record struct {
 
 	Version   string // the connector version that wrote it
 	UpdatedAt time.Time
+	// Seq counts the records written for the key: each is the record it
+	// was made from plus one. Load refuses a record whose Seq is below one
+	// it read before for the key (an older record produced again), so
+	// that a writer of the topic cannot move a pipeline back by replaying
+	// a genuine record (docs/security.md). 0 in records written before it
+	// was kept.
+	Seq uint64
 
 	// Marks map WAL positions to times, newest last, for the replay window
 	// (see Marks.Add).
@@ -49,13 +56,14 @@ type Record struct {
 	// Backfills are the backfill jobs: unfinished ones in the order they
 	// run, and the newest finished ones (docs/migrating-from-polling.md).
 	Backfills []Job
-	// Tables maps each configured outbox table (as SQL names it) to the
-	// relation id the connector streamed for it up to Confirmed. A table
-	// found with another id was dropped and created again since: the
-	// rows it received before it was published are sent (docs/design.md,
-	// "Table changes"). nil in records written before it was kept. The
-	// map is never changed once in a record: a change makes a new one.
-	Tables map[string]uint32
+	// Tables maps each configured outbox table (as SQL names it) to what
+	// the connector streamed of it up to Confirmed: its relation id, and
+	// what the stream is known to have covered (Table). A table found with
+	// another id was dropped and created again since: the rows it
+	// received before it was published are sent (docs/design.md, "Table
+	// changes"). nil in records written before it was kept. The map is
+	// never changed once in a record: a change makes a new one.
+	Tables map[string]Table
 	// RetentionMarks pair, over time, the oldest transaction a snapshot
 	// saw running with a WAL position after it, for the outbox tables'
 	// retention to tell a row's age and acknowledgement (internal/retention),
@@ -69,12 +77,49 @@ type Record struct {
 
 // RetentionMark is a snapshot's xmin (64-bit) and the WAL insert position
 // read after it, at a time: every transaction below XMin had ended, its
-// commit record before LSN, at Time.
+// commit record before LSN, at Time. An LSN and an xid mean something only
+// within one WAL history: Timeline is the one the mark was taken on (the
+// record's key names the database system), and a mark of another is
+// never used.
 type RetentionMark struct {
-	XMin uint64
-	LSN  pglogrepl.LSN
-	Time time.Time
+	XMin     uint64
+	LSN      pglogrepl.LSN
+	Time     time.Time
+	Timeline int32
 }
+
+// Table is what the connector streamed of one configured outbox table
+// (Record.Tables): the facts retention deletes on (docs/design.md,
+// "Retention"), and the relations whose inserts are the table's events
+// (docs/design.md, "Table changes").
+type Table struct {
+	// Rel is the relation id streamed for the table.
+	Rel uint32
+	// Member names the publication's membership through which Rel's
+	// inserts reach the slot: a pg_publication_rel row ("rel:<oid>"), a
+	// schema's ("schema:<oid>"), or FOR ALL TABLES ("all:<oid>"). Another
+	// one means the table left the publication and came back: what it
+	// received in between was not streamed. "" where not known (a record
+	// written before it was kept, or a table out of the publication).
+	Member string
+	// Floor is the lowest xid (64-bit) of the transactions whose rows of
+	// Rel the connector knows it delivered: every transaction at or above
+	// it committed while Rel was streamed, and its rows below it may never
+	// have been sent (a first start without a backfill, a table added to
+	// the configuration later). 0: every row of Rel was delivered (sent by
+	// a repair or a first start's backfill, or streamed since Rel was
+	// created). Unknown (a record written before it was kept) is
+	// NoFloor.
+	Floor uint64
+	// Former are the relation ids streamed for the table before Rel (the
+	// old table of a swap, renamed away): while one exists its inserts are
+	// still the table's events, never "unmapped".
+	Former []uint32
+}
+
+// NoFloor is Table.Floor where nothing is known of what was delivered:
+// retention deletes none of the table's rows until a start sets it.
+const NoFloor = ^uint64(0)
 
 // Skip names one event by its transaction's commit LSN and its id.
 type Skip struct {
@@ -275,28 +320,39 @@ type jsonJump struct {
 }
 
 type jsonRecord struct {
-	Slot         string            `json:"slot"`
-	SystemID     string            `json:"system_identifier"`
-	Timeline     int32             `json:"timeline"`
-	Address      string            `json:"address,omitempty"`
-	Confirmed    string            `json:"confirmed_lsn"`
-	CommitLSN    string            `json:"commit_lsn"`
-	CommitTime   *time.Time        `json:"commit_time,omitempty"`
-	Version      string            `json:"connector_version"`
-	UpdatedAt    time.Time         `json:"updated_at"`
-	ReplayWindow *jsonMark         `json:"replay_window,omitempty"`
-	Marks        []jsonMark        `json:"replay_marks,omitempty"`
-	History      []jsonJump        `json:"history,omitempty"`
-	Backfills    []jsonBackfill    `json:"backfills,omitempty"`
-	Tables       map[string]uint32 `json:"tables,omitempty"`
-	Skips        []jsonSkip        `json:"skips,omitempty"`
-	Retention    []jsonRetention   `json:"retention_marks,omitempty"`
+	Slot         string                `json:"slot"`
+	SystemID     string                `json:"system_identifier"`
+	Timeline     int32                 `json:"timeline"`
+	Address      string                `json:"address,omitempty"`
+	Confirmed    string                `json:"confirmed_lsn"`
+	CommitLSN    string                `json:"commit_lsn"`
+	CommitTime   *time.Time            `json:"commit_time,omitempty"`
+	Version      string                `json:"connector_version"`
+	UpdatedAt    time.Time             `json:"updated_at"`
+	ReplayWindow *jsonMark             `json:"replay_window,omitempty"`
+	Marks        []jsonMark            `json:"replay_marks,omitempty"`
+	History      []jsonJump            `json:"history,omitempty"`
+	Backfills    []jsonBackfill        `json:"backfills,omitempty"`
+	Tables       map[string]uint32     `json:"tables,omitempty"`
+	Streams      map[string]jsonStream `json:"streams,omitempty"`
+	Skips        []jsonSkip            `json:"skips,omitempty"`
+	Retention    []jsonRetention       `json:"retention_marks,omitempty"`
+	Seq          uint64                `json:"seq,omitempty"`
+}
+
+// jsonStream is a Table but its relation id, which "tables" holds (as
+// records written before streams were kept do).
+type jsonStream struct {
+	Member string   `json:"member,omitempty"`
+	Floor  *uint64  `json:"floor,omitempty"` // absent: NoFloor
+	Former []uint32 `json:"former,omitempty"`
 }
 
 type jsonRetention struct {
-	XMin uint64    `json:"xmin"`
-	LSN  string    `json:"lsn"`
-	Time time.Time `json:"time"`
+	XMin     uint64    `json:"xmin"`
+	LSN      string    `json:"lsn"`
+	Time     time.Time `json:"time"`
+	Timeline int32     `json:"timeline,omitempty"`
 }
 
 type jsonSkip struct {
@@ -326,7 +382,18 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	j := jsonRecord{
 		Slot: r.Slot, SystemID: r.SystemID, Timeline: r.Timeline, Address: r.Address,
 		Confirmed: r.Confirmed.String(), CommitLSN: r.CommitLSN.String(),
-		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(), Tables: r.Tables,
+		Version: r.Version, UpdatedAt: r.UpdatedAt.UTC(), Seq: r.Seq,
+	}
+	if r.Tables != nil {
+		j.Tables, j.Streams = map[string]uint32{}, map[string]jsonStream{}
+		for name, t := range r.Tables {
+			j.Tables[name] = t.Rel
+			js := jsonStream{Member: t.Member, Former: t.Former}
+			if t.Floor != NoFloor {
+				js.Floor = &t.Floor
+			}
+			j.Streams[name] = js
+		}
 	}
 	if !r.CommitTime.IsZero() {
 		t := r.CommitTime.UTC()
@@ -348,7 +415,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.Skips = append(j.Skips, jsonSkip{CommitLSN: s.CommitLSN.String(), ID: s.ID})
 	}
 	for _, m := range r.RetentionMarks {
-		j.Retention = append(j.Retention, jsonRetention{XMin: m.XMin, LSN: m.LSN.String(), Time: m.Time.UTC()})
+		j.Retention = append(j.Retention, jsonRetention{XMin: m.XMin, LSN: m.LSN.String(), Time: m.Time.UTC(), Timeline: m.Timeline})
 	}
 	return json.Marshal(j)
 }
@@ -367,7 +434,20 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		return l, nil
 	}
 	var err error
-	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt, Tables: j.Tables}
+	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt, Seq: j.Seq}
+	if j.Tables != nil {
+		r.Tables = map[string]Table{}
+		for name, rel := range j.Tables {
+			t := Table{Rel: rel, Floor: NoFloor}
+			if js, ok := j.Streams[name]; ok {
+				t.Member, t.Former = js.Member, js.Former
+				if js.Floor != nil {
+					t.Floor = *js.Floor
+				}
+			}
+			r.Tables[name] = t
+		}
+	}
 	if r.Confirmed, err = lsn("confirmed_lsn", j.Confirmed); err != nil {
 		return err
 	}
@@ -406,7 +486,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		if err != nil {
 			return err
 		}
-		r.RetentionMarks = append(r.RetentionMarks, RetentionMark{XMin: m.XMin, LSN: l, Time: m.Time})
+		r.RetentionMarks = append(r.RetentionMarks, RetentionMark{XMin: m.XMin, LSN: l, Time: m.Time, Timeline: m.Timeline})
 	}
 	for _, s := range j.Skips {
 		l, err := lsn("skips", s.CommitLSN)

@@ -372,6 +372,16 @@ func (s *Store) take(r *kgo.Record, out map[string]Record, raw map[string][]byte
 		s.foreign("skipped a record in the checkpoint topic that is not a checkpoint; only the connector and the operator should write this topic", "partition", r.Partition, "offset", r.Offset)
 		return
 	}
+	if prev, ok := out[string(r.Key)]; ok && rec.Seq < prev.Seq {
+		// Each record is its predecessor's Seq plus one: one that goes
+		// back is an older record produced again (or a connector older
+		// than Seq writing after a newer one), and taking it would move
+		// the pipeline back, undo a rewind, or bring back marks of a
+		// history since left.
+		s.foreign("skipped a checkpoint record that goes back (an older record written again): the newer one stands; only the connector and the operator should write this topic",
+			"key", string(r.Key), "partition", r.Partition, "offset", r.Offset, "seq", rec.Seq, "newest_seq", prev.Seq)
+		return
+	}
 	out[string(r.Key)] = rec
 }
 

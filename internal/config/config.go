@@ -316,6 +316,13 @@ func (c *Config) validateCheckpoint() error {
 		return fmt.Errorf("checkpoint.topic: %v", err)
 	}
 	for _, t := range c.Tables {
+		if t.Retention != nil && len(c.Checkpoint.SigningKeys) == 0 {
+			// Retention deletes on what it reads back from the topic
+			// (its marks, the confirmed position, what the stream
+			// covered): unsigned, anyone who may write the topic could
+			// have every row deleted (docs/security.md).
+			return fmt.Errorf("%s: retention deletes rows on what the connector reads back from the checkpoint topic, which must then be signed: set checkpoint.signing_key_file (openssl rand -hex 32 > signing.key)", t)
+		}
 		if topic := t.LiteralTopic(); topic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
 		}

@@ -38,9 +38,10 @@ const (
 	// watermark. Message.Control holds its content.
 	KindControl
 	// KindUnmapped is an INSERT into a relation of the publication that
-	// no configured table maps (Message.Relation names it): a publication
-	// broader than the outbox tables, or a table renamed while streaming.
-	// It is not an event; the pipeline counts and reports it.
+	// no configured table maps, by id (Decoder.Known), name or partition
+	// root (Message.Relation names it): a publication broader than the
+	// outbox tables, or a table someone added to it. It is not an event;
+	// the pipeline counts and reports it.
 	KindUnmapped
 )
 
@@ -137,6 +138,11 @@ type Decoder struct {
 	inTx     bool
 	vals     []tupleValue
 
+	// Known, when set, names the configured table relation id is known to
+	// be (its streamed relation, a former one, or a leaf partition of
+	// one), whatever its name, and the id to compare with the table's
+	// (a partition's root's). It is asked first, before the name.
+	Known func(id uint32) (t *outbox.Source, root uint32, ok bool)
 	// Partition, when set, finds the configured table that a relation
 	// whose name is not configured is a partition of, at any depth, and
 	// that table's relation id: a publication without
@@ -243,8 +249,18 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 }
 
 func (d *Decoder) cacheRelation(rel Relation) error {
-	id := rel.ID
-	t, ok := d.tables[outbox.TableName{Schema: rel.Namespace, Name: rel.Name}]
+	var t *outbox.Source
+	var id uint32
+	ok := false
+	if d.Known != nil {
+		// By id first: a name is not an identity (docs/design.md, "Table
+		// changes").
+		t, id, ok = d.Known(rel.ID)
+	}
+	if !ok {
+		id = rel.ID
+		t, ok = d.tables[outbox.TableName{Schema: rel.Namespace, Name: rel.Name}]
+	}
 	if !ok && d.Partition != nil {
 		var err error
 		if t, id, ok, err = d.Partition(rel); err != nil {

@@ -15,6 +15,10 @@
 //     delivered because its INSERT is in the WAL. Other messages are
 //     reported as ignored, never silently; an INSERT into a relation no
 //     table maps is KindUnmapped, for the pipeline to count and report.
+//   - A relation is a table's by its id before its name: Decoder.Known
+//     names the relations the connector streamed for a table (renamed
+//     since, or a swap's old table) and the leaf partitions found of it
+//     (detached since), so none of them is ever KindUnmapped.
 //   - A leaf partition's INSERT (a publication without
 //     publish_via_partition_root) is its configured root's event, found
 //     through Decoder.Partition; a relation of a configured table other

@@ -91,6 +91,7 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.saved
+	r.Seq++
 	r.History = append([]checkpoint.Jump(nil), r.History...)
 	if pos.LSN > r.Confirmed {
 		r.Confirmed = pos.LSN
@@ -128,8 +129,9 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 // runs, makes it.
 func (p *Progress) SaveNow(ctx context.Context, store Records, produce func(*kgo.Record, func(error)), edit func(*checkpoint.Record)) error {
 	rec := p.Saved()
+	seq := rec.Seq + 1
 	edit(&rec)
-	rec.UpdatedAt = time.Now()
+	rec.UpdatedAt, rec.Seq = time.Now(), seq
 	kr, err := store.NewRecord(rec)
 	if err != nil {
 		return err

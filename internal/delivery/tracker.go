@@ -21,7 +21,7 @@ type Txn struct {
 	// backfills, when set, is the backfill jobs' state once this
 	// transaction is delivered; tables, the tables' relation ids.
 	backfills *[]checkpoint.Job
-	tables    map[string]uint32
+	tables    map[string]checkpoint.Table
 }
 
 // Position is the watermark and where it came from.
@@ -41,7 +41,7 @@ type Position struct {
 	// last resolved transaction that carried one (Tracker.Note). Tables,
 	// when set, is the tables' relation ids there (Tracker.NoteTables).
 	Backfills *[]checkpoint.Job
-	Tables    map[string]uint32
+	Tables    map[string]checkpoint.Table
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -140,10 +140,10 @@ func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Job) {
 	t.mu.Unlock()
 }
 
-// NoteTables attaches the tables' relation ids to tx (Record.Tables): once
+// NoteTables attaches what was streamed of the tables to tx (Record.Tables): once
 // tx is delivered, and the watermark passes it, checkpoints record them.
 // tables must not change afterwards.
-func (t *Tracker) NoteTables(tx *Txn, tables map[string]uint32) {
+func (t *Tracker) NoteTables(tx *Txn, tables map[string]checkpoint.Table) {
 	t.mu.Lock()
 	tx.tables = tables
 	t.mu.Unlock()

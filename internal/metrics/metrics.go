@@ -15,6 +15,7 @@ package metrics
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,6 +64,11 @@ type Metrics struct {
 	unmapped     *prometheus.CounterVec
 	tableRepairs *prometheus.CounterVec
 	tableMissing *prometheus.GaugeVec
+	tableRenamed *prometheus.GaugeVec
+	// unmappedNamed are the relations cdc_unmapped_relation_changes_total
+	// has a series of its own for (at most MaxUnmappedRelations).
+	unmappedMu    sync.Mutex
+	unmappedNamed map[string]bool
 	// StandbyDelay is cdc_standby_replay_delay_seconds.
 	StandbyDelay prometheus.Gauge
 	// Retention (internal/retention), by table.
@@ -144,11 +150,13 @@ func New(pipeline string) *Metrics {
 	m.schemaInvalid = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_schema_invalid_total",
 		Help: "Events whose payload did not match their schema (dead-lettered, or stopping the connector), by source."}, []string{"source"})
 	m.unmapped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_unmapped_relation_changes_total",
-		Help: "Inserts into a relation of the publication that no configured table maps (not events; the log names the first of each relation), by relation."}, []string{"relation"})
+		Help: "Inserts into a relation of the publication that no configured table maps (not events; the log names the first of each relation), by relation: the first 32 relations have a series each, the others count under relation=\"(others)\"."}, []string{"relation"})
 	m.tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_table_repairs_total",
 		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
 	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
 		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
+	m.tableRenamed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_renamed",
+		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it; set tables[].name), 0 otherwise, by table."}, []string{"table"})
 	m.StandbyDelay = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_standby_replay_delay_seconds",
 		Help: "On a hot standby (postgres.url), how long ago the last transaction it replayed committed on the primary: while the primary writes, how far the standby's replay, and so the stream, is behind it. 0 on a primary."})
 	m.retentionDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_rows_deleted_total",
@@ -159,7 +167,7 @@ func New(pipeline string) *Metrics {
 		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
 	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -197,6 +205,7 @@ func (m *Metrics) Init(sources []Source) {
 			m.backfillRows.WithLabelValues(s.Name)
 			m.tableRepairs.WithLabelValues(s.Name)
 			m.tableMissing.WithLabelValues(s.Name)
+			m.tableRenamed.WithLabelValues(s.Name)
 		}
 	}
 }
@@ -244,8 +253,41 @@ func (m *Metrics) SchemaInvalid(source string) { m.schemaInvalid.WithLabelValues
 // DeadLetter counts one dead-lettered event of source.
 func (m *Metrics) DeadLetter(source string) { m.deadLetters.WithLabelValues(source).Inc() }
 
+// MaxUnmappedRelations bounds cdc_unmapped_relation_changes_total's
+// series: a role that may create tables in a FOR ALL TABLES or schema
+// publication could otherwise make series without end.
+const MaxUnmappedRelations = 32
+
+// UnmappedOthers is the relation label of the unmapped inserts past
+// MaxUnmappedRelations relations.
+const UnmappedOthers = "(others)"
+
 // Unmapped counts one insert into relation, which no table maps.
-func (m *Metrics) Unmapped(relation string) { m.unmapped.WithLabelValues(relation).Inc() }
+func (m *Metrics) Unmapped(relation string) {
+	m.unmappedMu.Lock()
+	if !m.unmappedNamed[relation] {
+		if m.unmappedNamed == nil {
+			m.unmappedNamed = map[string]bool{}
+		}
+		if len(m.unmappedNamed) < MaxUnmappedRelations {
+			m.unmappedNamed[relation] = true
+		} else {
+			relation = UnmappedOthers
+		}
+	}
+	m.unmappedMu.Unlock()
+	m.unmapped.WithLabelValues(relation).Inc()
+}
+
+// TableRenamed sets whether table's relation has another name than the
+// configuration's.
+func (m *Metrics) TableRenamed(table string, renamed bool) {
+	v := 0.0
+	if renamed {
+		v = 1
+	}
+	m.tableRenamed.WithLabelValues(table).Set(v)
+}
 
 // RetentionDeleted counts n rows retention deleted from table.
 func (m *Metrics) RetentionDeleted(table string, n int64) {

@@ -106,6 +106,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	}
 	rec.UpdatedAt = time.Now()
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
+	rec.Seq++
 	if err := store.Save(ctx, rec); err != nil {
 		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 	}
@@ -179,6 +180,7 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 		rec.Skips = append(slices.Clone(rec.Skips), skip)
 	}
 	rec.UpdatedAt = time.Now()
+	rec.Seq++
 	if err := store.Save(ctx, rec); err != nil {
 		return "", err
 	}
@@ -259,7 +261,21 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		// skipping them as delivered would drop them.
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{}
 	}
+	// Retention's facts end at a gap (docs/design.md, "Retention"): the
+	// marks were taken in a history the server may not have (a restore
+	// reuses xids and positions), and the rows of the gap were never
+	// streamed. The next start sets each table's floor afresh.
+	rec.RetentionMarks = nil
+	if rec.Tables != nil {
+		tables := map[string]checkpoint.Table{}
+		for name, st := range rec.Tables {
+			st.Floor = checkpoint.NoFloor
+			tables[name] = st
+		}
+		rec.Tables = tables
+	}
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
+	rec.Seq++
 	if err := store.Save(ctx, rec); err != nil {
 		return Accepted{}, err
 	}

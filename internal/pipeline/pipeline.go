@@ -54,6 +54,12 @@ type Options struct {
 	// Metrics receives the pipeline's metrics; nil: a registry of its own
 	// (Pipeline.Metrics).
 	Metrics *metrics.Metrics
+	// Clock, if set, is the clock retention dates its marks by and
+	// measures ages with (retention.Cleaner.Now); RetentionInterval, if
+	// set, the time between its sweeps. Tests set them to run a
+	// retention.after of a day in seconds.
+	Clock             func() time.Time
+	RetentionInterval time.Duration
 }
 
 // Pipeline streams outbox events from one slot to Kafka.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -194,73 +195,39 @@ func TestRetentionKeepsWhatKafkaHasNot(t *testing.T) {
 }
 
 // TestRetentionDropsPartitions: retention.mode drop_partitions on a table
-// partitioned by month. Rows written now into two past months' partitions
-// keep them while Kafka does not acknowledge their events; once it does,
-// and retention.after has passed, both are detached and dropped. The
-// current month's partition and the default partition stay, and every
-// event arrived.
+// partitioned by time, whose two oldest partitions' ranges end a few
+// seconds after the start. Rows written into them keep them while Kafka
+// does not acknowledge their events, though their ranges ended longer
+// than retention.after ago; once it does, both are detached and dropped.
+// The current partition and the default partition stay, and every event
+// arrived.
 func TestRetentionDropsPartitions(t *testing.T) {
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
-	now := time.Now().UTC()
-	month := func(d int) time.Time {
-		return time.Date(now.Year(), now.Month()+time.Month(d), 1, 0, 0, 0, 0, time.UTC)
-	}
-	part := func(name string, from, to time.Time) string {
-		return fmt.Sprintf(`CREATE TABLE %s PARTITION OF outbox FOR VALUES FROM ('%s') TO ('%s')`, name, from.Format(time.RFC3339), to.Format(time.RFC3339))
-	}
-	testenv.Exec(t, e.db, `DROP TABLE outbox`, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
-		aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
-		part("outbox_old2", month(-2), month(-1)), part("outbox_old1", month(-1), month(0)), part("outbox_now", month(0), month(1)),
-		`CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`)
+	t0 := time.Now().UTC().Truncate(time.Second)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	testenv.Exec(t, e.db, `DROP TABLE outbox`, partitionedByTime,
+		partitionOf("outbox_old2", at(-time.Hour), at(3*time.Second)), partitionOf("outbox_old1", at(3*time.Second), at(6*time.Second)),
+		partitionOf("outbox_now", at(6*time.Second), at(time.Hour)), `CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`)
 	e.cfg.Tables[0].Retention = &outbox.Retention{After: time.Second, Mode: outbox.RetentionDropPartitions}
-	var blocked atomic.Bool
-	release := make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { blocked.Store(false); close(release) }) }
-	t.Cleanup(unblock)
-	kafka.Fake.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		kafka.Fake.KeepControl()
-		if blocked.Load() {
-			for _, tp := range kr.(*kmsg.ProduceRequest).Topics {
-				if tp.Topic != e.cfg.Checkpoint.Topic {
-					kafka.Fake.SleepControl(func() { <-release })
-					break
-				}
-			}
-		}
-		return nil, nil, false
-	})
+	block := blockEvents(t, kafka, e.cfg.Checkpoint.Topic)
 	r := e.start(t)
-	blocked.Store(true)
+	block.on()
 	var want []string
-	for _, at := range []time.Time{month(-2).Add(time.Hour), month(-1).Add(time.Hour), now, month(5)} {
+	for _, d := range []time.Duration{time.Second, 4 * time.Second, 30 * time.Minute, 2 * time.Hour} {
 		var id string
-		testenv.QueryRow(t, e.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type, payload) VALUES ($1, 'order', 'p-1', 'E', '{}') RETURNING id::text`, []any{at}, &id)
+		testenv.QueryRow(t, e.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type, payload) VALUES ($1, 'order', 'p-1', 'E', '{}') RETURNING id::text`, []any{at(d)}, &id)
 		want = append(want, id)
 	}
-	partitions := func() map[string]bool {
-		rows, err := testenv.Connect(t, e.db).Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]bool{}
-		for rows.Next() {
-			var n string
-			rows.Scan(&n)
-			got[n] = true
-		}
-		return got
-	}
-	// Several sweeps while Kafka holds the events: nothing goes.
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if got := partitions(); !got["outbox_old2"] || !got["outbox_old1"] {
+	// Sweeps while Kafka holds the events, until well after both old
+	// ranges ended: nothing goes.
+	for time.Now().Before(at(10 * time.Second)) {
+		if got := partitions(t, e.db); !got["outbox_old2"] || !got["outbox_old1"] {
 			t.Fatalf("partitions %v: one holding an unacknowledged row was dropped", got)
 		}
 		time.Sleep(250 * time.Millisecond) // the interval between looks: the sweeps run on their own
 	}
-	unblock()
+	block.off()
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, time.Minute, "the four events", func(recs []*kgo.Record) bool {
 		got := ids(recs)
@@ -271,17 +238,85 @@ func TestRetentionDropsPartitions(t *testing.T) {
 		}
 		return true
 	})
-	testenv.Eventually(t, time.Minute, "the two past months' partitions dropped", func() bool {
-		got := partitions()
+	testenv.Eventually(t, time.Minute, "the two old partitions dropped", func() bool {
+		got := partitions(t, e.db)
 		return !got["outbox_old2"] && !got["outbox_old1"] && got["outbox_now"] && got["outbox_default"]
 	})
 	if n := testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_partitions_dropped_total", "table", "public.outbox"); n != 2 {
 		t.Errorf("%v partitions counted as dropped, want 2", n)
 	}
-	for _, rec := range c.Records {
-		if testenv.Header(rec, route.HeaderID) == "" {
-			t.Errorf("a record without an id: %v", rec)
+}
+
+// partitionedByTime is Debezium's layout partitioned by created_at.
+const partitionedByTime = `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
+	aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`
+
+// partitionOf creates partition name of outbox for [from, to).
+func partitionOf(name string, from, to time.Time) string {
+	return fmt.Sprintf(`CREATE TABLE %s PARTITION OF outbox FOR VALUES FROM ('%s') TO ('%s')`, name, from.Format(time.RFC3339), to.Format(time.RFC3339))
+}
+
+// partitions is the outbox's partitions now, by name.
+func partitions(t *testing.T, db string) map[string]bool {
+	t.Helper()
+	rows, err := testenv.Connect(t, db).Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, n := range names {
+		got[n] = true
+	}
+	return got
+}
+
+// blocker holds every produce request but the checkpoint topic's while on.
+type blocker struct {
+	blocked atomic.Bool
+	mu      sync.Mutex
+	release chan struct{}
+}
+
+// blockEvents installs a blocker on kafka's fake cluster: events wait,
+// checkpoints go on (keepalives still move the confirmed position while
+// nothing is in flight).
+func blockEvents(t *testing.T, kafka *testenv.Kafka, checkpointTopic string) *blocker {
+	b := &blocker{release: make(chan struct{})}
+	t.Cleanup(b.off)
+	kafka.Fake.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		kafka.Fake.KeepControl()
+		if b.blocked.Load() {
+			for _, tp := range kr.(*kmsg.ProduceRequest).Topics {
+				if tp.Topic != checkpointTopic {
+					b.mu.Lock()
+					release := b.release
+					b.mu.Unlock()
+					kafka.Fake.SleepControl(func() { <-release })
+					break
+				}
+			}
 		}
+		return nil, nil, false
+	})
+	return b
+}
+
+func (b *blocker) on() {
+	b.mu.Lock()
+	b.release = make(chan struct{})
+	b.mu.Unlock()
+	b.blocked.Store(true)
+}
+
+func (b *blocker) off() {
+	if b.blocked.CompareAndSwap(true, false) {
+		b.mu.Lock()
+		close(b.release)
+		b.mu.Unlock()
 	}
 }
 

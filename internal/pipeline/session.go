@@ -273,7 +273,8 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 
 // cleaner is the tables' retention (internal/retention) for a session that
 // streams, or nil when no table has one. It deletes only what the saved
-// checkpoint covers, and keeps its marks in the checkpoint.
+// checkpoint says the stream covered and Kafka acknowledged, and keeps its
+// marks in the checkpoint.
 func (p *Pipeline) cleaner() *retention.Cleaner {
 	var tables []*outbox.Source
 	for _, t := range p.cfg.Tables {
@@ -287,9 +288,10 @@ func (p *Pipeline) cleaner() *retention.Cleaner {
 	saved := p.progress.Saved()
 	return &retention.Cleaner{
 		Postgres: p.cfg.Postgres, Tables: tables,
-		Confirmed: func() pglogrepl.LSN { return p.progress.Saved().Confirmed },
-		Pending:   p.bf.Pending,
-		Marks:     slices.Clone(saved.RetentionMarks), SetMarks: p.progress.SetRetentionMarks,
+		Saved:   p.progress.Saved,
+		Pending: p.bf.Pending,
+		Marks:   slices.Clone(saved.RetentionMarks), SetMarks: p.progress.SetRetentionMarks,
+		Now: p.opts.Clock, Interval: p.opts.RetentionInterval,
 		Log: p.log.Named("retention"), Metrics: p.m,
 	}
 }

@@ -36,7 +36,8 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 }
 
 // newDecoder is a session's decoder: leaf partitions found through pt,
-// and, with a watch, the fresh events of recreated tables marked.
+// and, with a watch, relations known by their ids and the fresh events of
+// recreated tables marked.
 func (s *session) newDecoder(pt *tablewatch.Partitions, w *tablewatch.Watch) *decode.Decoder {
 	d := decode.New(s.p.cfg.Tables)
 	d.Partition = func(rel decode.Relation) (t *outbox.Source, root uint32, ok bool, err error) {
@@ -44,10 +45,13 @@ func (s *session) newDecoder(pt *tablewatch.Partitions, w *tablewatch.Watch) *de
 			t, root, ok, err = pt.Lookup(s.ctx, rel)
 			return err
 		})
+		if ok && w != nil {
+			w.NoteLeaf(rel.ID, t, root)
+		}
 		return t, root, ok, err
 	}
 	if w != nil {
-		d.Fresh = w.IsFresh
+		d.Known, d.Fresh, pt.Known = w.Known, w.IsFresh, w.Known
 	}
 	return d
 }

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -17,7 +14,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
@@ -27,9 +23,10 @@ import (
 type Cleaner struct {
 	Postgres postgres.Config
 	Tables   []*outbox.Source // the tables with Retention
-	// Confirmed is the saved checkpoint's confirmed position: every
-	// transaction that ended at or before it is delivered.
-	Confirmed func() pglogrepl.LSN
+	// Saved is the saved checkpoint: what Kafka acknowledged (Confirmed),
+	// what the stream covered of each table (Tables), and the WAL history
+	// (SystemID, Timeline) they belong to.
+	Saved func() checkpoint.Record
 	// Pending reports whether an unfinished backfill job reads the table
 	// (as SQL names it).
 	Pending func(table string) bool
@@ -39,65 +36,51 @@ type Cleaner struct {
 	SetMarks func([]checkpoint.RetentionMark)
 	// Pause is the wait between two batches of one table: the deletes'
 	// WAL goes through the walsender the stream reads. Default 200ms.
-	Pause   time.Duration
-	Log     hclog.Logger
-	Metrics *metrics.Metrics
+	Pause time.Duration
+	// Now is the clock marks are dated by and ages measured with. Default
+	// time.Now; a test moves it to run a retention.after of days.
+	Now func() time.Time
+	// Interval is the time between two sweeps. Default: a fraction of the
+	// shortest retention.after, at least half a second and at most a
+	// minute (interval).
+	Interval time.Duration
+	Log      hclog.Logger
+	Metrics  *metrics.Metrics
 
 	warned map[string]bool
 }
-
-// maxMarks bounds the marks kept: one an interval, over the longest
-// retention.after.
-const maxMarks = 256
 
 // lockTimeout bounds how long a batch waits for a lock an application
 // holds on a row or the table: the batch gives way, and runs again later.
 const lockTimeout = "1s"
 
-// interval is how often marks are taken and tables swept: a fraction of
-// the shortest retention.after, at least a second and at most a minute.
+// interval is how often marks are taken and tables swept: a quarter of
+// the shortest retention.after, at least half a second and at most a
+// minute. Marks are kept by age (prune), so a long after needs no longer
+// interval.
 func (c *Cleaner) interval() time.Duration {
-	short, long := time.Duration(0), time.Duration(0)
+	if c.Interval > 0 {
+		return c.Interval
+	}
+	short := time.Duration(0)
 	for _, t := range c.Tables {
 		if a := t.Retention.After; short == 0 || a < short {
 			short = a
 		}
-		long = max(long, t.Retention.After)
 	}
-	return min(max(short/4, long/maxMarks, time.Second/2), time.Minute)
+	return min(max(short/4, time.Second/2), time.Minute)
 }
 
-// Run takes a mark and sweeps every interval until ctx ends.
+// Run sweeps at once and then every interval until ctx ends.
 func (c *Cleaner) Run(ctx context.Context) {
 	if len(c.Tables) == 0 {
 		return
 	}
-	if c.Pause == 0 {
-		c.Pause = 200 * time.Millisecond
-	}
-	c.warned = map[string]bool{}
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
 	t := time.NewTicker(c.interval())
 	defer t.Stop()
 	for {
-		var err error
-		if conn == nil {
-			// On a hot standby's connector, the primary (primary_url).
-			conn, _, err = postgres.ConnectWritable(ctx, c.Postgres)
-		}
-		if err == nil {
-			err = c.sweep(ctx, conn)
-		}
-		if err != nil && ctx.Err() == nil {
+		if err := c.Sweep(ctx); err != nil && ctx.Err() == nil {
 			c.Log.Warn("retention: trying again later", "error", errtext.OneLine(err))
-			if conn != nil && conn.IsClosed() {
-				conn = nil
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -107,102 +90,126 @@ func (c *Cleaner) Run(ctx context.Context) {
 	}
 }
 
-// sweep takes a mark, then deletes, table by table, what the newest mark
-// old enough and confirmed allows.
-func (c *Cleaner) sweep(ctx context.Context, conn *pgx.Conn) error {
-	var m checkpoint.RetentionMark
-	var standby bool
-	err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby)
-	if err != nil {
-		return fmt.Errorf("read pg_is_in_recovery: %w", err)
+// Sweep takes a mark, then deletes, table by table, what the facts allow
+// (facts.go). It connects anew each time, to the server that can write
+// now (postgres.primary_url is looked up at each sweep): after a
+// promotion, the old primary is left.
+func (c *Cleaner) Sweep(ctx context.Context) error {
+	if c.Pause == 0 {
+		c.Pause = 200 * time.Millisecond
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.warned == nil {
+		c.warned = map[string]bool{}
+	}
+	conn, standby, err := postgres.ConnectWritable(ctx, c.Postgres)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
 	if standby {
 		c.once("standby", "retention deletes on the primary: postgres.url is a hot standby, where nothing can be deleted; set postgres.primary_url")
 		return nil
 	}
-	// The snapshot is the statement's, taken before the WAL position is
-	// read: every transaction below its xmin ended before that position.
-	err = conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_wal_insert_lsn(), clock_timestamp()`).Scan(&m.XMin, &m.LSN, &m.Time)
-	if err != nil {
-		return fmt.Errorf("take a retention mark: %w", err)
+	saved := c.Saved()
+	srv, mark, err := c.take(ctx, conn, saved)
+	if err != nil || mark == nil {
+		return err
 	}
-	c.Marks = append(c.Marks, m)
-	confirmed := c.Confirmed()
-	now := m.Time
+	marks, dropped := valid(append(c.Marks, *mark), srv)
+	if dropped > 0 {
+		c.Log.Warn("retention: dropped marks that do not fit the server's WAL history (a restore from a backup, a promotion, or a record someone else wrote): ages are counted afresh from now",
+			"dropped", dropped, "timeline", srv.Timeline)
+	}
+	c.Marks = marks
 	var errs []error
+	var notAfter []time.Time
 	for _, t := range c.Tables {
-		mark, ok := c.eligible(t.Retention.After, now, confirmed)
-		if !ok {
-			continue
-		}
-		if c.Pending != nil && c.Pending(t.String()) {
-			c.once("backfill "+t.String(), "retention of "+t.String()+" waits while a backfill of it runs: the job may still have to read its rows")
-			continue
-		}
-		var err error
+		horizon := srv.Now.Add(-t.Retention.After)
 		if t.Retention.Mode == outbox.RetentionDropPartitions {
-			err = c.dropPartitions(ctx, conn, t, mark, now.Add(-t.Retention.After))
+			notAfter = append(notAfter, srv.Now) // a partition's age is its range's bound
 		} else {
-			err = c.delete(ctx, conn, t, mark)
+			notAfter = append(notAfter, horizon)
 		}
-		if err != nil {
+		if err := c.table(ctx, conn, t, saved, notAfter[len(notAfter)-1], horizon); err != nil {
 			c.Metrics.RetentionError(t.String())
 			errs = append(errs, err)
 			continue
 		}
-		c.Metrics.RetentionRan(t.String(), now)
+		c.Metrics.RetentionRan(t.String(), srv.Now)
 	}
-	c.prune(now, confirmed)
+	c.Marks = prune(c.Marks, saved.Confirmed, notAfter)
 	if c.SetMarks != nil {
 		c.SetMarks(append([]checkpoint.RetentionMark(nil), c.Marks...))
 	}
 	return errors.Join(errs...)
 }
 
-// eligible returns the newest mark taken at least after before now whose
-// position the checkpoint has confirmed.
-func (c *Cleaner) eligible(after time.Duration, now time.Time, confirmed pglogrepl.LSN) (checkpoint.RetentionMark, bool) {
-	for i := len(c.Marks) - 1; i >= 0; i-- {
-		m := c.Marks[i]
-		if !m.Time.After(now.Add(-after)) && m.LSN <= confirmed {
-			return m, true
-		}
+// take reads the server's WAL history and takes a mark on it; no mark
+// where the server is not the stream's (another database system, another
+// timeline).
+func (c *Cleaner) take(ctx context.Context, conn *pgx.Conn, saved checkpoint.Record) (Server, *checkpoint.RetentionMark, error) {
+	var sys string
+	var srv Server
+	var m checkpoint.RetentionMark
+	// The snapshot is the statement's, taken before the WAL position is
+	// read: every transaction below its xmin ended before that position.
+	err := conn.QueryRow(ctx, `SELECT (SELECT system_identifier FROM pg_control_system())::text,
+		('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int,
+		pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+		pg_current_wal_insert_lsn()`).Scan(&sys, &srv.Timeline, &m.XMin, &srv.NextXID, &m.LSN)
+	if err != nil {
+		return Server{}, nil, fmt.Errorf("take a retention mark: %w", err)
 	}
-	return checkpoint.RetentionMark{}, false
+	srv.WALEnd, srv.Now = m.LSN, c.Now()
+	switch {
+	case sys != saved.SystemID:
+		c.once("system", fmt.Sprintf("retention deletes nothing: the server it reaches to delete is database system %s, and the stream's is %s; point postgres.primary_url at the stream's primary", sys, saved.SystemID))
+		return srv, nil, nil
+	case srv.Timeline != saved.Timeline:
+		c.once(fmt.Sprintf("timeline %d", srv.Timeline), fmt.Sprintf("retention waits: the server it reaches to delete is on timeline %d and the stream's checkpoint on %d (a promotion the stream has not followed yet, or a primary the stream left)", srv.Timeline, saved.Timeline))
+		return srv, nil, nil
+	}
+	m.Time, m.Timeline = srv.Now, srv.Timeline
+	return srv, &m, nil
 }
 
-// prune drops the marks no table needs: those older than the newest one
-// each table could use now, and past maxMarks, the oldest.
-func (c *Cleaner) prune(now time.Time, confirmed pglogrepl.LSN) {
-	keepFrom := len(c.Marks)
-	for _, t := range c.Tables {
-		i := len(c.Marks) - 1
-		for ; i >= 0; i-- {
-			if m := c.Marks[i]; !m.Time.After(now.Add(-t.Retention.After)) && m.LSN <= confirmed {
-				break
-			}
-		}
-		keepFrom = min(keepFrom, max(i, 0))
+// table sweeps one table: with the newest mark taken at or before
+// notAfter whose position the saved checkpoint confirmed, what the
+// table's mode allows.
+func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, saved checkpoint.Record, notAfter, horizon time.Time) error {
+	st, ok := saved.Tables[t.String()]
+	if !ok || st.Floor == checkpoint.NoFloor || st.Member == "" {
+		c.once("unknown "+t.String(), "retention of "+t.String()+" waits until the stream has covered the table: nothing in the checkpoint says yet which of its rows Kafka holds")
+		return nil
 	}
-	keepFrom = max(keepFrom, len(c.Marks)-maxMarks)
-	c.Marks = append([]checkpoint.RetentionMark(nil), c.Marks[keepFrom:]...)
+	if c.Pending != nil && c.Pending(t.String()) {
+		c.once("backfill "+t.String(), "retention of "+t.String()+" waits while a backfill of it runs: the job may still have to read its rows")
+		return nil
+	}
+	mark, ok := newest(c.Marks, notAfter, saved.Confirmed)
+	if !ok {
+		return nil
+	}
+	var err error
+	if t.Retention.Mode == outbox.RetentionDropPartitions {
+		err = c.dropPartitions(ctx, conn, t, st, mark, horizon)
+	} else {
+		err = c.delete(ctx, conn, t, st, mark)
+	}
+	var changed *errChanged
+	if errors.As(err, &changed) {
+		c.once("changed "+t.String()+changed.why, fmt.Sprintf("retention of %s deletes nothing for now: %s; it goes on once the stream has covered the table again", t, changed.why))
+		return nil
+	}
+	return err
 }
 
-// written is the 64-bit xid of the transaction that wrote a row, from its
-// 32-bit xmin: in the epoch of the server's next xid, or the one before
-// when the xmin is above that xid's low half. A row older than 2^32
-// transactions may be placed an epoch late: its xid then compares newer
-// than it is, and the row waits, never goes early.
-const written = `((CASE WHEN t.xmin::text::bigint <= (x.next & 4294967295) THEN x.next >> 32 ELSE (x.next >> 32) - 1 END) << 32 | t.xmin::text::bigint)`
-
-// delete deletes t's rows written below mark's xmin, in batches.
-func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, mark checkpoint.RetentionMark) error {
-	name := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
-	// tableoid with ctid: a partitioned table's partitions each number
-	// their own rows.
-	q := fmt.Sprintf(`WITH x AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next),
-		doomed AS (SELECT t.tableoid, t.ctid FROM %s t, x WHERE %s < $1 LIMIT $2)
-		DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, name, written, name)
+// delete deletes t's rows that mark and the facts allow, in batches, each
+// a transaction that checks the facts under its lock (facts.go).
+func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark) error {
 	total := int64(0)
 	for ctx.Err() == nil {
 		var n int64
@@ -210,7 +217,16 @@ func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, 
 			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'"); err != nil {
 				return err
 			}
-			tag, err := tx.Exec(ctx, q, int64(mark.XMin), t.Retention.BatchSize)
+			name, err := lockCovered(ctx, tx, c.Postgres.Publication, st, "ROW EXCLUSIVE")
+			if err != nil {
+				return err
+			}
+			// tableoid with ctid: a partitioned table's partitions each
+			// number their own rows.
+			q := fmt.Sprintf(`WITH %s,
+				doomed AS (SELECT t.tableoid, t.ctid FROM %s t CROSS JOIN x LEFT JOIN lf ON lf.leaf = t.tableoid WHERE %s LIMIT $4)
+				DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, coveredCTE, name, deletable, name)
+			tag, err := tx.Exec(ctx, q, st.Rel, int64(mark.XMin), int64(st.Floor), t.Retention.BatchSize)
 			n = tag.RowsAffected()
 			return err
 		})
@@ -233,75 +249,13 @@ func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, 
 	return nil
 }
 
-// rangeUpper reads a range partition's upper bound, as pg_get_expr
-// writes it: FOR VALUES FROM (...) TO ('2026-02-01 00:00:00+00').
-var rangeUpper = regexp.MustCompile(`^FOR VALUES FROM \(.*\) TO \('((?:[^']|'')*)'\)$`)
-
-// dropPartitions detaches and drops t's partitions whose range ends at
-// or before horizon and which hold no row written at or above mark's xmin.
-func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Source, mark checkpoint.RetentionMark, horizon time.Time) error {
-	parent := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
-	rows, err := conn.Query(ctx, `SELECT n.nspname, c.relname, pg_get_expr(c.relpartbound, c.oid)
-		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE i.inhparent = $1::regclass ORDER BY c.relname`, parent)
-	if err != nil {
-		return c.failed(t, "list partitions", err)
-	}
-	type part struct{ schema, name, bound string }
-	parts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (part, error) {
-		var p part
-		return p, r.Scan(&p.schema, &p.name, &p.bound)
-	})
-	if err != nil {
-		return c.failed(t, "list partitions", err)
-	}
-	if len(parts) == 0 {
-		c.once("nopart "+t.String(), "retention.mode drop_partitions: "+t.String()+" has no partitions; use mode delete")
-		return nil
-	}
-	for _, p := range parts {
-		m := rangeUpper.FindStringSubmatch(p.bound)
-		if m == nil {
-			continue // the default partition, or not a range: never dropped
-		}
-		upper := strings.ReplaceAll(m[1], "''", "'")
-		child := pgident.QualifiedIdent(p.schema, p.name)
-		var before, young bool
-		err := conn.QueryRow(ctx, fmt.Sprintf(`WITH x AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next)
-			SELECT $1::timestamptz <= $2, EXISTS (SELECT 1 FROM %s t, x WHERE %s >= $3)`, child, written), upper, horizon, int64(mark.XMin)).Scan(&before, &young)
-		if err != nil {
-			var pe *pgconn.PgError
-			if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22") {
-				c.once("bound "+t.String(), fmt.Sprintf("retention.mode drop_partitions: the partitions of %s are not ranges of time (%s); use mode delete", t, p.bound))
-				return nil
-			}
-			return c.failed(t, "read partition "+child, err)
-		}
-		if !before || young {
-			continue // still in the window, or holding a row not yet delivered and old enough
-		}
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'"); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", parent, child)); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, "DROP TABLE "+child)
-			return err
-		})
-		if err != nil {
-			return c.failed(t, "drop partition "+child, err)
-		}
-		c.Metrics.RetentionDropped(t.String())
-		c.Log.Info("retention: dropped a partition whose rows are all delivered and older than retention.after", "table", t.String(), "partition", child, "upper_bound", upper)
-	}
-	return nil
-}
-
 // failed says what retention could not do to t, with the grant it needs
-// when that is why.
+// when that is why. A fact that no longer holds is passed on as it is.
 func (c *Cleaner) failed(t *outbox.Source, what string, err error) error {
+	var changed *errChanged
+	if errors.As(err, &changed) {
+		return err
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42501" {
 		fix := "GRANT DELETE ON " + t.String() + " TO <the connector's role>"

@@ -40,16 +40,33 @@ type Publication struct {
 // TableState is one configured table as the catalog has it now.
 type TableState struct {
 	Table
-	// OID is the table's relation id: a new one means the table was
-	// dropped and created again. 0: no table of that name exists.
-	OID         uint32
-	Partitioned bool
+	RelState
+}
+
+// RelState is one relation as the catalog has it now.
+type RelState struct {
+	// OID is the relation id: a new one under a table's name means the
+	// table was dropped and created again (or another took its name). 0:
+	// no relation of that name (or id) exists.
+	OID uint32
+	// Schema and Name are the relation's name now (for a lookup by id).
+	Schema, Name string
+	Partitioned  bool
 	// Published: its inserts reach the publication, as its own or
 	// through an ancestor's membership, FOR ALL TABLES, or its schema's.
 	// AutoPublished: through FOR ALL TABLES or its schema's membership,
 	// so a table created again under its name is published from the
 	// moment it exists.
 	Published, AutoPublished bool
+	// Member names the membership that publishes it: "rel:<oid>" (a
+	// pg_publication_rel row, its own or an ancestor's), "schema:<oid>"
+	// (pg_publication_namespace) or "all:<oid>" (the publication, FOR ALL
+	// TABLES); "" when not published. A relation removed from the
+	// publication and added back has another (checkpoint.Table.Member).
+	Member string
+	// Filtered: the publication has a row filter (WHERE) for it
+	// (PostgreSQL 15+), which would keep some inserts from the slot.
+	Filtered bool
 	// Owned: the role owns the table, which adding it to a publication
 	// requires.
 	Owned bool
@@ -79,32 +96,80 @@ func ReadCatalog(ctx context.Context, conn *pgx.Conn, publication string, tables
 	default:
 		p.Exists = true
 	}
-	// FOR TABLES IN SCHEMA is PostgreSQL 15's (pg_publication_namespace).
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_user").Scan(&version, &c.Role); err != nil {
-		return Catalog{}, fmt.Errorf("read server_version_num: %w", err)
+	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&c.Role); err != nil {
+		return Catalog{}, fmt.Errorf("read current_user: %w", err)
 	}
-	bySchema := `false`
-	if version >= 150000 {
-		bySchema = `EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid AND pn.pnnspid = c.relnamespace)`
+	q, err := relQuery(ctx, conn, `n.nspname = $2 AND c.relname = $3`)
+	if err != nil {
+		return Catalog{}, err
 	}
-	q := `SELECT c.oid, c.relkind = 'p', pg_has_role(current_user, c.relowner, 'USAGE'),
-		coalesce((SELECT p.puballtables OR ` + bySchema + ` FROM pg_publication p WHERE p.pubname = $3), false),
-		EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_rel pr ON pr.prpubid = p.oid
-			WHERE p.pubname = $3 AND (pr.prrelid = c.oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors(c.oid))))
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 	for _, t := range tables {
 		st := TableState{Table: t}
-		var member bool
-		err := conn.QueryRow(ctx, q, t.Schema, t.Name, publication).Scan(&st.OID, &st.Partitioned, &st.Owned, &st.AutoPublished, &member)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		st.RelState, err = scanRel(conn.QueryRow(ctx, q, publication, t.Schema, t.Name))
+		if err != nil {
 			return Catalog{}, fmt.Errorf("read outbox table %s: %w", t, err)
 		}
-		st.Published = st.AutoPublished || member
 		c.Tables = append(c.Tables, st)
 	}
 	return c, nil
+}
+
+// ReadRelation reads relation id's state now (OID 0: it does not exist),
+// as ReadCatalog reads a configured table's: a table is followed by its
+// id, not its name (docs/design.md, "Table changes").
+func ReadRelation(ctx context.Context, conn Querier, publication string, id uint32) (RelState, error) {
+	q, err := relQuery(ctx, conn, `c.oid = $2::oid`)
+	if err != nil {
+		return RelState{}, err
+	}
+	st, err := scanRel(conn.QueryRow(ctx, q, publication, id))
+	if err != nil {
+		return RelState{}, fmt.Errorf("read relation %d: %w", id, err)
+	}
+	return st, nil
+}
+
+// Querier is a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// relQuery is the query of a relation's state, selected by where (with
+// $2 and on; $1 is the publication's name).
+func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
+	// FOR TABLES IN SCHEMA and row filters are PostgreSQL 15's
+	// (pg_publication_namespace, pg_publication_rel.prqual).
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return "", fmt.Errorf("read server_version_num: %w", err)
+	}
+	bySchema, filtered := `NULL::text`, `false`
+	if version >= 150000 {
+		bySchema = `(SELECT 'schema:' || pn.oid FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid AND pn.pnnspid = c.relnamespace)`
+		filtered = `pr.prqual IS NOT NULL`
+	}
+	return `WITH pub AS (SELECT * FROM pg_publication p WHERE p.pubname = $1)
+		SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', pg_has_role(current_user, c.relowner, 'USAGE'),
+			coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), ''),
+			coalesce((SELECT p.puballtables OR ` + bySchema + ` IS NOT NULL FROM pub p), false),
+			coalesce(r.filtered, false)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN LATERAL (SELECT 'rel:' || pr.oid AS member, ` + filtered + ` AS filtered
+			FROM pub p JOIN pg_publication_rel pr ON pr.prpubid = p.oid
+			WHERE pr.prrelid = c.oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors(c.oid))
+			ORDER BY pr.prrelid = c.oid DESC, pr.oid LIMIT 1) r ON true
+		WHERE ` + where + ` AND c.relkind IN ('r', 'p')`, nil
+}
+
+// scanRel reads relQuery's row; no row is a relation that does not exist.
+func scanRel(row pgx.Row) (RelState, error) {
+	var st RelState
+	err := row.Scan(&st.OID, &st.Schema, &st.Name, &st.Partitioned, &st.Owned, &st.Member, &st.AutoPublished, &st.Filtered)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RelState{}, nil
+	}
+	st.Published = st.Member != ""
+	return st, err
 }
 
 // AddStatement is the statement that adds table t to publication name.

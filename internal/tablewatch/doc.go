@@ -1,34 +1,54 @@
 // Package tablewatch follows the outbox tables' lives for a session
-// (docs/design.md, "Table changes"): the relation id streamed for each
-// table, a table dropped and created again, one gone from the
-// publication, one missing; and the leaf partitions of a partitioned
-// table, found through their root.
+// (docs/design.md, "Table changes"): the relation streamed for each table,
+// followed by its id whatever its name; a table dropped and created again,
+// or swapped for another under its name; one gone from the publication,
+// or removed and added back; one missing; and the leaf partitions of a
+// partitioned table, found through their root.
 //
 // A table's inserts reach the slot only while the publication holds it: a
 // table dropped and created again has a new relation id that a FOR TABLE
 // publication does not hold, and its rows never reach the WAL stream. The
-// checkpoint records the relation id streamed for each table
-// (checkpoint.Record.Tables). Each session compares it with the catalog,
-// at its start (Baseline) and every postgres.catalog_check_interval
-// (Watch.Run).
+// checkpoint records, for each table, the relation id streamed, the
+// publication's membership that publishes it, and what of its rows the
+// stream covered (checkpoint.Table). Each session compares them with the
+// catalog, at its start (Baseline) and every
+// postgres.catalog_check_interval (Watch.Run).
 //
 // Invariants:
 //
-//   - a table with another relation id (recreated) is published again
-//     (AddToPublication, when the role owns the publication and the table;
-//     otherwise the session stops with the statement to run), and then
-//     repaired: a snapshot of its rows is taken after it is published, a
-//     ControlRepair message written after the snapshot, and where the
-//     stream reaches the message the session sends the snapshot's rows
-//     less those it streamed itself (the fresh events noted since the
-//     session started, Fresh), and records the new relation id in the
-//     checkpoint of that position (Done). Rows committed before the
-//     snapshot are in it; rows committed after the table was published
-//     are in the stream before the message; the noted ids keep a row in
-//     both from going twice.
-//   - the same table, gone from the publication, stops the session: its
+//   - a relation streamed for a table is that table's by its id, whatever
+//     it is named (Watch.Known, the decoder's first answer): a renamed
+//     table streams on (followed, and said loudly: cdc_table_renamed), a
+//     swap's old table stays the table's while it exists, and a leaf
+//     partition found once stays its table's when detached; none of them
+//     is ever an unmapped insert.
+//   - another relation under a table's name (recreated, or a swap) is
+//     published (AddToPublication, when the role owns the publication and
+//     the table; otherwise the session stops with the statement to run),
+//     and then repaired: once every transaction that was running when it
+//     joined the publication has ended (postgres.WaitForOlder), a snapshot
+//     of its rows is taken, a ControlRepair message written after the
+//     snapshot, and where the stream reaches the message the session sends
+//     the snapshot's rows less those it streamed itself (the fresh events
+//     noted since the session started, Fresh), and records the new
+//     relation in the checkpoint of that position (Done). Rows committed
+//     before the snapshot are in it; rows inserted after the table joined
+//     the publication are in the stream before the message (a transaction
+//     that inserted before it joined ended before the snapshot, so its
+//     rows are in the snapshot); the noted ids keep a row in both from
+//     going twice.
+//   - the same relation gone from the publication, or published through
+//     another membership (removed and added back), stops the session: its
 //     rows inserted meanwhile cannot be told from the rows streamed
 //     before, so only an operator can say which to send (cdc backfill).
-//   - a table that does not exist is reported, and checked again: nothing
-//     can be written to it meanwhile.
+//     Found so at a start, the membership is taken as it is, said loudly,
+//     and the table's Floor moves to now: retention keeps the rows from
+//     before.
+//   - a publication dropped, one that stopped publishing inserts, or one
+//     with a row filter for a table stops the session; one that stopped
+//     publishing partitioned tables via their root is set back where the
+//     role owns it.
+//   - a table that does not exist under its name, and whose relation does
+//     not exist either, is reported, and checked again: nothing can be
+//     written to it meanwhile.
 package tablewatch

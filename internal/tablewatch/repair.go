@@ -2,13 +2,159 @@ package tablewatch
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxcdc/cdc/internal/backfill"
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
 )
+
+// Repair is a recreated table's rows still to send, where the stream
+// reaches its ControlRepair message.
+type Repair struct {
+	ID    string
+	Table *outbox.Source
+	Rel   uint32 // the table's relation id now
+	// Member is the publication's membership that publishes Rel
+	// (checkpoint.Table.Member).
+	Member string
+	// Old is the relation streamed before, when it still exists under
+	// another name (a swap): it stays the table's (checkpoint.Table.Former).
+	Old  uint32
+	Snap *backfill.Snapshot // nil: nothing to read (published since it was created)
+}
+
+// startRepair opens a repair of table t, whose relation is rs now and
+// published: a snapshot of its rows (unless it was published from its
+// creation), then the message that tells the stream where to send them.
+// old is the relation streamed before, 0 when none was or it is gone.
+//
+// The snapshot is taken only once every transaction that was running when
+// the table joined the publication has ended (postgres.WaitForOlder): an
+// insert written before the ALTER PUBLICATION committed is never streamed,
+// and a snapshot taken while its transaction is open does not see it
+// either, so without the wait such a row is in neither.
+func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, rs setup.RelState, old uint32, role string) error {
+	r := &Repair{ID: backfill.NewID(), Table: t, Rel: rs.OID, Member: rs.Member, Old: old}
+	if !rs.AutoPublished {
+		if err := postgres.WaitForOlder(ctx, w.deps.Postgres, conn, w.log); err != nil {
+			return err
+		}
+		snap, err := w.deps.OpenSnapshot(ctx, t)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
+			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
+				t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
+		}
+		if err != nil {
+			return err
+		}
+		r.Snap = snap
+	}
+	w.mu.Lock()
+	w.pending[r.ID] = r
+	w.repairing[t] = true
+	w.mu.Unlock()
+	if err := EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
+		w.drop(ctx, r)
+		return err
+	}
+	total := int64(0)
+	if r.Snap != nil {
+		total = r.Snap.Total
+	}
+	w.log.Info("repair of a recreated table under way: its rows go where the stream reaches this point", "table", t.String(), "rows", total)
+	return nil
+}
+
+// Take returns the pending repair id and forgets it, or nil.
+func (w *Watch) Take(id string) *Repair {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.pending[id]
+	delete(w.pending, id)
+	return r
+}
+
+// drop forgets repair r, which will not be sent, and lets the watch open
+// another for its table.
+func (w *Watch) drop(ctx context.Context, r *Repair) {
+	w.mu.Lock()
+	delete(w.pending, r.ID)
+	delete(w.repairing, r.Table)
+	w.mu.Unlock()
+	if r.Snap != nil {
+		r.Snap.Close(ctx)
+	}
+}
+
+// Done records that r's table's relation is streamed from here on, every
+// row of it delivered (checkpoint.Table.Floor 0: the repair sent those the
+// stream did not carry), forgets the fresh events the stream noted of it,
+// and returns the tables' state for the checkpoint note. The stream's
+// goroutine calls it.
+func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
+	delete(w.fresh, r.Table)
+	delete(w.overflow, r.Table)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	prev := w.streamed[r.Table]
+	st := checkpoint.Table{Rel: r.Rel, Member: r.Member, Former: slices.Clone(prev.Former)}
+	if r.Old != 0 && r.Old != r.Rel && !slices.Contains(st.Former, r.Old) {
+		st.Former = append(st.Former, r.Old)
+	}
+	w.streamed[r.Table] = st
+	w.knowLocked(r.Table, st)
+	delete(w.suspect, r.Table)
+	delete(w.repairing, r.Table)
+	tables := map[string]checkpoint.Table{}
+	for t, st := range w.streamed {
+		tables[t.String()] = st
+	}
+	return tables
+}
+
+// closeRepairs closes the snapshots of repairs the stream did not reach:
+// the next session repairs their tables again.
+func (w *Watch) closeRepairs(ctx context.Context) {
+	w.mu.Lock()
+	pending := maps.Clone(w.pending)
+	w.mu.Unlock()
+	for _, r := range pending {
+		w.drop(ctx, r)
+	}
+}
+
+// ControlRepair announces, in the stream, the point at which a table the
+// pipeline found recreated (or added back to its publication) is published
+// again: the stream sends there the rows of the table's backfill.Snapshot, taken
+// after the table was published and before this message was written, less
+// those it streamed itself (docs/design.md, "Table changes"). Its ID is
+// random, and known only to the session that wrote it: one another role
+// writes, or an earlier session's read again, names no repair and is
+// passed over.
+const ControlRepair = "table-repair"
+
+// EmitRepair writes the ControlRepair message with id, in a transaction of
+// its own on conn, or on cfg's primary_url while conn's server is a hot
+// standby.
+func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id string) error {
+	b, _ := json.Marshal(backfill.Control{Type: ControlRepair, ID: id})
+	return postgres.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
+}
 
 // Rows hands send the rows of repair r, decoded as if committed at commit
 // and at, the repair message's transaction, less those the stream sent

@@ -1,0 +1,93 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+)
+
+// NextXID reads, on conn's server, the 64-bit xid the next transaction to
+// write will get at the earliest (a snapshot's xmax): every transaction
+// with an xid at or above it started writing after this call, so its
+// changes are in the WAL after this moment.
+func NextXID(ctx context.Context, conn *pgx.Conn) (uint64, error) {
+	var next uint64
+	if err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&next); err != nil {
+		return 0, fmt.Errorf("read the next transaction id: %w", err)
+	}
+	return next, nil
+}
+
+// WritableNextXID is NextXID on the server that assigns xids: postgres.url's
+// while it is a primary, postgres.primary_url's while it is a standby
+// (whose own snapshot may lag the primary's). ok is false on a standby
+// without a primary_url: nothing can be said then.
+func WritableNextXID(ctx context.Context, cfg Config) (next uint64, ok bool, err error) {
+	conn, standby, err := ConnectWritable(ctx, cfg)
+	if err != nil {
+		return 0, false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if standby {
+		return 0, false, nil
+	}
+	next, err = NextXID(ctx, conn)
+	return next, err == nil, err
+}
+
+// WaitForOlder waits until every transaction that was running when it was
+// called has ended, on the server that assigns xids (postgres.primary_url's
+// while conn's is a standby), and then, on a standby, until the standby has
+// replayed that far (CatchUp).
+//
+// A table joins the stream at a point in the WAL, not at a moment
+// (docs/design.md, "Table changes"): an INSERT written before the ALTER
+// PUBLICATION that added its table committed is never streamed, even when
+// its transaction commits later, and a snapshot taken right after the
+// ALTER does not see that transaction's rows either. Called after the
+// table is published, it makes a snapshot taken afterwards see every row
+// the stream will not carry. It logs, every minute, what it still waits
+// for: a transaction left open (or prepared) holds it.
+func WaitForOlder(ctx context.Context, cfg Config, conn *pgx.Conn, log hclog.Logger) error {
+	target := conn
+	standby, err := InRecovery(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if standby {
+		primary, err := ConnectPrimary(ctx, cfg, "wait for the transactions older than a table's publication", "")
+		if err != nil {
+			return err
+		}
+		defer primary.Close(context.WithoutCancel(ctx))
+		target = primary
+	}
+	next, err := NextXID(ctx, target)
+	if err != nil {
+		return err
+	}
+	start, told := time.Now(), time.Now()
+	for {
+		var oldest uint64
+		if err := target.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&oldest); err != nil {
+			return fmt.Errorf("read the oldest running transaction: %w", err)
+		}
+		if oldest >= next {
+			break
+		}
+		if time.Since(told) >= time.Minute {
+			told = time.Now()
+			log.Warn("waiting for a transaction that began before an outbox table joined the publication to end: its rows are sent once it has; a transaction left open (or prepared) holds this",
+				"oldest_xid", oldest, "waiting_for_below", next, "waited", time.Since(start).Round(time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond): // the poll's pace
+		}
+	}
+	return CatchUp(ctx, cfg, conn)
+}

@@ -1,0 +1,255 @@
+package tablewatch
+
+import (
+	"context"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/setup"
+)
+
+// Baseline fills rec.Tables, what the session streams of each table, from
+// the catalog of a session's start, and adds the tables missing from the
+// publication to it. On a first start (create) every table's relation is
+// today's, and a table missing from a publication the connector may change
+// is added to it before the slot exists; its Floor is set once the slot
+// exists (Floors). On a resumed start a table's recorded relation stays
+// until a repair sends what the table holds; a table the checkpoint does
+// not know yet (configured since) starts at today's relation, with a Floor
+// of now: its rows from before were never streamed. A configured table
+// whose relation the checkpoint recorded under another name (renamed, and
+// the configuration followed) takes that record. A table missing from the
+// publication is added back when it was recreated (another id), and
+// refused when it is the table the checkpoint streamed: its rows inserted
+// while it was out cannot be told from the others.
+func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Catalog, first bool) error {
+	b := &baseline{d: d}
+	defer b.close(ctx)
+	old := rec.Tables == nil && !first // a checkpoint written before ids were kept
+	configured := map[string]bool{}
+	for _, st := range cat.Tables {
+		configured[st.Table.String()] = true
+	}
+	tables := map[string]checkpoint.Table{}
+	for _, st := range cat.Tables {
+		name := st.Table.String()
+		prev, known := rec.Tables[name]
+		if !known && !first && st.OID != 0 {
+			prev, known = renamedInConfig(d, rec, configured, name, st.OID)
+		}
+		if known {
+			former, err := b.existing(ctx, prev.Former)
+			if err != nil {
+				return err
+			}
+			prev.Former = former
+		}
+		if !first && known && prev.Rel == st.OID {
+			if err := b.resume(ctx, st, &prev); err != nil {
+				return err
+			}
+			tables[name] = prev
+			continue
+		}
+		published := st.Published
+		if !st.Published {
+			if err := b.publish(ctx, cat, &st); err != nil {
+				return err
+			}
+		}
+		if st.Filtered {
+			return filtered(d, st.Table)
+		}
+		switch {
+		case known:
+			tables[name] = prev // recreated: the watch repairs it, and records the new relation then
+		case old && !published:
+			// Repaired by the watch (suspect): it may have been
+			// recreated while the connector was stopped.
+		case first:
+			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: checkpoint.NoFloor}
+		default:
+			next, err := b.next(ctx)
+			if err != nil {
+				return err
+			}
+			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: next}
+		}
+	}
+	rec.Tables = tables
+	return nil
+}
+
+// resume checks, on a resumed start, table st whose relation is the one
+// the checkpoint streamed (prev): still in the publication, through the
+// same membership, without a row filter. A table that left and came back
+// while the connector was stopped received inserts that never reached the
+// slot: said loudly, and retention keeps every row from before (its Floor
+// moves to now).
+func (b *baseline) resume(ctx context.Context, st setup.TableState, prev *checkpoint.Table) error {
+	switch {
+	case !st.Published:
+		return LeftPublication(b.d, st.Table)
+	case st.Filtered:
+		return filtered(b.d, st.Table)
+	case prev.Member != "" && st.Member != prev.Member:
+		b.d.Log.Error("outbox table left the publication and was added back while the connector was stopped: the inserts it received in between never reached the connector; send them with cdc backfill (--table, --where); retention keeps the table's rows from before this start",
+			"table", st.Table.String(), "publication", b.d.Postgres.Publication)
+		next, err := b.next(ctx)
+		if err != nil {
+			return err
+		}
+		prev.Member, prev.Floor = st.Member, next
+	case prev.Member == "":
+		prev.Member = st.Member
+	}
+	if prev.Floor == checkpoint.NoFloor {
+		next, err := b.next(ctx)
+		if err != nil {
+			return err
+		}
+		prev.Floor = next
+	}
+	return nil
+}
+
+// publish adds st to the publication where the connector may, and reads
+// its state again; otherwise it is the error that says what to run.
+func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.TableState) error {
+	if !cat.Publication.Owned || !st.Owned {
+		why := "it does not own the table"
+		if !cat.Publication.Owned {
+			why = "it does not own the publication"
+		}
+		return setup.NotPublished(cat.Publication.Name, st.Table, why, cat.Role)
+	}
+	conn, err := b.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if err := setup.AddToPublication(ctx, b.d.Postgres, conn, cat.Publication.Name, st.Table); err != nil {
+		return err
+	}
+	b.d.Log.Warn("added an outbox table that was missing from the publication", "table", st.Table.String(), "publication", cat.Publication.Name)
+	// On a standby, the membership once it has replayed the change.
+	if err := postgres.CatchUp(ctx, b.d.Postgres, conn); err != nil {
+		return err
+	}
+	rs, err := setup.ReadRelation(ctx, conn, cat.Publication.Name, st.OID)
+	if err != nil {
+		return err
+	}
+	st.RelState = rs
+	// A floor read before the table joined is not one for it: read again.
+	b.read = false
+	return nil
+}
+
+// renamedInConfig finds the checkpoint's record of relation id under a
+// name the configuration no longer has: the table was renamed and the
+// configuration followed it.
+func renamedInConfig(d Deps, rec *checkpoint.Record, configured map[string]bool, name string, id uint32) (checkpoint.Table, bool) {
+	names := make([]string, 0, len(rec.Tables))
+	for other := range rec.Tables {
+		names = append(names, other)
+	}
+	slices.Sort(names)
+	for _, other := range names {
+		if st := rec.Tables[other]; !configured[other] && st.Rel == id {
+			d.Log.Warn("a configured outbox table is the relation the checkpoint streamed under another name (it was renamed, and the configuration followed): it streams on from the checkpoint", "table", name, "was", other, "relation", id)
+			return st, true
+		}
+	}
+	return checkpoint.Table{}, false
+}
+
+// Floors sets, once a first start created the slot (or adopted one), the
+// Floor of each table Baseline left at NoFloor to the next xid now: every
+// transaction at or above it commits after the slot's consistent point, so
+// the stream carries it. A first start's backfill of every row lowers it
+// to 0 once done (the pipeline's session.Save). On a standby without a
+// primary_url nothing is known: they stay NoFloor, and the next start sets
+// them.
+func Floors(ctx context.Context, d Deps, rec *checkpoint.Record) error {
+	b := &baseline{d: d}
+	defer b.close(ctx)
+	for name, st := range rec.Tables {
+		if st.Floor != checkpoint.NoFloor {
+			continue
+		}
+		next, err := b.next(ctx)
+		if err != nil {
+			return err
+		}
+		st.Floor = next
+		rec.Tables[name] = st
+	}
+	return nil
+}
+
+// baseline holds what Baseline and Floors read once: a catalog
+// connection and the next xid.
+type baseline struct {
+	d      Deps
+	sql    *pgx.Conn
+	nextID uint64
+	read   bool
+}
+
+func (b *baseline) conn(ctx context.Context) (*pgx.Conn, error) {
+	if b.sql == nil {
+		conn, err := postgres.ConnectSQL(ctx, b.d.Postgres)
+		if err != nil {
+			return nil, err
+		}
+		b.sql = conn
+	}
+	return b.sql, nil
+}
+
+func (b *baseline) close(ctx context.Context) {
+	if b.sql != nil {
+		b.sql.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// next is the next xid on the server that assigns them, read once after
+// the first call's moment; NoFloor where it cannot be known.
+func (b *baseline) next(ctx context.Context) (uint64, error) {
+	if !b.read {
+		next, ok, err := postgres.WritableNextXID(ctx, b.d.Postgres)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			next = checkpoint.NoFloor
+		}
+		b.nextID, b.read = next, true
+	}
+	return b.nextID, nil
+}
+
+// existing returns the ids of ids that still name a relation.
+func (b *baseline) existing(ctx context.Context, ids []uint32) ([]uint32, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	conn, err := b.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var kept []uint32
+	for _, id := range ids {
+		rs, err := setup.ReadRelation(ctx, conn, b.d.Postgres.Publication, id)
+		if err != nil {
+			return nil, err
+		}
+		if rs.OID != 0 {
+			kept = append(kept, id)
+		}
+	}
+	return kept, nil
+}
