@@ -65,6 +65,9 @@ type Metrics struct {
 	tableRepairs *prometheus.CounterVec
 	tableMissing *prometheus.GaugeVec
 	tableRenamed *prometheus.GaugeVec
+	// CatalogChecked is when the tables' watch last compared the catalog
+	// with what the session streams, without an error.
+	CatalogChecked prometheus.Gauge
 	// unmappedNamed are the relations cdc_unmapped_relation_changes_total
 	// has a series of its own for (at most MaxUnmappedRelations).
 	unmappedMu    sync.Mutex
@@ -155,6 +158,8 @@ func New(pipeline string) *Metrics {
 		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
 	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
 		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
+	m.CatalogChecked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_catalog_checked_timestamp_seconds",
+		Help: "When the tables' watch last compared the catalog with what the session streams, without an error (unix seconds): every postgres.catalog_check_interval while streaming."})
 	m.tableRenamed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_renamed",
 		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it; set tables[].name), 0 otherwise, by table."}, []string{"table"})
 	m.StandbyDelay = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_standby_replay_delay_seconds",
@@ -167,7 +172,7 @@ func New(pipeline string) *Metrics {
 		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
 	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {

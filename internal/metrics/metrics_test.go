@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -23,6 +24,7 @@ func names(t *testing.T) map[string]bool {
 	m.Unmapped("r")
 	m.TableRepaired("t")
 	m.TableMissing("t", false)
+	m.TableRenamed("t", false)
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {
@@ -151,5 +153,39 @@ func TestMonitoringExamplesUseRealMetrics(t *testing.T) {
 			!strings.Contains(string(doc), "`"+n) {
 			t.Errorf("%s is not documented in docs/metrics.md", n)
 		}
+	}
+}
+
+// TestUnmappedRelationsBounded: a role that may create tables in a FOR ALL
+// TABLES publication makes cdc_unmapped_relation_changes_total count
+// inserts into as many relations as it likes, but its series stay at
+// MaxUnmappedRelations plus the one of the others, and every insert is
+// counted.
+func TestUnmappedRelationsBounded(t *testing.T) {
+	m := New("orders")
+	for i := 0; i < 1000; i++ {
+		m.Unmapped(fmt.Sprintf("public.t%d", i%500))
+	}
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series, total, others := 0, 0.0, 0.0
+	for _, f := range fams {
+		if f.GetName() != "cdc_unmapped_relation_changes_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			series++
+			total += s.GetCounter().GetValue()
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "relation" && l.GetValue() == UnmappedOthers {
+					others = s.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if series != MaxUnmappedRelations+1 || total != 1000 || others != 1000-2*MaxUnmappedRelations {
+		t.Fatalf("%d series counting %v inserts (%v under %s); want %d series counting all 1000", series, total, others, UnmappedOthers, MaxUnmappedRelations+1)
 	}
 }

@@ -64,6 +64,10 @@ type env struct {
 	onDelivered func(rec *kgo.Record, err error)
 	// logOut is where start writes the log; os.Stderr when nil.
 	logOut io.Writer
+	// clock and retentionInterval are the pipeline's Options.Clock and
+	// Options.RetentionInterval.
+	clock             func() time.Time
+	retentionInterval time.Duration
 }
 
 func newEnv(t *testing.T, kafka *testenv.Kafka) *env {
@@ -159,6 +163,7 @@ func (e *env) launch(t *testing.T, logOut io.Writer) *running {
 		OnSession:       func(tr *delivery.Tracker) { r.tracker.Store(tr) },
 		OnBackfillChunk: e.onChunk,
 		OnDelivered:     e.onDelivered,
+		Clock:           e.clock, RetentionInterval: e.retentionInterval,
 	})
 	if err != nil {
 		t.Fatal(err)

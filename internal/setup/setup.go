@@ -239,7 +239,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 		return fmt.Errorf("read columns of %s: %w", t, err)
 	}
 	if len(cols) == 0 {
-		return errtext.Fatalf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))
+		return errtext.Fatalf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL); if it was renamed, name it as it is now: the connector finds the relation it streamed by its id and sends what was written to it meanwhile", t, pgident.Quote(db))
 	}
 	return missingColumns(t, cols)
 }

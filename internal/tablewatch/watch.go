@@ -204,6 +204,7 @@ func (w *Watch) check(ctx context.Context, conn *pgx.Conn) error {
 			return err
 		}
 	}
+	w.deps.Metrics.CatalogChecked.SetToCurrentTime()
 	return nil
 }
 

@@ -31,3 +31,24 @@ func Counter(t testing.TB, g prometheus.Gatherer, name, label, value string) flo
 	}
 	return 0
 }
+
+// Value is the value of an unlabelled counter or gauge name in g, 0 if it
+// has none.
+func Value(t testing.TB, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name || len(f.GetMetric()) == 0 {
+			continue
+		}
+		m := f.GetMetric()[0]
+		if c := m.GetCounter(); c != nil {
+			return c.GetValue()
+		}
+		return m.GetGauge().GetValue()
+	}
+	return 0
+}
