@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -127,6 +128,23 @@ type Skip struct {
 	ID        string
 }
 
+// ForgetCoverage drops what retention knows, at a gap accepted
+// (docs/design.md, "Retention"): the marks were taken in a history the
+// server may not have (a restore reuses xids and positions), and the rows
+// of the gap were never streamed. The next start sets each table's floor
+// afresh.
+func (r *Record) ForgetCoverage() {
+	r.RetentionMarks = nil
+	if r.Tables != nil {
+		tables := map[string]Table{}
+		for name, st := range r.Tables {
+			st.Floor = NoFloor
+			tables[name] = st
+		}
+		r.Tables = tables
+	}
+}
+
 // Skipped reports whether an operator chose, with cdc skip, to send the
 // event id of the transaction committed at commitLSN to the dead-letter
 // topic.
@@ -228,7 +246,18 @@ func (r *Record) FindBackfill(id string) *Job {
 // job started within KeepFinished of the newest job (at most
 // maxKeptBackfills in all). It copies the list: a record's slices may be
 // shared with the one last saved.
+//
+// A first start's backfill of every row of a table, done without an
+// error, sent every row committed before the slot, and the stream
+// carries the rest: from then on all of the table's rows are known
+// delivered (Table.Floor 0).
 func (r *Record) SetBackfill(b Job) {
+	if st, ok := r.Tables[b.Table]; ok && b.Initial && b.Done() && b.Error == "" && b.Where == "" {
+		tables := maps.Clone(r.Tables)
+		st.Floor = 0
+		tables[b.Table] = st
+		r.Tables = tables
+	}
 	jobs := make([]Job, 0, len(r.Backfills)+1)
 	found := false
 	for _, j := range r.Backfills {
@@ -348,6 +377,26 @@ type jsonStream struct {
 	Former []uint32 `json:"former,omitempty"`
 }
 
+// tables are j's relation ids with their streams; a table without one
+// (a record written before they were kept) knows nothing of its rows.
+func (j jsonRecord) tables() map[string]Table {
+	if j.Tables == nil {
+		return nil
+	}
+	tables := map[string]Table{}
+	for name, rel := range j.Tables {
+		t := Table{Rel: rel, Floor: NoFloor}
+		if js, ok := j.Streams[name]; ok {
+			t.Member, t.Former = js.Member, js.Former
+			if js.Floor != nil {
+				t.Floor = *js.Floor
+			}
+		}
+		tables[name] = t
+	}
+	return tables
+}
+
 type jsonRetention struct {
 	XMin     uint64    `json:"xmin"`
 	LSN      string    `json:"lsn"`
@@ -434,20 +483,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		return l, nil
 	}
 	var err error
-	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt, Seq: j.Seq}
-	if j.Tables != nil {
-		r.Tables = map[string]Table{}
-		for name, rel := range j.Tables {
-			t := Table{Rel: rel, Floor: NoFloor}
-			if js, ok := j.Streams[name]; ok {
-				t.Member, t.Former = js.Member, js.Former
-				if js.Floor != nil {
-					t.Floor = *js.Floor
-				}
-			}
-			r.Tables[name] = t
-		}
-	}
+	*r = Record{Slot: j.Slot, SystemID: j.SystemID, Timeline: j.Timeline, Address: j.Address, Version: j.Version, UpdatedAt: j.UpdatedAt, Seq: j.Seq, Tables: j.tables()}
 	if r.Confirmed, err = lsn("confirmed_lsn", j.Confirmed); err != nil {
 		return err
 	}

@@ -2,7 +2,9 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +172,66 @@ func TestStartOpen(t *testing.T) {
 	stop()
 	if s, err := StartOpen(ended, "other", opts, hclog.NewNullLogger()).Wait(); err == nil || s != nil {
 		t.Fatalf("StartOpen with an ended context gave %v, %v; want an error", s, err)
+	}
+}
+
+// TestLoadRefusesARecordThatGoesBack: a genuine, signed record produced
+// again after newer ones (a replay by someone who may write the topic)
+// is skipped and counted: the newest stands, so the pipeline's position
+// does not move back and a rewind is not undone.
+func TestLoadRefusesARecordThatGoesBack(t *testing.T) {
+	s, _ := fakeStore(t, "cp")
+	s.SignWith([][]byte{[]byte("0123456789abcdef0123456789abcdef")})
+	foreign := 0
+	s.OnForeign = func() { foreign++ }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	old := Record{Slot: "a", SystemID: "1", Confirmed: 100, UpdatedAt: at, Seq: 1}
+	rewound := Record{Slot: "a", SystemID: "1", Confirmed: 50, UpdatedAt: at, Seq: 2, History: []Jump{{Kind: JumpRewind, From: 100, To: 50, At: at}}}
+	for _, r := range []Record{old, rewound, old} {
+		if err := s.Save(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Load(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := got[Key("a", "1")]; a.Confirmed != 50 || a.Seq != 2 || foreign != 1 {
+		t.Fatalf("loaded confirmed %s seq %d with %d records skipped; want the rewound record (50, seq 2) and the replay skipped", a.Confirmed, a.Seq, foreign)
+	}
+}
+
+// TestTablesJSON: what the stream covered of each table survives the
+// checkpoint's JSON; a record written before it was kept (ids only) knows
+// nothing of a table's rows (NoFloor), and a gap accepted forgets it.
+func TestTablesJSON(t *testing.T) {
+	r := Record{Slot: "a", SystemID: "1", Tables: map[string]Table{
+		"public.outbox": {Rel: 16385, Member: "rel:16400", Floor: 0, Former: []uint32{16300}},
+		"public.other":  {Rel: 16390, Member: "all:16401", Floor: 1 << 33},
+		"public.new":    {Rel: 16391, Floor: NoFloor},
+	}, RetentionMarks: []RetentionMark{{XMin: 7, LSN: 9, Time: time.Unix(1, 0).UTC(), Timeline: 2}}}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Record
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Tables, r.Tables) || !reflect.DeepEqual(back.RetentionMarks, r.RetentionMarks) {
+		t.Fatalf("round trip:\n got %+v %+v\nwant %+v %+v", back.Tables, back.RetentionMarks, r.Tables, r.RetentionMarks)
+	}
+	var old Record
+	if err := json.Unmarshal([]byte(`{"slot":"a","system_identifier":"1","confirmed_lsn":"0/1","commit_lsn":"0/0","tables":{"public.outbox":16385}}`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if st := old.Tables["public.outbox"]; st.Rel != 16385 || st.Floor != NoFloor || st.Member != "" {
+		t.Fatalf("a record written before streams were kept: %+v", st)
+	}
+	back.ForgetCoverage()
+	if back.RetentionMarks != nil || back.Tables["public.outbox"].Floor != NoFloor || r.Tables["public.outbox"].Floor != 0 {
+		t.Fatalf("after ForgetCoverage: %+v %+v (the original: %+v)", back.Tables, back.RetentionMarks, r.Tables)
 	}
 }

@@ -166,6 +166,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"max_in_flight too large", base + "max_in_flight: 2000000\n", "use at most 1000000"},
 		{"max_in_flight_bytes too small", base + "max_in_flight_bytes: 1000\n", "max_in_flight_bytes 1000: use at least 1048576"},
 		{"short signing key", base + "checkpoint: {signing_key_file: " + shortKeyFile + "}\n", "use at least 32"},
+		// Issue 47: retention deletes on what it reads back, which must be signed.
+		{"retention unsigned", base + "tables: [{name: outbox, retention: {after: 24h}}]\n", "public.outbox: retention deletes rows on what the connector reads back from the checkpoint topic, which must then be signed: set checkpoint.signing_key_file"},
 		{"statement timeout", base + "backfill: {statement_timeout: 10ms}\n", "backfill.statement_timeout 10ms"},
 		{"negative duration", base + "shutdown_timeout: -5s\n", `shutdown_timeout (line 3): "-5s" is negative`},
 		{"broker without a port", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [kafka-1]}\n", `kafka.brokers: "kafka-1" is not host:port`},

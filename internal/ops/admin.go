@@ -106,8 +106,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 	}
 	rec.UpdatedAt = time.Now()
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
-	rec.Seq++
-	if err := store.Save(ctx, rec); err != nil {
+	if err := saveNext(ctx, store, rec); err != nil {
 		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 	}
 	o.Log.Warn("rewound the pipeline; the next cdc run re-delivers from here", "slot", o.Config.Postgres.Slot, "from", from.String(), "to", at.String())
@@ -180,8 +179,7 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 		rec.Skips = append(slices.Clone(rec.Skips), skip)
 	}
 	rec.UpdatedAt = time.Now()
-	rec.Seq++
-	if err := store.Save(ctx, rec); err != nil {
+	if err := saveNext(ctx, store, rec); err != nil {
 		return "", err
 	}
 	o.Log.Info("recorded a skip in the checkpoint", "lsn", lsn.String(), "id", id)
@@ -261,22 +259,9 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 		// skipping them as delivered would drop them.
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{}
 	}
-	// Retention's facts end at a gap (docs/design.md, "Retention"): the
-	// marks were taken in a history the server may not have (a restore
-	// reuses xids and positions), and the rows of the gap were never
-	// streamed. The next start sets each table's floor afresh.
-	rec.RetentionMarks = nil
-	if rec.Tables != nil {
-		tables := map[string]checkpoint.Table{}
-		for name, st := range rec.Tables {
-			st.Floor = checkpoint.NoFloor
-			tables[name] = st
-		}
-		rec.Tables = tables
-	}
+	rec.ForgetCoverage()
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpAcceptedGap, From: from, To: at, At: rec.UpdatedAt, Reason: reason})
-	rec.Seq++
-	if err := store.Save(ctx, rec); err != nil {
+	if err := saveNext(ctx, store, rec); err != nil {
 		return Accepted{}, err
 	}
 	o.Log.Warn("accepted a gap: events committed in this range may never be delivered", "slot", o.Config.Postgres.Slot,
@@ -308,4 +293,11 @@ func gapReason(gap *checkpoint.GapError, lost bool) string {
 		checkpoint.GapOtherSystem: "the checkpoint was of database system " + gap.Checkpoint.SystemID,
 		checkpoint.GapHistory:     "the server's WAL ended before the checkpoint (a restored backup)",
 	}[gap.Kind]
+}
+
+// saveNext writes rec as the record after the one it was read as
+// (checkpoint.Record.Seq).
+func saveNext(ctx context.Context, store *checkpoint.Store, rec checkpoint.Record) error {
+	rec.Seq++
+	return store.Save(ctx, rec)
 }

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -157,20 +156,8 @@ func (s *session) room(ctx context.Context) error {
 // Save writes the checkpoint with job's progress, through the session's
 // producer (in exactly-once mode, in the transaction with the rows it
 // counts), and waits for it.
-//
-// The first start's backfill of every row of a table, done without an
-// error, sent every row committed before the slot, the stream carries
-// the rest: from then on all of the table's rows are known delivered
-// (checkpoint.Table.Floor 0), for retention.
 func (s *session) Save(ctx context.Context, job checkpoint.Job) error {
-	edit := func(r *checkpoint.Record) {
-		r.SetBackfill(job)
-		if st, ok := r.Tables[job.Table]; ok && job.Initial && job.Done() && job.Error == "" && job.Where == "" {
-			r.Tables = maps.Clone(r.Tables)
-			st.Floor = 0
-			r.Tables[job.Table] = st
-		}
-	}
+	edit := func(r *checkpoint.Record) { r.SetBackfill(job) }
 	if s.eos != nil {
 		return s.eos.CommitNow(ctx, edit)
 	}

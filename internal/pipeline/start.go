@@ -176,12 +176,7 @@ func (p *Pipeline) adopt(ctx context.Context, conn *wal.Conn, cat setup.Catalog,
 	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false); len(rec.Backfills) > 0 {
 		p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
 	}
-	// The slot was made by someone, some time ago: the stream covers the
-	// transactions from now on.
-	if err := tablewatch.Floors(ctx, p.tableDeps(), rec); err != nil {
-		return nil, err
-	}
-	return rec, nil
+	return rec, tablewatch.Floors(ctx, p.tableDeps(), rec)
 }
 
 // firstStart creates the slot of a first start and the checkpoint record
@@ -230,9 +225,7 @@ func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat setup.Cat
 		p.log.Warn("first start: created the replication slot; events committed before this position are not streamed (set backfill on a table to send them)", "slot", p.cfg.Postgres.Slot, "lsn", from.String())
 	}
 	rec.Confirmed = from
-	// What the stream covers of each table from here (retention deletes
-	// on it): the transactions from now on; every row once a backfill of
-	// all of them sent those committed before the slot (session.Save).
+	// What the stream covers of each table (retention deletes on it).
 	if err := tablewatch.Floors(ctx, p.tableDeps(), rec); err != nil {
 		return nil, 0, "", err
 	}

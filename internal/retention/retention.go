@@ -104,17 +104,13 @@ func (c *Cleaner) Sweep(ctx context.Context) error {
 	if c.warned == nil {
 		c.warned = map[string]bool{}
 	}
-	conn, standby, err := postgres.ConnectWritable(ctx, c.Postgres)
-	if err != nil {
+	conn, own, err := c.connect(ctx)
+	if err != nil || conn == nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if standby {
-		c.once("standby", "retention deletes on the primary: postgres.url is a hot standby, where nothing can be deleted; set postgres.primary_url")
-		return nil
-	}
 	saved := c.Saved()
-	srv, mark, err := c.take(ctx, conn, saved)
+	srv, mark, err := c.take(ctx, conn, own, saved)
 	if err != nil || mark == nil {
 		return err
 	}
@@ -147,10 +143,39 @@ func (c *Cleaner) Sweep(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// connect opens a connection to the server that can write now: the one
+// postgres.url reaches (own: the server the stream decodes on), or while
+// that is a hot standby, postgres.primary_url's; nil on a standby without
+// one, where nothing can be deleted.
+func (c *Cleaner) connect(ctx context.Context) (conn *pgx.Conn, own bool, err error) {
+	conn, err = postgres.ConnectSQL(ctx, c.Postgres)
+	if err != nil {
+		return nil, false, err
+	}
+	standby, err := postgres.InRecovery(ctx, conn)
+	if err != nil || !standby {
+		if err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, false, err
+		}
+		return conn, true, nil
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	if c.Postgres.PrimaryURL == "" {
+		c.once("standby", "retention deletes on the primary: postgres.url is a hot standby, where nothing can be deleted; set postgres.primary_url")
+		return nil, false, nil
+	}
+	conn, err = postgres.ConnectPrimary(ctx, c.Postgres, "delete what retention allows", "")
+	return conn, false, err
+}
+
 // take reads the server's WAL history and takes a mark on it; no mark
-// where the server is not the stream's (another database system, another
-// timeline).
-func (c *Cleaner) take(ctx context.Context, conn *pgx.Conn, saved checkpoint.Record) (Server, *checkpoint.RetentionMark, error) {
+// where the server is not the stream's: another database system, or,
+// reached through postgres.primary_url, another timeline than the
+// stream's (a primary the stream's standby no longer follows). The
+// stream's own server, promoted since the session began, is on a new
+// timeline that its marks carry from then on.
+func (c *Cleaner) take(ctx context.Context, conn *pgx.Conn, own bool, saved checkpoint.Record) (Server, *checkpoint.RetentionMark, error) {
 	var sys string
 	var srv Server
 	var m checkpoint.RetentionMark
@@ -168,8 +193,8 @@ func (c *Cleaner) take(ctx context.Context, conn *pgx.Conn, saved checkpoint.Rec
 	case sys != saved.SystemID:
 		c.once("system", fmt.Sprintf("retention deletes nothing: the server it reaches to delete is database system %s, and the stream's is %s; point postgres.primary_url at the stream's primary", sys, saved.SystemID))
 		return srv, nil, nil
-	case srv.Timeline != saved.Timeline:
-		c.once(fmt.Sprintf("timeline %d", srv.Timeline), fmt.Sprintf("retention waits: the server it reaches to delete is on timeline %d and the stream's checkpoint on %d (a promotion the stream has not followed yet, or a primary the stream left)", srv.Timeline, saved.Timeline))
+	case !own && srv.Timeline != saved.Timeline:
+		c.once(fmt.Sprintf("timeline %d", srv.Timeline), fmt.Sprintf("retention waits: postgres.primary_url's server is on timeline %d and the stream's on %d (a primary the stream's standby does not follow)", srv.Timeline, saved.Timeline))
 		return srv, nil, nil
 	}
 	m.Time, m.Timeline = srv.Now, srv.Timeline

@@ -304,8 +304,14 @@ func (w *Watch) checkTable(ctx context.Context, conn *pgx.Conn, cat setup.Catalo
 		}
 		return nil
 	}
-	// Another relation under the name: a table dropped and created again,
-	// or swapped.
+	return w.newRelation(ctx, conn, cat, t, st, old)
+}
+
+// newRelation publishes and repairs st, another relation than the one
+// streamed under table t's name (a table dropped and created again, or
+// swapped); old is the relation streamed before, when it still exists.
+func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catalog, t *outbox.Source, st setup.TableState, old uint32) error {
+	cfg := w.deps.Postgres
 	if !st.Published {
 		if !cat.Publication.Owned || !st.Owned {
 			why := "it does not own the table"
