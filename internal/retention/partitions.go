@@ -69,6 +69,9 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.
 			}
 			continue
 		}
+		if c.afterLook != nil {
+			c.afterLook(p.name)
+		}
 		dropped, err := c.dropPartition(ctx, conn, st, mark, p)
 		if err != nil {
 			return c.failed(t, "drop partition "+p.name, err)

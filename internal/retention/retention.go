@@ -48,6 +48,9 @@ type Cleaner struct {
 	Metrics  *metrics.Metrics
 
 	warned map[string]bool
+	// afterLook, when set, runs between the look at a partition without a
+	// lock and its drop: tests write a late row there.
+	afterLook func(partition string)
 }
 
 // lockTimeout bounds how long a batch waits for a lock an application
