@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -40,10 +41,7 @@ func TestEndBetweenTransactions(t *testing.T) {
 		// Status updates an hour apart: nothing but End wakes an idle loop.
 		c := c
 		c.StatusInterval = time.Hour
-		s, err := wal.Open(ctx, c, from, hclog.NewNullLogger())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := openFree(t, ctx, c, from)
 		n := &seen{}
 		done := make(chan error, 1)
 		go func() {
@@ -164,4 +162,20 @@ func (a *saturatedAcks) Saturated() bool {
 	}
 	a.looks.Add(1)
 	return true
+}
+
+// openFree opens the stream once the slot is free: the walsender of the
+// last subtest's stream lets it go a moment after its connection closed.
+func openFree(t *testing.T, ctx context.Context, c postgres.Config, from pglogrepl.LSN) *wal.Stream {
+	t.Helper()
+	var s *wal.Stream
+	testenv.Eventually(t, 30*time.Second, "the slot to be free of the last stream's walsender", func() bool {
+		var err error
+		s, err = wal.Open(ctx, c, from, hclog.NewNullLogger())
+		if err != nil && !errors.As(err, new(*postgres.SlotInUseError)) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	return s
 }
