@@ -198,6 +198,45 @@ func TestReplica(t *testing.T) {
 		}
 	})
 
+	// Retention on a standby's connector deletes on the primary
+	// (primary_url); once the standby is promoted, it deletes on the
+	// promoted server, and never on the old primary, which goes on as a
+	// split brain: the rows written there were never streamed.
+	t.Run("retention across a promotion", func(t *testing.T) {
+		pair := testenv.StartReplicaPair(t)
+		primary, standby := pair.NewDatabase(t)
+		dropSlots(t, standby)
+		testenv.Exec(t, primary, schema)
+		pair.CaughtUp(t)
+		kafka := testenv.NewKafka(t)
+		e := &env{db: standby, kafka: kafka, cfg: newEnvConfig(standby, kafka), retentionInterval: 100 * time.Millisecond}
+		e.cfg.Postgres.PrimaryURL = primary
+		e.cfg.Tables[0].Retention = &outbox.Retention{After: time.Second}
+		e.start(t)
+		c := kafka.NewConsumer(t, kafka.AllTopics())
+		count := func(db string) int {
+			var n int
+			testenv.QueryRow(t, db, `SELECT count(*) FROM outbox`, nil, &n)
+			return n
+		}
+		write := func(db string, n int, agg string) {
+			testenv.Exec(t, db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', '%s', 'E', '{}' FROM generate_series(1, %d)`, agg, n))
+		}
+		write(primary, 50, "before")
+		c.WaitCount(t, time.Minute, 50)
+		testenv.Eventually(t, time.Minute, "the delivered rows deleted on the primary", func() bool { return count(primary) == 0 })
+		if err := pair.Standby.Promote(); err != nil {
+			t.Fatal(err)
+		}
+		write(primary, 30, "split-brain")
+		write(standby, 40, "promoted")
+		c.WaitCount(t, time.Minute, 90)
+		testenv.Eventually(t, time.Minute, "the delivered rows deleted on the promoted server", func() bool { return count(standby) == 0 })
+		if n := count(primary); n != 30 {
+			t.Fatalf("%d of the 30 rows written on the old primary after the promotion are left: retention deleted there", n)
+		}
+	})
+
 	// Promoted mid-stream, in both delivery modes: the connector streams
 	// on from the promoted server, on its new timeline, without a gap and
 	// without refusing one; every event it holds arrives (once, read
