@@ -761,8 +761,8 @@ func printSlot(tw io.Writer, indent, title string, s ops.SlotStatus) {
 		active = fmt.Sprintf("yes, pid %d", s.ActivePID)
 	}
 	walStatus := s.WALStatus
-	if s.Conflicting {
-		walStatus += " (invalidated on the standby: the primary removed rows it needed; see hot_standby_feedback)"
+	if s.LostCause != "" {
+		walStatus += " (" + s.InvalidationReason + ": " + s.LostCause + ")"
 	}
 	fmt.Fprintf(tw, "%[1]sactive\t%[2]s\n%[1]sconfirmed lsn\t%[3]s\n%[1]srestart lsn\t%[4]s\n%[1]swal status\t%[5]s\n", indent, active, s.ConfirmedLSN, s.RestartLSN, walStatus)
 	safe := "unlimited (max_slot_wal_keep_size = -1)"

@@ -116,7 +116,7 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 // Accepted is the gap AcceptGap recorded; nil Gap: there was none.
 type Accepted struct {
 	Gap      *checkpoint.GapError
-	LostSlot bool          // the slot was lost (max_slot_wal_keep_size) and re-created
+	LostSlot bool          // Postgres had invalidated the slot, and it was re-created
 	From, To pglogrepl.LSN // events committed in between may be missing
 }
 
@@ -200,7 +200,8 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 // streams from the slot. Without a gap it changes nothing.
 func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 	slot, _, err := setup.Prepare(ctx, o.Config.Postgres, o.Config.WALTables(), o.Log)
-	lost := errors.Is(err, postgres.ErrSlotLost)
+	var lostBy *postgres.SlotLost
+	lost := errors.As(err, &lostBy)
 	if err != nil && !lost {
 		return Accepted{}, err
 	}
@@ -250,7 +251,7 @@ func (o *Ops) AcceptGap(ctx context.Context) (Accepted, error) {
 			return Accepted{}, err
 		}
 	}
-	from, reason := gap.Checkpoint.Confirmed, gapReason(gap, lost)
+	from, reason := gap.Checkpoint.Confirmed, gapReason(gap, lostBy)
 	rec.Confirmed, rec.UpdatedAt = at, time.Now()
 	if rec.CommitLSN >= at {
 		// A new WAL history starts at the slot (docs/design.md, "An LSN means
@@ -282,10 +283,14 @@ func (o *Ops) dropSlot(ctx context.Context) error {
 	return nil
 }
 
-// gapReason is why a gap was accepted, for the checkpoint's jump.
-func gapReason(gap *checkpoint.GapError, lost bool) string {
-	if lost {
-		return "the slot was lost (max_slot_wal_keep_size)"
+// gapReason is why a gap was accepted, for the checkpoint's jump: lost,
+// when Postgres had invalidated the slot, says what did it.
+func gapReason(gap *checkpoint.GapError, lost *postgres.SlotLost) string {
+	if lost != nil {
+		if lost.Setting == "" {
+			return "the slot was lost"
+		}
+		return fmt.Sprintf("the slot was lost (%s)", lost.Setting)
 	}
 	return map[checkpoint.GapKind]string{
 		checkpoint.GapSlotMissing: "the slot was missing",

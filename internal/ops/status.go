@@ -68,6 +68,11 @@ type SlotStatus struct {
 	RetainedBytes int64  `json:"retained_wal_bytes"`
 	// Conflicting: Postgres invalidated the slot on a standby.
 	Conflicting bool `json:"conflicting,omitempty"`
+	// InvalidationReason is why Postgres invalidated the slot
+	// (postgres.InvalidationReason), and LostCause that in words, naming
+	// the setting that did it.
+	InvalidationReason string `json:"invalidation_reason,omitempty"`
+	LostCause          string `json:"lost_cause,omitempty"`
 }
 
 // PublicationStatus is the publication and the tables in it.
@@ -210,6 +215,9 @@ func slotStatus(ctx context.Context, conn *pgx.Conn, name string) (SlotStatus, e
 	}
 	out.LagBytes, out.RetainedBytes = s.Lag(), s.Retained()
 	out.Conflicting = s.Conflicting
+	if lost := s.Lost(); lost != nil {
+		out.InvalidationReason, out.LostCause = lost.Reason, lost.Cause
+	}
 	return out, nil
 }
 

@@ -12,8 +12,10 @@ import (
 )
 
 var (
-	// ErrSlotLost means Postgres removed WAL the slot still needed
-	// (wal_status = lost, max_slot_wal_keep_size exceeded).
+	// ErrSlotLost means Postgres invalidated the slot (wal_status = lost):
+	// it removed WAL the slot still needed, the slot sat idle too long, or
+	// on a standby the primary removed rows it needed. *SlotLost says
+	// which.
 	ErrSlotLost = errors.New("replication slot is lost")
 	// ErrSlotVanished means the slot existed earlier in this process and no
 	// longer does: it was dropped, or Postgres failed over to a standby

@@ -72,6 +72,9 @@ func (w *Window) Prepare(ctx context.Context, mainAt pglogrepl.LSN) error {
 			"retained_wal_bytes", int64(mainAt)-int64(st.RestartLSN))
 		return nil
 	}
+	if st.Exists {
+		w.lost(st) // invalidated while the connector was stopped
+	}
 	return w.recreate(ctx, conn, st.Exists)
 }
 
@@ -118,13 +121,11 @@ func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return err
 	}
-	if !st.Exists || st.WALStatus == "lost" {
-		// Postgres invalidated the slot (max_slot_wal_keep_size), or
-		// someone dropped it: the window is gone. Say so loudly, start a
-		// new one, and let the main stream go on.
-		w.Metrics.WindowsLost.Inc()
-		w.Log.Error("replay window lost: the replay slot is gone or invalidated, so replays can only reach back to now; raise max_slot_wal_keep_size above the WAL the window needs, or shorten replay.window",
-			"slot", name, "wal_status", st.WALStatus, "window", w.Length)
+	if !st.Exists || st.Lost() != nil {
+		// Postgres invalidated the slot, or someone dropped it: the
+		// window is gone. Say so loudly, start a new one, and let the
+		// main stream go on.
+		w.lost(st)
 		return w.recreate(ctx, conn, st.Exists)
 	}
 	// Advance to the window the last checkpoint claims, then ask the next
@@ -146,6 +147,32 @@ func (w *Window) advance(ctx context.Context, conn *pgx.Conn) error {
 		w.Log.Debug("replay window advanced", "slot", name, "lsn", to, "from_time", saved.Window.Time.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// lost counts and logs the loss of the window whose slot is st, gone or
+// invalidated, with why and what keeps the next one.
+func (w *Window) lost(st setup.SlotState) {
+	w.Metrics.WindowsLost.Inc()
+	w.Log.Error("replay window lost: "+windowLost(st, w.Length),
+		"slot", w.ReplaySlot, "wal_status", st.WALStatus, "invalidation_reason", st.Invalidated, "window", w.Length)
+}
+
+// windowLost says why the replay slot st is gone or invalidated, and
+// what keeps the next window.
+func windowLost(st setup.SlotState, window time.Duration) string {
+	const now = "so replays can only reach back to now"
+	lost := st.Lost()
+	switch {
+	case !st.Exists:
+		return "the replay slot is gone (dropped), " + now + "; the connector keeps it: do not drop it"
+	case lost.Reason == postgres.ReasonWALRemoved:
+		return lost.Cause + ", " + now + "; raise max_slot_wal_keep_size above the WAL the window needs, or shorten replay.window"
+	case lost.Reason == postgres.ReasonIdleTimeout:
+		// Nothing streams from the replay slot: it moves only when the
+		// window has passed, so it sits idle for the window by design.
+		return fmt.Sprintf("%s (the replay slot sits idle for the window, %s, by design), %s; set idle_replication_slot_timeout above the window plus the longest stop, or turn it off (0)", lost.Cause, window, now)
+	}
+	return lost.Cause + ", " + now + "; " + lost.Fix
 }
 
 // Open copies the replay slot to a temporary slot on conn, a replication

@@ -56,6 +56,18 @@ type SlotState struct {
 	// Conflicting is true when Postgres invalidated the slot on a standby
 	// because the primary removed rows it needed (PostgreSQL 16+).
 	Conflicting bool
+	// Invalidated is why Postgres invalidated the slot
+	// (postgres.InvalidationReason: invalidation_reason on PostgreSQL
+	// 17+, what older servers show before), "" while it has not.
+	Invalidated string
+}
+
+// Lost is why Postgres invalidated the slot, nil while it has not.
+func (s SlotState) Lost() *postgres.SlotLost {
+	if s.Invalidated == "" {
+		return nil
+	}
+	return postgres.LostBecause(s.Invalidated)
 }
 
 // Lag is how far the confirmed position is behind the server's WAL.
@@ -138,16 +150,8 @@ func Prepare(ctx context.Context, cfg postgres.Config, tables []Table, log hclog
 	if err != nil {
 		return SlotState{}, Catalog{}, err
 	}
-	if st.Conflicting {
-		return SlotState{}, Catalog{}, &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf(
-			"replication slot %q on this standby was invalidated: the primary removed catalog rows it needed (or its wal_level fell below logical), and it can decode nothing more; "+
-				"set hot_standby_feedback = on on the standby (and keep wal_level = logical on the primary), recover the events after its confirmed position %s from the outbox table, "+
-				"then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one", cfg.Slot, st.ConfirmedFlush)}
-	}
-	if st.WALStatus == "lost" {
-		return SlotState{}, Catalog{}, &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf(
-			"replication slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size), and events after its confirmed position %s are gone from the WAL; "+
-				"recover them from the outbox table if it still holds them, then accept the gap with cdc reset --accept-gap (with your --config), which drops the slot and creates a new one at the current position", cfg.Slot, st.ConfirmedFlush)}
+	if lost := st.Lost(); lost != nil {
+		return SlotState{}, Catalog{}, postgres.LostSlotError(cfg.Slot, st.ConfirmedFlush, lost)
 	}
 	return st, cat, nil
 }
@@ -403,8 +407,9 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 		pid                  *int
 		st                   SlotState
 	)
-	// conflicting is PostgreSQL 16's; before, no slot could conflict.
-	conflicting := "false"
+	// conflicting is PostgreSQL 16's, invalidation_reason 17's; before,
+	// no slot could conflict, and wal_status 'lost' is all there is.
+	conflicting, reason := "false", "''"
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
 		return SlotState{}, fmt.Errorf("read server_version_num: %w", err)
@@ -412,12 +417,15 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 	if version >= 160000 {
 		conflicting = "coalesce(conflicting, false)"
 	}
+	if version >= 170000 {
+		reason = "coalesce(invalidation_reason, '')"
+	}
 	err := conn.QueryRow(ctx, `
 		SELECT coalesce(plugin, ''), slot_type, database, current_database(), wal_status, confirmed_flush_lsn, restart_lsn, active, active_pid,
 		       safe_wal_size, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
-		       pg_is_in_recovery(), `+conflicting+`
+		       pg_is_in_recovery(), `+conflicting+`, `+reason+`
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &slotType, &slotDB, &db, &walStatus, &confirmed, &restart, &st.Active, &pid,
-		&st.SafeWALSize, &st.WALEnd, &st.Standby, &st.Conflicting)
+		&st.SafeWALSize, &st.WALEnd, &st.Standby, &st.Conflicting, &st.Invalidated)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotState{}, nil
 	}
@@ -438,6 +446,7 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 	if walStatus != nil {
 		st.WALStatus = *walStatus
 	}
+	st.Invalidated = postgres.InvalidationReason(st.Invalidated, st.WALStatus, st.Conflicting)
 	if pid != nil {
 		st.ActivePID = *pid
 	}
@@ -446,7 +455,7 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 	}
 	if confirmed != nil {
 		st.ConfirmedFlush = *confirmed
-	} else if st.WALStatus != "lost" {
+	} else if st.Invalidated == "" {
 		return SlotState{}, fmt.Errorf("replication slot %q has no confirmed_flush_lsn yet", slot)
 	}
 	return st, nil

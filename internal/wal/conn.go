@@ -237,7 +237,7 @@ func (c *Conn) Start(ctx context.Context, slot string, from pglogrepl.LSN) (*Str
 	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", c.cfg.Publication), "messages 'true'"}
 	err := pglogrepl.StartReplication(ctx, c.conn, pgident.Quote(slot), 0, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
-		return nil, startError(slot, err)
+		return nil, startError(slot, from, err)
 	}
 	c.log.Info("streaming from replication slot", "slot", slot, "publication", c.cfg.Publication, "lsn", from.String(), "host", c.host, "database", c.db)
 	return &Stream{cfg: c.cfg, slot: slot, conn: c.conn, log: c.log, sent: from, ending: make(chan struct{})}, nil

@@ -127,8 +127,9 @@ func Open(ctx context.Context, cfg postgres.Config, from pglogrepl.LSN, log hclo
 	return s, nil
 }
 
-// startError classifies START_REPLICATION's refusals.
-func startError(slot string, err error) error {
+// startError classifies START_REPLICATION's refusals; from is the slot's
+// confirmed position as far as the caller knows (0: not known).
+func startError(slot string, from pglogrepl.LSN, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch {
@@ -136,8 +137,18 @@ func startError(slot string, err error) error {
 			return &postgres.SlotInUseError{Slot: slot, Err: err}
 		case pe.Code == "42704": // undefined_object
 			return &errtext.Fatal{Err: postgres.ErrSlotVanished, Msg: fmt.Sprintf("replication slot %q does not exist any more (dropped, or Postgres failed over without failover slots); investigate, then restart the connector to create a new slot", slot)}
-		case pe.Code == "55000" && strings.Contains(pe.Message, "can no longer"):
-			return &errtext.Fatal{Err: postgres.ErrSlotLost, Msg: fmt.Sprintf("replication slot %q is lost (%s): Postgres removed WAL it still needed; recover events from the outbox table, drop the slot and restart", slot, pe.Message)}
+		case pe.Code == "55000" && (strings.Contains(pe.Message, "can no longer") || postgres.ReasonFromDetail(pe.Detail) != ""):
+			// Invalidated between setup.Prepare's look and now, or while
+			// the connector reconnected: the detail names the cause.
+			// PostgreSQL 14 and 15 say "cannot read from logical
+			// replication slot", later ones "can no longer get changes
+			// from" (or "access") it.
+			reason := postgres.ReasonFromDetail(pe.Detail)
+			lost := postgres.LostBecause(reason)
+			if reason == "" {
+				lost.Cause = fmt.Sprintf("Postgres invalidated it (%s: %s)", pe.Message, pe.Detail)
+			}
+			return postgres.LostSlotError(slot, from, lost)
 		}
 	}
 	return fmt.Errorf("start replication on slot %q: %w", slot, err)
