@@ -86,8 +86,9 @@ func (o *Ops) backfills() *backfill.Runner {
 // streaming anything. It returns, as a *setup.CheckError, what would stop
 // cdc run; and warnings, what would weaken it without stopping it (cdc
 // check exits 0 on those): a standby that cannot see its holder, an
-// unlimited max_slot_wal_keep_size, brokers that do not answer now (cdc
-// run would wait for them).
+// unlimited max_slot_wal_keep_size, an idle_replication_slot_timeout that
+// a day-long stop or the replay window outlasts (setup.IdleTimeoutWarning),
+// brokers that do not answer now (cdc run would wait for them).
 func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	var probs []string
 	var slots []string
@@ -106,6 +107,12 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 		for _, pr := range ce.Problems {
 			probs = append(probs, "postgres: "+pr)
 		}
+	}
+	switch w, err := setup.CheckIdleTimeout(ctx, o.Config.Postgres, o.Config.Replay.Window); {
+	case err != nil:
+		warnings = append(warnings, "postgres: "+errtext.OneLine(err))
+	case w != "":
+		warnings = append(warnings, "postgres: "+w)
 	}
 	if o.Config.TakeoverAfter() > 0 {
 		if w := checkTakeover(ctx, o.Config.Postgres); w != "" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -62,5 +63,82 @@ func TestCheckKafkaTopics(t *testing.T) {
 	}
 	if topics, _ := adm.ListTopics(ctx, static); topics.Has(static) {
 		t.Fatalf("check created %s; it must only validate", static)
+	}
+}
+
+// TestCheckWarnsOfIdleSlotTimeout: on PostgreSQL 18, check warns of an
+// idle_replication_slot_timeout that a day-long stop outlasts, or, with a
+// replay window, that the window and such a stop outlast; off, or long
+// enough, it says nothing. Before 18 there is no such setting, and no
+// warning, whatever the window.
+func TestCheckWarnsOfIdleSlotTimeout(t *testing.T) {
+	testenv.Require(t, pg)
+	srv, err := testenv.StartPostgres() // its own: the setting is the server's
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop) // after the database cleanup NewDatabase registers
+	db := srv.NewDatabase(t)
+	testenv.Exec(t, db, schema)
+	kafka := testenv.NewKafka(t)
+	cfg := newEnvConfig(db, kafka)
+	warning := func(window time.Duration) string {
+		t.Helper()
+		cfg.Replay.Window = window
+		p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := p.Ops().Check(context.Background())
+		if err != nil {
+			t.Fatalf("check: %v", err)
+		}
+		var found []string
+		for _, w := range ws {
+			if strings.Contains(w, "idle_replication_slot_timeout") {
+				found = append(found, w)
+			}
+		}
+		if len(found) > 1 {
+			t.Fatalf("%d warnings about idle_replication_slot_timeout, want one at most: %q", len(found), found)
+		}
+		return strings.Join(found, "")
+	}
+	var version int
+	testenv.QueryRow(t, db, `SELECT current_setting('server_version_num')::int`, nil, &version)
+	if version < 180000 {
+		var n int
+		testenv.QueryRow(t, db, `SELECT count(*) FROM pg_settings WHERE name = 'idle_replication_slot_timeout'`, nil, &n)
+		if w := warning(time.Hour); n != 0 || w != "" {
+			t.Fatalf("PostgreSQL %d: %d settings named idle_replication_slot_timeout, warning %q; want neither", version/10000, n, w)
+		}
+		return
+	}
+	set := func(v string) {
+		t.Helper()
+		testenv.Exec(t, srv.URL, `ALTER SYSTEM SET idle_replication_slot_timeout = '`+v+`'`, `SELECT pg_reload_conf()`)
+		testenv.Eventually(t, 30*time.Second, "idle_replication_slot_timeout to be "+v, func() bool {
+			var got string
+			testenv.QueryRow(t, db, `SHOW idle_replication_slot_timeout`, nil, &got)
+			return got == v
+		})
+	}
+	for _, tt := range []struct {
+		timeout string
+		window  time.Duration
+		want    string // "": no warning
+	}{
+		{"0", time.Hour, ""},
+		{"1h", 0, "idle_replication_slot_timeout is 1h, and Postgres invalidates a slot nothing streamed from for that long: the connector's slot is idle while it is stopped, so a stop longer than 1h loses the slot"},
+		{"1h", time.Hour, "the replay slot is idle by design for replay.window (1h)"},
+		{"1d", 0, ""},
+		{"1d", time.Hour, "(or set it to at least '25h'"},
+		{"2d", time.Hour, ""},
+	} {
+		set(tt.timeout)
+		w := warning(tt.window)
+		if tt.want == "" && w != "" || !strings.Contains(w, tt.want) {
+			t.Errorf("timeout %s, replay.window %s: warning %q; want %q", tt.timeout, tt.window, w, tt.want)
+		}
 	}
 }

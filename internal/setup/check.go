@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -209,10 +210,8 @@ func (c *checker) slots(ctx context.Context, otherSlots []string) error {
 			return err
 		}
 		c.add(err)
-	} else if st.Conflicting {
-		c.add(errtext.Fatalf("replication slot %q on this standby was invalidated (the primary removed rows it needed): set hot_standby_feedback = on; see \"Streaming from a replica\" in docs/operations.md (cdc reset --accept-gap)", slot))
-	} else if st.WALStatus == "lost" {
-		c.add(errtext.Fatalf("replication slot %q is lost: Postgres removed WAL it still needed; see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", slot))
+	} else if lost := st.Lost(); lost != nil {
+		c.add(errtext.Fatalf("replication slot %q is lost (%s): %s; %s, and see \"Lost slot\" in docs/operations.md (cdc reset --accept-gap)", slot, lost.Reason, lost.Cause, lost.Fix))
 	}
 	c.add(checkCapacity(ctx, c.conn, append([]string{slot}, otherSlots...)))
 	return nil
@@ -312,4 +311,83 @@ func checkCapacity(ctx context.Context, conn *pgx.Conn, slots []string) error {
 		return nil
 	}
 	return errtext.Fatalf("%s", strings.Join(why, "; "))
+}
+
+// LongestStop is the longest stop of the connector a deployment should
+// survive without losing its slot: a day, so that an outage that starts
+// at night is found and fixed the next working day with nothing lost.
+// cdc check warns about settings that invalidate a slot sooner
+// (IdleTimeoutWarning).
+const LongestStop = 24 * time.Hour
+
+// CheckIdleTimeout is cdc check's warning about the server's
+// idle_replication_slot_timeout (IdleTimeoutWarning), "" when there is
+// none; window is replay.window (0: off). Before PostgreSQL 18 there is no
+// such setting, and no warning.
+func CheckIdleTimeout(ctx context.Context, cfg postgres.Config, window time.Duration) (string, error) {
+	conn, err := postgres.ConnectSQL(ctx, cfg)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var setting int64
+	var unit string
+	err = conn.QueryRow(ctx, `SELECT setting::bigint, coalesce(unit, '') FROM pg_settings WHERE name = 'idle_replication_slot_timeout'`).Scan(&setting, &unit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read idle_replication_slot_timeout: %w", err)
+	}
+	per := map[string]time.Duration{"s": time.Second, "min": time.Minute}[unit]
+	if per == 0 {
+		return "", fmt.Errorf("idle_replication_slot_timeout is in unit %q, which this version does not know", unit)
+	}
+	return IdleTimeoutWarning(time.Duration(setting)*per, window), nil
+}
+
+// IdleTimeoutWarning is the warning, "" when none, about an
+// idle_replication_slot_timeout (PostgreSQL 18) of timeout (0: off):
+// Postgres invalidates a slot nothing streamed from for that long. The
+// main slot is idle while the connector is stopped, so the timeout must
+// outlast LongestStop. The replay slot of a replay window (window > 0) is
+// idle by design: it moves only to a position older than the window, so
+// after it is made it sits still for the window, and a stop in that time
+// adds to it: the timeout must outlast the window and LongestStop
+// together.
+func IdleTimeoutWarning(timeout, window time.Duration) string {
+	if timeout <= 0 {
+		return ""
+	}
+	var need time.Duration
+	var why []string
+	if timeout < LongestStop {
+		need = LongestStop
+		why = append(why, fmt.Sprintf("the connector's slot is idle while it is stopped, so a stop longer than %s loses the slot and its events (a deployment should survive a stop of %s)",
+			pgDuration(timeout), pgDuration(LongestStop)))
+	}
+	if window > 0 && timeout < window+LongestStop {
+		need = window + LongestStop
+		why = append(why, fmt.Sprintf("the replay slot is idle by design for replay.window (%s) after it is made, and a stop in that time (up to %s) adds to it, so Postgres would invalidate it and the replay window would be lost",
+			pgDuration(window), pgDuration(LongestStop)))
+	}
+	if len(why) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("idle_replication_slot_timeout is %s, and Postgres invalidates a slot nothing streamed from for that long: %s; as a superuser run: ALTER SYSTEM SET idle_replication_slot_timeout = 0; SELECT pg_reload_conf(); (or set it to at least '%s'; docs/operations.md, \"Lost slot\")",
+		pgDuration(timeout), strings.Join(why, "; "), pgDuration(need))
+}
+
+// pgDuration writes d as a Postgres time setting takes it: whole days,
+// hours, minutes or seconds.
+func pgDuration(d time.Duration) string {
+	for _, u := range []struct {
+		name string
+		d    time.Duration
+	}{{"d", 24 * time.Hour}, {"h", time.Hour}, {"min", time.Minute}} {
+		if d%u.d == 0 {
+			return fmt.Sprintf("%d%s", d/u.d, u.name)
+		}
+	}
+	return fmt.Sprintf("%ds", (d+time.Second-1)/time.Second)
 }
