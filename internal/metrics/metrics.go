@@ -161,7 +161,7 @@ func New(pipeline string) *Metrics {
 	m.CatalogChecked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_catalog_checked_timestamp_seconds",
 		Help: "When the tables' watch last compared the catalog with what the session streams, without an error (unix seconds): every postgres.catalog_check_interval while streaming."})
 	m.tableRenamed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_renamed",
-		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it; set tables[].name), 0 otherwise, by table."}, []string{"table"})
+		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it, across restarts too; set tables[].name), 0 otherwise, by table."}, []string{"table"})
 	m.StandbyDelay = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_standby_replay_delay_seconds",
 		Help: "On a hot standby (postgres.url), how long ago the last transaction it replayed committed on the primary: while the primary writes, how far the standby's replay, and so the stream, is behind it. 0 on a primary."})
 	m.retentionDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_rows_deleted_total",

@@ -45,9 +45,11 @@ func rowsOf(t *testing.T, db, table string) map[string]string {
 // connector follows the relation, says so (cdc_table_renamed, an error
 // in the log), and every event arrives, those written under the new name
 // included; today's code called them unmapped and confirmed past them.
-// A restart with the old name stops, naming the rename; one with the new
-// name streams on from the checkpoint: the events written while the
-// connector was stopped arrive, and none twice.
+// A restart with the old name keeps following it (a standby, a pod
+// restarted, does not stop), and one with the new name streams on from
+// the checkpoint: the events written while the connector was stopped
+// arrive, and none twice. A name that is nobody's, with a relation the
+// checkpoint does not know, stops the start.
 func TestRenamedOutboxStreamsOn(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
 	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
@@ -72,14 +74,27 @@ func TestRenamedOutboxStreamsOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(30, "stopped")
-	err := waitFatal(t, e.launch(t, discard{}))
-	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "renamed") {
-		t.Fatalf("a start with the old name: %v; want a stop that names the rename", err)
+	r = e.start(t)
+	write(10, "old-name")
+	expectEvents(t, c, rowsOf(t, e.db, "outbox_v2"), 0)
+	if got := testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_renamed", "table", "public.outbox"); got != 1 {
+		t.Fatalf("cdc_table_renamed %v after a start with the old name, want 1", got)
 	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	write(30, "stopped-again")
 	e.cfg.Tables[0].Name = outbox.TableName{Schema: "public", Name: "outbox_v2"}
 	e.start(t)
 	write(20, "after")
 	expectEvents(t, c, rowsOf(t, e.db, "outbox_v2"), 0)
+
+	other := newEnv(t, e.kafka)
+	other.cfg.Tables[0].Name = outbox.TableName{Schema: "public", Name: "nobody"}
+	err := waitFatal(t, other.launch(t, discard{}))
+	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), "outbox table public.nobody does not exist") {
+		t.Fatalf("a start with a table that does not exist: %v; want a stop that says so", err)
+	}
 }
 
 // TestSwappedOutbox: a migration swaps the outbox for a new table (the old

@@ -19,8 +19,8 @@ type Catalog struct {
 	Publication Publication
 	Tables      []TableState
 	// Role is the connector's role (current_user), for the statements
-	// errors tell an operator to run.
-	Role string
+	// errors tell an operator to run; Database, the database.
+	Role, Database string
 }
 
 // Publication is the publication's definition, as far as it decides which
@@ -96,7 +96,7 @@ func ReadCatalog(ctx context.Context, conn *pgx.Conn, publication string, tables
 	default:
 		p.Exists = true
 	}
-	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&c.Role); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT current_user, current_database()").Scan(&c.Role, &c.Database); err != nil {
 		return Catalog{}, fmt.Errorf("read current_user: %w", err)
 	}
 	q, err := relQuery(ctx, conn, `n.nspname = $2 AND c.relname = $3`)

@@ -132,9 +132,18 @@ func Prepare(ctx context.Context, cfg postgres.Config, tables []Table, log hclog
 			return SlotState{}, Catalog{}, err
 		}
 	}
+	var published bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, cfg.Publication).Scan(&published); err != nil {
+		return SlotState{}, Catalog{}, fmt.Errorf("read publication %s: %w", cfg.Publication, err)
+	}
 	for _, t := range tables {
 		if err := checkTable(ctx, conn, db, t); err != nil {
-			return SlotState{}, Catalog{}, err
+			// Under an existing publication, a table missing under its
+			// name may have been renamed: the checkpoint knows its
+			// relation, and tablewatch.Baseline follows it or stops.
+			if !published || !errors.Is(err, ErrTableMissing) {
+				return SlotState{}, Catalog{}, err
+			}
 		}
 	}
 	var cat Catalog
@@ -243,9 +252,20 @@ func checkTable(ctx context.Context, conn *pgx.Conn, db string, t Table) error {
 		return fmt.Errorf("read columns of %s: %w", t, err)
 	}
 	if len(cols) == 0 {
-		return errtext.Fatalf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL); if it was renamed, name it as it is now: the connector finds the relation it streamed by its id and sends what was written to it meanwhile", t, pgident.Quote(db))
+		return TableMissing(t, db)
 	}
 	return missingColumns(t, cols)
+}
+
+// ErrTableMissing is a configured table that does not exist under its
+// name (TableMissing).
+var ErrTableMissing = errors.New("outbox table does not exist")
+
+// TableMissing is the error for table t, which does not exist in database
+// db under its name, and whose relation the checkpoint does not know
+// under another.
+func TableMissing(t Table, db string) error {
+	return &errtext.Fatal{Err: ErrTableMissing, Msg: fmt.Sprintf("outbox table %s does not exist in database %s; create it, or fix tables[].name in the config (unquoted names are lower-cased, as in SQL)", t, pgident.Quote(db))}
 }
 
 // missingColumns is the error for every column of t that cols, the table's

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/setup"
 )
@@ -46,6 +47,20 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 				return err
 			}
 			prev.Former = former
+		}
+		if st.OID == 0 {
+			// Missing under its name: renamed, it is followed by its id.
+			rs, err := b.followed(ctx, known, prev)
+			if err != nil {
+				return err
+			}
+			if rs.OID == 0 {
+				return setup.TableMissing(st.Table, cat.Database)
+			}
+			d.Metrics.TableRenamed(name, true)
+			d.Log.Error("outbox table was renamed: the connector follows the relation it streamed, so its inserts under the new name are this table's events; set tables[].name to the new name in the config",
+				"table", name, "renamed_to", setup.Table{TableName: outbox.TableName{Schema: rs.Schema, Name: rs.Name}}.String(), "relation", rs.OID)
+			st.RelState = rs
 		}
 		if !first && known && prev.Rel == st.OID {
 			if err := b.resume(ctx, st, &prev); err != nil {
@@ -230,6 +245,20 @@ func (b *baseline) next(ctx context.Context) (uint64, error) {
 		b.nextID, b.read = next, true
 	}
 	return b.nextID, nil
+}
+
+// followed is the relation the checkpoint recorded for a table missing
+// under its name (known, prev), as it is now: OID 0 when none was recorded
+// or it is gone too.
+func (b *baseline) followed(ctx context.Context, known bool, prev checkpoint.Table) (setup.RelState, error) {
+	if !known || prev.Rel == 0 {
+		return setup.RelState{}, nil
+	}
+	conn, err := b.conn(ctx)
+	if err != nil {
+		return setup.RelState{}, err
+	}
+	return setup.ReadRelation(ctx, conn, b.d.Postgres.Publication, prev.Rel)
 }
 
 // existing returns the ids of ids that still name a relation.

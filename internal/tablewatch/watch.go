@@ -354,7 +354,7 @@ func (w *Watch) followRename(t *outbox.Source, rs setup.RelState) {
 	}
 	w.renamed[t] = name
 	w.deps.Metrics.TableRenamed(t.String(), true)
-	w.log.Error("outbox table was renamed: the connector follows the relation, so its inserts under the new name are still this table's events; set tables[].name to the new name in the config before the next start, which refuses the old name",
+	w.log.Error("outbox table was renamed: the connector follows the relation, so its inserts under the new name are still this table's events; set tables[].name to the new name in the config",
 		"table", t.String(), "renamed_to", name, "relation", rs.OID)
 }
 
