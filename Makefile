@@ -77,7 +77,11 @@ CHAOS_KILLS ?= 37
 CHAOS_RATE  ?= 1000
 CHAOS_OUTAGE ?= 60s
 NET_FAULT    ?= 60s
-chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, network faults (latency, black holes, resets, a slow link) and a standby promoted under load, counting lost, duplicated and reordered events
+# The table-life nemesis: TABLELIFE of random changes in each delivery
+# mode; TABLELIFE_EACH=all makes each change once instead (CI).
+TABLELIFE      ?= 3m
+TABLELIFE_EACH ?=
+chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, network faults (latency, black holes, resets, a slow link), the table-life nemesis with retention on and a standby promoted under load, counting lost, duplicated, reordered and early-deleted events
 	@dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
@@ -95,6 +99,11 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 	(cd scripts/netchaos && CDC_NET_FAULT=$(NET_FAULT) $(GO) test -run '^TestNetwork' -count=1 -v -timeout 60m .) > "$$dir/network.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |    --- |ok|FAIL)|network_test.go' "$$dir/network.log"; \
 	[ $$rc = 0 ] || { tail -60 "$$dir/network.log"; exit $$rc; }; \
+	echo "chaos: the table-life nemesis (scripts/netchaos, TestTableLife): renames, swaps, recreates, a table out of the publication and back, partitions attached with rows and detached, publish_via_partition_root off, kill -9, with retention on; $(if $(TABLELIFE_EACH),each change once,$(TABLELIFE) of random changes) in each delivery mode"; \
+	(cd scripts/netchaos && CDC_TABLELIFE=$(TABLELIFE) CDC_TABLELIFE_EACH=$(TABLELIFE_EACH) CDC_SOAK_OUT="$$dir/tablelife" \
+	  $(GO) test -run '^TestTableLife$$' -count=1 -v -timeout 60m .) > "$$dir/tablelife.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |ok|FAIL)|tablelife_test.go' "$$dir/tablelife.log" | cut -c1-300; \
+	[ $$rc = 0 ] || { tail -60 "$$dir/tablelife.log"; exit $$rc; }; \
 	echo "chaos: a hot standby the connector streams from is promoted under a writer, in both delivery modes (PostgreSQL $(REPLICA_PG))"; \
 	pgbin=$$(./scripts/pgbin.sh $(REPLICA_PG)) || exit 1; \
 	CDC_PG_BIN=$$pgbin CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -tags replica -run '^TestReplica$$/promotion' -count=1 -v -timeout 20m ./internal/pipeline > "$$dir/promotion.log" 2>&1; rc=$$?; \
@@ -103,8 +112,9 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 
 # make soak: 8 writers, two replicas and a nemesis picking a fault every
 # 20-60 s, for SOAK in each delivery mode of SOAK_MODES, on a real broker
-# (scripts/netchaos, TestSoak). Into SOAK_OUT: each mode's history, report
-# and plot (docs/operations.md, "Soak"). CI runs 90 s in each mode.
+# (scripts/netchaos, TestSoak); then the table-life nemesis for SOAK in each
+# mode (TestTableLife). Into SOAK_OUT: each run's history, report and plot
+# (docs/operations.md, "Soak"). CI runs 90 s of each in each mode.
 SOAK       ?= 1h
 SOAK_MODES ?= at-least-once exactly-once
 SOAK_RATE  ?= 400
@@ -115,10 +125,15 @@ soak: setup       ## a long randomized soak: writers, two replicas, a nemesis; a
 	(cd scripts/netchaos && CDC_SOAK=$(SOAK) CDC_SOAK_MODES="$(SOAK_MODES)" CDC_SOAK_RATE=$(SOAK_RATE) CDC_SOAK_OUT="$$out" \
 	  $(GO) test -run '^TestSoak$$' -count=1 -v -timeout 12h .) > "$$out/soak.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |    --- |ok|FAIL)|soak_test.go' "$$out/soak.log"; \
-	for m in $(SOAK_MODES); do \
-	  [ ! -s "$$out/history-$$m.jsonl" ] || (cd scripts/benchplot && $(GO) run . soak "$$out/history-$$m.jsonl" "$$out/soak-$$m.png") || rc=1; \
+	[ $$rc = 0 ] || { tail -80 "$$out/soak.log"; exit $$rc; }; \
+	echo "soak: the table-life nemesis, $(SOAK) in each of $(SOAK_MODES)"; \
+	(cd scripts/netchaos && CDC_TABLELIFE=$(SOAK) CDC_TABLELIFE_MODES="$(SOAK_MODES)" CDC_SOAK_OUT="$$out" \
+	  $(GO) test -run '^TestTableLife$$' -count=1 -v -timeout 12h .) > "$$out/tablelife.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |ok|FAIL)|tablelife_test.go' "$$out/tablelife.log" | cut -c1-300; \
+	for h in $(foreach m,$(SOAK_MODES),$(m) tablelife-$(m)); do \
+	  [ ! -s "$$out/history-$$h.jsonl" ] || (cd scripts/benchplot && $(GO) run . soak "$$out/history-$$h.jsonl" "$$out/soak-$$h.png") || rc=1; \
 	done; \
-	[ $$rc = 0 ] || tail -80 "$$out/soak.log"; exit $$rc
+	[ $$rc = 0 ] || tail -80 "$$out/tablelife.log"; exit $$rc
 
 kafka-start:      ## start a real broker for manual use; prints its address
 	./scripts/kafka.sh start

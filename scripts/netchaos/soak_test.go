@@ -539,6 +539,7 @@ type reader struct {
 	// events whose first copy came after a later one's.
 	last      map[string]int
 	reordered []string
+	reorders  []reorder
 	unparsed  int
 }
 
@@ -547,6 +548,16 @@ type copyOf struct {
 	commit    pglogrepl.LSN
 	offset    int64
 	partition int32
+	// appended is the first copy's timestamp: when the broker appended
+	// it, on a topic with message.timestamp.type LogAppendTime.
+	appended time.Time
+}
+
+// reorder is an aggregate's event seq whose first copy came after that
+// of a later one, after.
+type reorder struct {
+	agg        string
+	seq, after int
 }
 
 func newReader(t *testing.T, n *netEnv) *reader {
@@ -598,7 +609,7 @@ func (r *reader) add(rec *kgo.Record) {
 		return
 	}
 	lsn, _ := pglogrepl.ParseLSN(testenv.Header(rec, route.HeaderCommitLSN))
-	r.seen[id] = &copyOf{count: 1, commit: lsn, offset: rec.Offset, partition: rec.Partition}
+	r.seen[id] = &copyOf{count: 1, commit: lsn, offset: rec.Offset, partition: rec.Partition, appended: rec.Timestamp}
 	r.first++
 	if rec.Timestamp.After(r.newest) {
 		r.newest = rec.Timestamp
@@ -613,6 +624,7 @@ func (r *reader) add(rec *kgo.Record) {
 	agg := string(rec.Key)
 	if v.Seq <= r.last[agg] {
 		r.reordered = append(r.reordered, fmt.Sprintf("%s: event %d after %d", agg, v.Seq, r.last[agg]))
+		r.reorders = append(r.reorders, reorder{agg, v.Seq, r.last[agg]})
 	}
 	r.last[agg] = max(r.last[agg], v.Seq)
 }
