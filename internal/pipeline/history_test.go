@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -27,6 +28,9 @@ import (
 // reset --accept-gap, in exactly-once mode, every new transaction arrives.
 // New transactions reuse the positions the lost ones had: the checkpoint's
 // last commit LSN used to make the connector skip them, without a word.
+// With retention on, the gap forgets its marks (the restored server reuses
+// xids and positions) and what the stream covered: the rows the restored
+// table holds at the next start are kept, and those streamed after it go.
 func TestRestoreFromBackup(t *testing.T) {
 	for _, tt := range []struct {
 		name       string
@@ -45,8 +49,9 @@ func TestRestoreFromBackup(t *testing.T) {
 			kafka := testenv.NewKafka(t)
 			db := srv.NewDatabase(t)
 			testenv.Exec(t, db, schema)
-			e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
+			e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka), retentionInterval: 100 * time.Millisecond}
 			e.cfg.Delivery = config.DeliveryExactlyOnce
+			e.cfg.Tables[0].Retention = &outbox.Retention{After: time.Second}
 			c := kafka.NewCommittedConsumer(t, kafka.AllTopics())
 			write := func(n int, typ string) map[string]bool {
 				conn := testenv.Connect(t, db)
@@ -102,6 +107,11 @@ func TestRestoreFromBackup(t *testing.T) {
 			if _, err := p.Ops().AcceptGap(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+			rec, _ := loadCheckpoint(t, e)
+			if st := rec.Tables["public.outbox"]; len(rec.RetentionMarks) != 0 || st.Floor != checkpoint.NoFloor {
+				t.Fatalf("after --accept-gap: %d retention marks, floor %d; want none, and no floor", len(rec.RetentionMarks), st.Floor)
+			}
+			restored := outboxRows(t, db)
 			r = e.start(t)
 			after := write(200, "after")
 			c.WaitFor(t, time.Minute, "every transaction after the restore", func(recs []*kgo.Record) bool {
@@ -118,6 +128,21 @@ func TestRestoreFromBackup(t *testing.T) {
 			for id := range after {
 				if got[id] != 1 {
 					t.Errorf("event %s written after the restore arrived %d times", id, got[id])
+				}
+			}
+			testenv.Eventually(t, time.Minute, "the rows streamed after the restore deleted", func() bool {
+				left := outboxRows(t, db)
+				for id := range after {
+					if _, ok := left[id]; ok {
+						return false
+					}
+				}
+				return true
+			})
+			left := outboxRows(t, db)
+			for id := range restored {
+				if _, ok := left[id]; !ok {
+					t.Errorf("row %s, in the restored table at the start after the gap, was deleted", id)
 				}
 			}
 			if err := r.stop(t); err != nil {
