@@ -129,6 +129,10 @@ type life struct {
 	gone      map[string]time.Time
 	reads     int
 
+	// open counts the transactions openTx left open, which the checker
+	// waits for before it reads the ledger.
+	open sync.WaitGroup
+
 	ops []faultRun
 	// repairs are from a recreate or a swap to repairWindow after; gaps, from a
 	// table leaving the publication to a second after it is back: what a
@@ -170,6 +174,7 @@ func (l *life) run(t *testing.T) {
 		}
 	})
 	l.waitHolder(t, 2*time.Minute)
+	n.sampleConfirms(t)
 	l.reader = newReader(t, n)
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -185,6 +190,7 @@ func (l *life) run(t *testing.T) {
 	l.nemesis(t)
 	stop()
 	wg.Wait()
+	l.open.Wait()
 	l.finish(t)
 }
 
@@ -347,7 +353,9 @@ func (l *life) openTx(t *testing.T, family string, hold time.Duration) {
 	if err := l.insert(ctx, tx, table, agg, next, 1); err != nil {
 		t.Fatalf("open transaction: %v", err)
 	}
+	l.open.Add(1)
 	go func() {
+		defer l.open.Done()
 		defer conn.Close(ctx)
 		time.Sleep(hold) // the transaction's length: the fault
 		if err := l.insert(ctx, tx, table, agg, next, 1); err != nil {
@@ -403,6 +411,7 @@ func (l *life) change(t *testing.T, kind int) {
 	switch kind {
 	case 0:
 		family := []string{"outbox", "outbox_p"}[rand.N(2)]
+		l.openTx(t, other(family), 4*time.Second) // open across the rename, on the other table
 		l.mu.Lock()
 		l.must(t, fmt.Sprintf(`ALTER TABLE %s RENAME TO %s_r`, family, family))
 		l.names[family] = family + "_r"
@@ -414,6 +423,7 @@ func (l *life) change(t *testing.T, kind int) {
 		l.mu.Unlock()
 		detail = family
 	case 1:
+		l.openTx(t, "outbox_p", time.Second) // open across the swap, on the other table
 		l.swaps++
 		old := fmt.Sprintf("outbox_old_%d", l.swaps)
 		l.mu.Lock()
@@ -425,10 +435,12 @@ func (l *life) change(t *testing.T, kind int) {
 		l.straggler(t, old)
 		detail = "old table " + old + ", 5 events written to it after"
 	case 2:
+		l.openTx(t, "outbox_p", time.Second) // open across the recreate, on the other table
 		l.recreate(t)
 		l.repairs = append(l.repairs, [2]time.Time{start, start.Add(repairWindow)})
 		l.openTx(t, "outbox", 2*time.Second+rand.N(time.Second))
 	case 3:
+		l.openTx(t, "outbox", 2*time.Second) // open across the table's leaving the publication, on the table
 		detail = l.leftAndBack(t)
 	case 4:
 		detail = l.attachFilled(t)
@@ -465,6 +477,14 @@ func (l *life) change(t *testing.T, kind int) {
 // the stream sent at once (docs/operations.md, "The outbox table's life"):
 // an aggregate written on both sides of that point is reordered.
 const repairWindow = 10 * time.Second
+
+// other is the other table family.
+func other(family string) string {
+	if family == "outbox" {
+		return "outbox_p"
+	}
+	return "outbox"
+}
 
 // must runs statements on one connection, in order; a failure fails the run.
 func (l *life) must(t *testing.T, sql ...string) {
@@ -530,31 +550,47 @@ func (l *life) recreate(t *testing.T) {
 }
 
 // leftAndBack removes outbox from the publication and adds it back: the
-// holder stops, naming the table; the standby takes over (and says it
-// found the table's membership changed); as the operator, the test sends
-// the rows written since with cdc backfill and starts the stopped replica
-// again.
+// holder stops, naming the table, and so does the standby if it takes the
+// slot while the table is out; once it is back a start takes the new
+// membership (saying so). As the operator, the test then sends the rows
+// written since with cdc backfill, and starts the stopped replicas again.
 func (l *life) leftAndBack(t *testing.T) string {
 	t.Helper()
 	h := l.waitHolder(t, 2*time.Minute)
-	l.expect[h] = true
+	l.expect = [2]bool{true, true}
 	var from time.Time
 	testenv.QueryRow(t, l.n.db, `SELECT clock_timestamp() - interval '1 second'`, nil, &from)
 	l.must(t, `ALTER PUBLICATION outbox_cdc DROP TABLE outbox`)
-	time.Sleep(time.Second + rand.N(time.Second)) // out of the publication: the change
-	l.must(t, `ALTER PUBLICATION outbox_cdc ADD TABLE outbox`)
-	l.gaps = append(l.gaps, [2]time.Time{from, time.Now().Add(time.Second)})
 	select {
 	case <-l.procs[h].exited:
 	case <-time.After(time.Minute):
-		t.Fatalf("replica %d streams on after public.outbox left the publication and came back", h)
+		t.Fatalf("replica %d streams on after public.outbox left the publication", h)
 	}
-	stop := lastError(l.outs[h].String())
-	if !strings.Contains(stop, "public.outbox") || !strings.Contains(stop, "left publication") {
-		t.Fatalf("replica %d stopped with %q; want a stop that names public.outbox leaving the publication", h, stop)
-	}
-	l.stops = append(l.stops, stop)
-	l.waitHolder(t, 2*time.Minute)
+	l.must(t, `ALTER PUBLICATION outbox_cdc ADD TABLE outbox`)
+	l.gaps = append(l.gaps, [2]time.Time{from, time.Now().Add(time.Second)})
+	// Every replica that stopped (the standby too, if it took the slot
+	// while the table was out) names the table, and is started again,
+	// until one streams: a standby that waits on the held slot reads no
+	// catalog, so none stops after that.
+	var stops []string
+	testenv.Eventually(t, 2*time.Minute, "a replica to stream with the table back", func() bool {
+		for i, p := range l.procs {
+			select {
+			case <-p.exited:
+			default:
+				continue
+			}
+			stop := lastError(l.outs[i].String())
+			if !strings.Contains(stop, "public.outbox") || !strings.Contains(stop, "left publication") {
+				t.Fatalf("replica %d stopped with %q; want a stop that names public.outbox leaving the publication", i, stop)
+			}
+			stops = append(stops, fmt.Sprintf("replica %d: %s", i, stop))
+			l.procs[i] = launch(t, l.config, l.outs[i])
+		}
+		return l.holder() >= 0
+	})
+	l.stops = append(l.stops, stops...)
+	l.expect = [2]bool{}
 	out := l.cli(t, "backfill", "--config", l.config, "--table", "outbox", "--where", fmt.Sprintf("created_at >= '%s'", from.UTC().Format(time.RFC3339Nano)))
 	m := regexp.MustCompile(`backfilled (\d+) rows`).FindStringSubmatch(out)
 	if m == nil {
@@ -562,9 +598,7 @@ func (l *life) leftAndBack(t *testing.T) string {
 	}
 	rows, _ := strconv.Atoi(m[1])
 	l.backed += rows
-	l.procs[h] = launch(t, l.config, l.outs[h])
-	l.expect[h] = false
-	return fmt.Sprintf("replica %d stopped (%s); %d rows backfilled", h, stop, rows)
+	return fmt.Sprintf("%d replicas stopped (%s); %d rows backfilled", len(stops), strings.Join(stops, "; "), rows)
 }
 
 // attachFilled attaches a table with 10 rows as a partition of outbox_p:
@@ -579,14 +613,7 @@ func (l *life) attachFilled(t *testing.T) string {
 	root := l.names["outbox_p"]
 	l.must(t, fmt.Sprintf(`CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS)`, name, root),
 		fmt.Sprintf(`INSERT INTO %s (created_at, aggregatetype, aggregateid, type) SELECT '%s', 'order', 'prefilled', 'Old' FROM generate_series(1, 10)`, name, from.Format(time.RFC3339)))
-	var ids []string
-	rows, err := testenv.Connect(t, l.n.db).Query(context.Background(), `SELECT id::text FROM `+name)
-	if err == nil {
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := l.ids(t, name)
 	l.track.Lock()
 	for _, id := range ids {
 		l.prefilled[id] = true
@@ -605,7 +632,12 @@ func (l *life) detachAndBack(t *testing.T) string {
 	defer l.mu.Unlock()
 	root := l.names["outbox_p"]
 	var name, bound string
-	err := testenv.Connect(t, l.n.db).QueryRow(context.Background(), `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	conn, err := pgx.Connect(context.Background(), l.n.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	err = conn.QueryRow(context.Background(), `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = $1::regclass AND c.relname ~ '^outbox_p_[0-9]+$' AND substring(c.relname FROM 10)::bigint + 10 < extract(epoch FROM now())
 		ORDER BY c.relname DESC LIMIT 1`, root).Scan(&name, &bound)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -627,11 +659,7 @@ func (l *life) dropLeftovers(t *testing.T) {
 	t.Helper()
 	var kept []string
 	for _, old := range l.leftovers {
-		rows, err := testenv.Connect(t, l.n.db).Query(context.Background(), `SELECT id::text FROM `+old)
-		ids, err2 := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || err2 != nil {
-			t.Fatal(errors.Join(err, err2))
-		}
+		ids := l.ids(t, old)
 		read := true
 		l.reader.mu.Lock()
 		for _, id := range ids {
@@ -650,6 +678,26 @@ func (l *life) dropLeftovers(t *testing.T) {
 		l.track.Unlock()
 	}
 	l.leftovers = kept
+}
+
+// ids is the id of every row of table, on a connection of its own.
+func (l *life) ids(t *testing.T, table string) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, l.n.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id::text FROM `+table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // lastError is the last error line a replica logged, or its last line.
@@ -922,10 +970,17 @@ func (l *life) finish(t *testing.T) {
 			t.Errorf("reordered: %s: event %d after %d", ro.agg, ro.seq, ro.after)
 		}
 	}
+	c.ahead, c.points = (&soak{reader: r, n: l.n}).aheadOfKafka()
 	l.report(t, c)
 	if c.lost+c.unknown+c.early+c.prefilledSent+c.prefilledGone+c.reordered > 0 || r.unparsed > 0 {
 		t.Errorf("%d lost, %d unknown, %d rows gone before their event was in Kafka, %d attached rows sent, %d attached rows deleted, %d reordered outside a repair, %d records without a sequence number; want 0 each",
 			c.lost, c.unknown, c.early, c.prefilledSent, c.prefilledGone, c.reordered, r.unparsed)
+	}
+	if c.ahead > 0 || c.points == 0 {
+		t.Errorf("%d events confirmed to the slot before Kafka had appended them, at %d sampled confirms; want 0, at some", c.ahead, c.points)
+	}
+	if l.mode == "exactly-once" && c.dups > c.backfilled {
+		t.Errorf("%d duplicates in exactly-once mode, read read_committed; only the %d rows the operator's backfill re-sent may come twice", c.dups, c.backfilled)
 	}
 	if c.deletes == 0 || l.reads == 0 {
 		t.Errorf("retention deleted nothing in %d reads of the tables: the run proves nothing of it", l.reads)
@@ -935,7 +990,7 @@ func (l *life) finish(t *testing.T) {
 // lifeCounts is what the checker counted.
 type lifeCounts struct {
 	committed, read, lost, unknown, dups, deletes, early, prefilled, prefilledSent, prefilledGone int
-	reordered, repairReordered, gapReordered, backfilled, reads                                   int
+	reordered, repairReordered, gapReordered, backfilled, reads, ahead, points                    int
 }
 
 // report writes report-tablelife-<mode>.md.
@@ -944,10 +999,10 @@ func (l *life) report(t *testing.T, c lifeCounts) {
 	fmt.Fprintf(&b, "# Table life, %s\n\n", l.mode)
 	fmt.Fprintf(&b, "%s in %s: 4 writers at %d events/s into public.outbox (retention delete, after 2s) and public.outbox_p (10-second partitions, retention drop_partitions, after 8s), two replicas, %d table changes. Apache Kafka and Postgres on the same box.\n\n",
 		time.Now().UTC().Format("2006-01-02"), l.length, l.rate, len(l.ops))
-	fmt.Fprintf(&b, "| committed events | read | lost | unknown | duplicates | of which backfilled | rows retention deleted | deleted before in Kafka | attached rows kept | attached rows sent | reordered | reordered by a repair | reordered by a gap's backfill | loud stops |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d | %d of %d | %d | %d | %d | %d | %d |\n\n",
-		c.committed, c.read, c.lost, c.unknown, c.dups, c.backfilled, c.deletes, c.early, c.prefilled-c.prefilledGone, c.prefilled, c.prefilledSent, c.reordered, c.repairReordered, c.gapReordered, len(l.stops))
+	fmt.Fprintf(&b, "| committed events | read | lost | unknown | duplicates | of which backfilled | rows retention deleted | deleted before in Kafka | attached rows kept | attached rows sent | reordered | reordered by a repair | reordered by a gap's backfill | loud stops | confirms sampled, ahead of Kafka |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d | %d of %d | %d | %d | %d | %d | %d | %d, %d |\n\n",
+		c.committed, c.read, c.lost, c.unknown, c.dups, c.backfilled, c.deletes, c.early, c.prefilled-c.prefilledGone, c.prefilled, c.prefilledSent, c.reordered, c.repairReordered, c.gapReordered, len(l.stops), c.points, c.ahead)
 	fmt.Fprintf(&b, "| at (s) | change | took (s) | |\n|---|---|---|---|\n")
 	for _, f := range l.ops {
 		fmt.Fprintf(&b, "| %.0f | %s | %.1f | %s |\n", f.At, f.Fault, f.Seconds, strings.ReplaceAll(f.Detail, "|", "/"))
