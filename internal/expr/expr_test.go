@@ -1,0 +1,187 @@
+package expr
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"cel.dev/cel-go/interpreter"
+)
+
+var fields = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload", "timestamp", "version", "tenant", "traceparent"}
+
+func newEnv(t *testing.T) *Env {
+	t.Helper()
+	e, err := NewEnv(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func vars(t *testing.T, m map[string]any) Activation {
+	t.Helper()
+	a, err := interpreter.NewActivation(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestCompileErrors: each start-time error says where in the expression,
+// on one line, what is wrong.
+func TestCompileErrors(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name, text string
+		want       Want
+		err        string
+	}{
+		{"syntax", `payload.region +`, WantString, "column 17: Syntax error"},
+		{"undeclared", `paylod.region`, WantString, "column 1: undeclared reference to 'paylod' (did you mean 'payload'?)"},
+		{"type", `commit_lsn + 1`, WantString, "column 12: found no matching overload for '_+_' applied to '(string, int)'"},
+		{"result type", `"3"`, WantInt, "it gives string; it must give an int"},
+		{"filter result", `payload.region + "x"`, WantBool, "it gives string; it must give a bool"},
+		{"null key", `null`, WantString, "it gives null_type; it must give a string"},
+		{"row whole", `size(row) > 2`, WantBool, "column 6: read row one column at a time"},
+		{"row dynamic", `row[payload.column] == "x"`, WantBool, "column 1: read row one column at a time"},
+		{"shadowing", `payload.items.exists(row, row == "x")`, WantBool, "the iteration variable row hides the variable of that name"},
+		{"clock", `now() > commit_time`, WantBool, "undeclared reference to 'now'"},
+		{"env", `env("HOME")`, WantString, "undeclared reference to 'env'"},
+		{"empty", `  `, WantString, "the expression is empty"},
+		{"second line", "payload.region\n  + tenat", WantString, "line 2, column 5: undeclared reference to 'tenat'"},
+		// Written to be slow: a comprehension inside another.
+		{"slow", `payload.a.all(x, payload.b.all(y, payload.c.exists(z, z == x + y)))`, WantBool, "its estimated cost on an event of 1000-byte strings and 1000-element lists is"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.Compile(tc.text, tc.want)
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("Compile(%q) = %v, want an error containing %q", tc.text, err, tc.err)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("the error is not one line: %q", err)
+			}
+		})
+	}
+}
+
+// TestReferences: what a program reads is known before any event.
+func TestReferences(t *testing.T) {
+	e := newEnv(t)
+	p, err := e.Compile(`row.tenant != "test" && has(row.region) && row["x-group"] == aggregate_type && payload.total > 1 && commit_time > timestamp("2020-01-01T00:00:00Z") && payload.items.all(i, i > 0) && tenant != "t"`, WantBool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.Row, []string{"tenant", "region", "x-group"}) {
+		t.Errorf("row columns %q", p.Row)
+	}
+	if !slices.Equal(p.Fields, []string{"aggregate_type", "tenant"}) {
+		t.Errorf("fields %q", p.Fields)
+	}
+	if !p.Payload {
+		t.Error("payload is read but not recorded")
+	}
+	q, err := e.Compile(`"orders." + aggregate_type`, WantString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Payload || len(q.Row) != 0 || !slices.Equal(q.Fields, []string{"aggregate_type"}) {
+		t.Errorf("a field-only expression reads payload %v, row %q, fields %q", q.Payload, q.Row, q.Fields)
+	}
+}
+
+// TestEvaluate: each kind of expression gives its type, or an error that
+// says what it gave instead.
+func TestEvaluate(t *testing.T) {
+	e := newEnv(t)
+	commit := time.Date(2026, 1, 30, 12, 0, 0, 0, time.UTC)
+	a := vars(t, map[string]any{
+		Row:            map[string]any{"tenant": "acme", "shard": int64(3), "note": nil},
+		Payload:        map[string]any{"customerId": "c-42", "region": "EU", "n": 7.0},
+		"tenant":       nil,
+		"aggregate_id": "agg-1",
+		CommitLSN:      "0/16B3748",
+		CommitTime:     commit,
+	})
+	for _, tc := range []struct {
+		text string
+		want Want
+		got  any // string, bool, int64, nil (a null header)
+		err  string
+	}{
+		{`row.tenant != "test"`, WantBool, true, ""},
+		{`tenant != "test"`, WantBool, true, ""}, // a NULL is null, which is not "test"
+		{`payload.customerId`, WantString, "c-42", ""},
+		{`"orders." + payload.region.lowerAscii()`, WantString, "orders.eu", ""},
+		{`aggregate_id + ":" + commit_lsn`, WantString, "agg-1:0/16B3748", ""},
+		{`row.shard`, WantInt, int64(3), ""},
+		{`int(payload.n) % 2`, WantInt, int64(1), ""},
+		{`has(payload.zone) ? payload.zone : null`, WantHeader, nil, ""},
+		{`commit_time.getHours()`, WantInt, int64(12), ""},
+		{`payload.zone`, WantString, nil, "no such key: zone"},
+		{`payload.n`, WantString, nil, "it gave double, not a string"},
+		{`payload.n`, WantInt, nil, "it gave double, not an int"},
+		{`row.note`, WantString, nil, "it gave null_type, not a string"},
+		{`"x-" + tenant`, WantHeader, nil, "no such overload"},
+		{`payload.customerId`, WantBool, nil, "it gave string, not a bool"},
+	} {
+		t.Run(tc.text, func(t *testing.T) {
+			p, err := e.Compile(tc.text, tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got any
+			switch tc.want {
+			case WantBool:
+				got, err = p.Bool(a)
+			case WantInt:
+				got, err = p.Int(a)
+			default:
+				var s string
+				var ok bool
+				s, ok, err = p.String(a)
+				if ok {
+					got = s
+				}
+			}
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, %v; want an error containing %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.got {
+				t.Fatalf("got %#v, %v; want %#v", got, err, tc.got)
+			}
+		})
+	}
+}
+
+// TestCostLimitAtRunTime: an expression that passes the estimate on an
+// event of AssumedSize, given an event far larger, stops at CostLimit with
+// ErrCost instead of running on.
+func TestCostLimitAtRunTime(t *testing.T) {
+	e := newEnv(t)
+	p, err := e.Compile(`payload.items.all(i, i > 0)`, WantBool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Cost == 0 || p.Cost > MaxEstimatedCost {
+		t.Fatalf("estimated cost %d", p.Cost)
+	}
+	items := func(n int) Activation {
+		l := make([]any, n)
+		for i := range l {
+			l[i] = 1.0
+		}
+		return vars(t, map[string]any{Payload: map[string]any{"items": l}})
+	}
+	if ok, err := p.Bool(items(AssumedSize)); !ok || err != nil {
+		t.Fatalf("on an event of the assumed size: %v, %v", ok, err)
+	}
+	if _, err := p.Bool(items(1000 * AssumedSize)); !errors.Is(err, ErrCost) {
+		t.Fatalf("on an event a thousand times larger: %v, want ErrCost", err)
+	}
+}
