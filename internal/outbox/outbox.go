@@ -185,16 +185,24 @@ type Source struct {
 	// whose events Kafka has acknowledged, once they are older than
 	// Retention.After (internal/retention).
 	Retention *Retention
+	// Filter, when set, is a CEL expression that leaves out the events it
+	// gives false for; Expressions compute the topic, key, partition and
+	// headers from each event (outbox/expr.go).
+	Filter      string
+	Expressions Expressions
 
 	// Derived by Validate. Extra lists the columns, besides the mapped
 	// fields, that Additional and {column:NAME} placeholders need, each
 	// once; the decoder extracts them into Event.Extra in this order.
 	// TopicTemplate, KeyTemplate and SourceTemplate are Topic, Key and
-	// CloudEventsSource parsed.
+	// CloudEventsSource parsed (TopicTemplate and KeyTemplate have no parts
+	// when an expression replaces them). Programs are Filter and
+	// Expressions compiled; nil when the table has neither.
 	Extra          []string
 	TopicTemplate  Template
 	KeyTemplate    Template
 	SourceTemplate Template
+	Programs       *Programs
 }
 
 // BackfillOptions selects the rows of a table to send that were committed before
@@ -324,10 +332,10 @@ func (t *Source) Validate() error {
 	if t.Columns[FieldPayload] == "" {
 		return fmt.Errorf("%s: the payload field must be mapped", t)
 	}
-	if t.Topic == "" {
+	if t.Topic == "" && t.Expressions.Topic == "" {
 		t.Topic = DefaultTopic
 	}
-	if t.Key == "" {
+	if t.Key == "" && t.Expressions.Key == "" {
 		t.Key = DefaultKey
 	}
 	switch t.Format {
@@ -380,16 +388,21 @@ func (t *Source) Validate() error {
 		return err
 	}
 	var err error
-	if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {
-		return fmt.Errorf("%s: topic: %w", t, err)
+	t.TopicTemplate, t.KeyTemplate = Template{}, Template{}
+	if t.Topic != "" {
+		if t.TopicTemplate, err = t.parseTemplate(t.Topic); err != nil {
+			return fmt.Errorf("%s: topic: %w", t, err)
+		}
 	}
-	if t.KeyTemplate, err = t.parseTemplate(t.Key); err != nil {
-		return fmt.Errorf("%s: key: %w", t, err)
+	if t.Key != "" {
+		if t.KeyTemplate, err = t.parseTemplate(t.Key); err != nil {
+			return fmt.Errorf("%s: key: %w", t, err)
+		}
 	}
 	if t.SourceTemplate, err = t.parseTemplate(t.CloudEventsSource); err != nil {
 		return fmt.Errorf("%s: cloudevents_source: %w", t, err)
 	}
-	return nil
+	return t.compileExpressions()
 }
 
 // validateAdditional checks the additional columns, and reads them.

@@ -88,7 +88,7 @@ func (t *Source) parseTemplate(tmpl string) (Template, error) {
 
 // LiteralTopic is the table's topic when its template has no
 // placeholders, lowercased as the table asks; "" when a row's fields
-// choose it.
+// (or an expression) choose it.
 func (t *Source) LiteralTopic() string {
 	var b strings.Builder
 	for _, part := range t.TopicTemplate.Parts {
@@ -104,8 +104,12 @@ func (t *Source) LiteralTopic() string {
 }
 
 // TopicFromRow reports whether a row's fields fill part of the topic: its
-// template has a field or {column:...} placeholder.
+// template has a field or {column:...} placeholder, or an expression
+// computes it.
 func (t *Source) TopicFromRow() bool {
+	if t.Expressions.Topic != "" {
+		return true
+	}
 	for _, p := range t.TopicTemplate.Parts {
 		if p.Kind == PartField || p.Kind == PartColumn {
 			return true
