@@ -189,7 +189,10 @@ type Kafka struct {
 	cfg    Config
 	log    hclog.Logger
 	topics map[string]topicState // read and written by EnsureTopic's goroutine only
-	batch  batcher
+	// partitions are the partition counts of the topics pinned records
+	// went to (Partitions), read and written by the same goroutine.
+	partitions map[string]partitionCount
+	batch      batcher
 }
 
 // New creates the producer from a validated cfg. It does not connect until
@@ -209,6 +212,9 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 			return cfg.MaxMessageBytes
 		}),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
+		// franz-go's default, except for a record a table's expression
+		// pinned to a partition (Pin).
+		kgo.RecordPartitioner(partitioner()),
 		kgo.ProducerLinger(cfg.linger()),
 		// A topic just created is in the brokers' metadata a moment
 		// later: seconds on a starved broker. franz-go counts an
@@ -240,7 +246,8 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, batch: batcher{now: time.Now, delay: cfg.batchDelay()}}, nil
+	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, partitions: map[string]partitionCount{},
+		batch: batcher{now: time.Now, delay: cfg.batchDelay()}}, nil
 }
 
 // ClientOpts are the options every client of the cluster shares: the
