@@ -28,6 +28,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	events         *prometheus.CounterVec
+	filtered       *prometheus.CounterVec
 	deadLetters    *prometheus.CounterVec
 	backfillRows   *prometheus.CounterVec
 	InvalidEvents  prometheus.Counter
@@ -108,6 +109,8 @@ func New(pipeline string) *Metrics {
 	m := &Metrics{Registry: reg}
 	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_events_total",
 		Help: "Events Kafka acknowledged, by source (table or message prefix) and topic."}, []string{"source", "topic"})
+	m.filtered = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_events_filtered_total",
+		Help: "Events the table's filter left out (not sent, and handled: their transaction is confirmed with the others), by table."}, []string{"table"})
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_dead_letters_total",
 		Help: "Invalid events written to a dead-letter topic, by source."}, []string{"source"})
 	m.backfillRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_backfill_rows_total",
@@ -172,7 +175,7 @@ func New(pipeline string) *Metrics {
 		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
 	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.filtered, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -203,6 +206,7 @@ func (m *Metrics) Init(sources []Source) {
 			}
 		}
 		m.deadLetters.WithLabelValues(s.Name)
+		m.filtered.WithLabelValues(s.Name)
 		for _, t := range s.Topics {
 			m.events.WithLabelValues(s.Name, t)
 		}
@@ -245,6 +249,11 @@ func (e *EventCounters) Get(m *Metrics, source fmt.Stringer, topic string) prome
 		e.c[k] = c
 	}
 	return c
+}
+
+// Filtered is cdc_events_filtered_total for table; keep it.
+func (m *Metrics) Filtered(table string) prometheus.Counter {
+	return m.filtered.WithLabelValues(table)
 }
 
 // BackfillRows is cdc_backfill_rows_total for table.

@@ -25,6 +25,7 @@ func names(t *testing.T) map[string]bool {
 	m.TableRepaired("t")
 	m.TableMissing("t", false)
 	m.TableRenamed("t", false)
+	m.Filtered("t").Inc()
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {

@@ -61,6 +61,8 @@ func TestLabelledSeriesExistBeforeAnyEvent(t *testing.T) {
 		"cdc_events_total source=billing.events topic=billing.events",
 		"cdc_events_total source=public.outbox topic=outbox.dead-letter",
 		"cdc_backfill_rows_total table=public.outbox",
+		"cdc_events_filtered_total table=public.outbox",
+		"cdc_events_filtered_total table=billing.events",
 		"cdc_schema_invalid_total source=billing.events",
 		"cdc_schema_lookups_total result=error",
 		"cdc_schema_lookups_total result=cached",

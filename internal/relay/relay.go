@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/decode"
@@ -53,6 +54,7 @@ type Sender struct {
 	Log          hclog.Logger
 
 	counters metrics.EventCounters
+	filtered map[*outbox.Source]prometheus.Counter // leaveOut's, by table
 }
 
 // Send routes ev's record and produces it in transaction tx, or applies
@@ -61,6 +63,9 @@ type Sender struct {
 func (s *Sender) Send(ctx context.Context, tx *delivery.Txn, m *decode.Message) error {
 	ev := &m.Event
 	rec, err := s.record(ctx, m)
+	if errors.Is(err, route.ErrFiltered) {
+		return s.leaveOut(ev)
+	}
 	if err != nil {
 		if !errors.As(err, new(*outbox.EventError)) {
 			return err // a registry that cannot answer: retried, never dead-lettered
@@ -128,6 +133,9 @@ func (s *Sender) record(ctx context.Context, m *decode.Message) (*kgo.Record, er
 	if err == nil {
 		err = s.Schemas.Apply(ctx, rec, &m.Event, s.Blocking)
 	}
+	if err == nil && sink.Pinned(rec) {
+		err = s.checkPartition(ctx, rec, &m.Event)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -169,11 +177,14 @@ func (s *Sender) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) 
 
 // metricTopic is cdc_events_total's topic label for a record of t to
 // topic: the topic itself when it is static (or a dead letter), the
-// template when a row's fields choose it, so that rows cannot make series
-// without bound.
+// template (or the expression) when a row's fields choose it, so that rows
+// cannot make series without bound.
 func metricTopic(t *outbox.Source, topic string) string {
 	if parts := t.TopicTemplate.Parts; (len(parts) == 1 && parts[0].Kind == outbox.PartLiteral) || topic == t.DeadLetterTopic {
 		return topic
+	}
+	if x := t.Programs; x != nil && x.Topic != nil {
+		return x.Topic.Text
 	}
 	return t.Topic
 }

@@ -92,6 +92,9 @@ type Router struct {
 	lsn     pglogrepl.LSN
 	lsnText []byte
 	scratch []byte // the topic being expanded
+	// vars are the variables of the event whose expressions are being
+	// evaluated (expr.go).
+	vars vars
 }
 
 // commitLSN returns ev's commit LSN as header bytes, e.g. "0/16B3748".
@@ -143,6 +146,9 @@ func New(tables []*outbox.Source) (*Router, error) {
 				tr.envelopeExtra = append(tr.envelopeExtra, p)
 			}
 		}
+		if err := checkHeaderNames(t, tr); err != nil {
+			return nil, err
+		}
 		r.routes[t] = tr
 	}
 	return r, nil
@@ -185,16 +191,25 @@ func normalize(topic string, t *outbox.Source) string {
 	return topic
 }
 
-// topic expands and checks ev's topic.
+// topic expands (or computes) and checks ev's topic. An expression's topic
+// is checked and bound as a template's.
 func (r *Router) topic(tr *tableRoute, ev *outbox.Event) (string, error) {
-	tp := ev.Source.TopicTemplate
-	if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral && !ev.Source.TopicLowercase && ev.Source.TopicReplaceIllegal == "" {
-		return tp.Parts[0].Text, nil // checked by Validate
-	}
-	var err error
-	r.scratch, err = appendExpanded(r.scratch[:0], tp, ev)
-	if err != nil {
-		return "", outbox.Invalid(ev, "topic template %q: %v", ev.Source.Topic, err)
+	if p := ev.Source.Programs; p != nil && p.Topic != nil {
+		s, err := r.exprString(ev, "expressions.topic", p.Topic)
+		if err != nil {
+			return "", err
+		}
+		r.scratch = append(r.scratch[:0], s...)
+	} else {
+		tp := ev.Source.TopicTemplate
+		if len(tp.Parts) == 1 && tp.Parts[0].Kind == outbox.PartLiteral && !ev.Source.TopicLowercase && ev.Source.TopicReplaceIllegal == "" {
+			return tp.Parts[0].Text, nil // checked by Validate
+		}
+		var err error
+		r.scratch, err = appendExpanded(r.scratch[:0], tp, ev)
+		if err != nil {
+			return "", outbox.Invalid(ev, "topic template %q: %v", ev.Source.Topic, err)
+		}
 	}
 	if topic, ok := tr.topics[string(r.scratch)]; ok {
 		return topic, nil
@@ -207,7 +222,7 @@ func (r *Router) topic(tr *tableRoute, ev *outbox.Event) (string, error) {
 		// A row's fields choose its topic: bound what rows can create
 		// (topics, and what the connector keeps per topic).
 		if len(tr.distinct) >= ev.Source.MaxTopics {
-			return "", outbox.Invalid(ev, "its topic %q would be the topic template's %d-th distinct topic, past tables[].max_topics (%d); raise it if the domain has that many, or fix the row's routing fields", topic, len(tr.distinct)+1, ev.Source.MaxTopics)
+			return "", outbox.Invalid(ev, "its topic %q would be the table's %d-th distinct topic, past tables[].max_topics (%d); raise it if the domain has that many, or fix the row's routing fields", topic, len(tr.distinct)+1, ev.Source.MaxTopics)
 		}
 		tr.distinct[topic] = struct{}{}
 	}
@@ -245,8 +260,40 @@ type recordBlock struct {
 }
 
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
-// when ev cannot be delivered as configured.
+// when ev cannot be delivered as configured, or ErrFiltered when its
+// table's filter leaves it out.
 func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
+	if ev.Source.Programs == nil {
+		return r.record(ev)
+	}
+	if err := r.vars.prepare(ev); err != nil {
+		return nil, err
+	}
+	defer r.vars.release()
+	if err := r.filter(ev); err != nil {
+		return nil, err
+	}
+	return r.record(ev)
+}
+
+// key is ev's record key: its table's key expression's, or its template's.
+func (r *Router) key(ev *outbox.Event) ([]byte, error) {
+	if p := ev.Source.Programs; p != nil && p.Key != nil {
+		s, err := r.exprString(ev, "expressions.key", p.Key)
+		if err != nil {
+			return nil, err
+		}
+		return []byte(s), nil
+	}
+	key, err := expandBytes(ev.Source.KeyTemplate, ev)
+	if err != nil {
+		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Source.Key, err)
+	}
+	return key, nil
+}
+
+// record is Record once ev passed its table's filter.
+func (r *Router) record(ev *outbox.Event) (*kgo.Record, error) {
 	tr := r.routes[ev.Source]
 	if ev.Fields[outbox.FieldID].Null() && ev.Source.Columns[outbox.FieldID] != "" {
 		return nil, outbox.Invalid(ev, "the event id is NULL")
@@ -255,14 +302,19 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := expandBytes(ev.Source.KeyTemplate, ev)
+	key, err := r.key(ev)
 	if err != nil {
-		return nil, outbox.Invalid(ev, "the record key (template %q) is missing: %v", ev.Source.Key, err)
+		return nil, err
 	}
 	// The record and its headers in one allocation.
 	b := &recordBlock{rec: kgo.Record{Topic: topic, Key: key, Timestamp: ev.CommitTime}}
 	rec := &b.rec
 	rec.Headers = r.headers(b.headers[:0], tr, ev)
+	if ev.Source.Programs != nil {
+		if err := r.exprRecord(ev, rec); err != nil {
+			return nil, err
+		}
+	}
 
 	payload := ev.Fields[outbox.FieldPayload]
 	if ev.Source.Tombstone && len(payload.B) == 0 {
@@ -305,11 +357,12 @@ func (r *Router) DeadLetter(ev *outbox.Event, reason string) *kgo.Record {
 		value = []byte{}
 	}
 	dl := &kgo.Record{Topic: ev.Source.DeadLetterTopic, Value: value, Timestamp: ev.CommitTime}
-	if key, err := expandBytes(ev.Source.KeyTemplate, ev); err == nil {
+	if key, err := r.key(ev); err == nil {
 		dl.Key = key
 	}
 	tr := r.routes[ev.Source]
 	dl.Headers = r.headers(make([]kgo.RecordHeader, 0, 16), tr, ev)
+	dl.Headers = r.deadLetterHeaders(ev, dl.Headers)
 	if topic, err := r.topic(tr, ev); err == nil {
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(topic)})
 	}

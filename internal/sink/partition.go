@@ -88,6 +88,14 @@ func (p *pinTopicPartitioner) OnNewBatch() {
 // metadata request per event.
 const partitionsMaxAge = 5 * time.Second
 
+// KnownPartitions is Partitions without asking the brokers: ok is false
+// when Partitions would ask. It never blocks, so the caller can keep
+// Partitions off the per-event path.
+func (k *Kafka) KnownPartitions(topic string, p int32) (n int32, ok bool) {
+	c, ok := k.partitions[topic]
+	return c.n, ok && (p < c.n || time.Since(c.at) < partitionsMaxAge)
+}
+
 type partitionCount struct {
 	n  int32
 	at time.Time
@@ -99,9 +107,8 @@ type partitionCount struct {
 // It runs on the replication loop's goroutine, like EnsureTopic; ctx bounds
 // the lookup.
 func (k *Kafka) Partitions(ctx context.Context, topic string, p int32) (int32, error) {
-	c, ok := k.partitions[topic]
-	if ok && (p < c.n || time.Since(c.at) < partitionsMaxAge) {
-		return c.n, nil
+	if n, ok := k.KnownPartitions(topic, p); ok {
+		return n, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
