@@ -103,6 +103,14 @@ type fileTable struct {
 		BatchSize int           `yaml:"batch_size"`
 		Mode      string        `yaml:"mode"`
 	} `yaml:"retention"`
+	// Filter and Expressions are CEL (docs/config.md, "Expressions").
+	Filter      string `yaml:"filter"`
+	Expressions struct {
+		Topic     string            `yaml:"topic"`
+		Key       string            `yaml:"key"`
+		Partition string            `yaml:"partition"`
+		Headers   map[string]string `yaml:"headers"`
+	} `yaml:"expressions"`
 }
 
 // fileSchema is tables[].schema: a mapping, or just the format
@@ -337,6 +345,8 @@ func (ft fileTable) table() (*outbox.Source, error) {
 	if err := ft.columns(t, isMessage); err != nil {
 		return nil, err
 	}
+	x := ft.Expressions
+	t.Filter, t.Expressions = ft.Filter, outbox.Expressions{Topic: x.Topic, Key: x.Key, Partition: x.Partition, Headers: x.Headers}
 	if r := ft.Retention; r != nil {
 		t.Retention = &outbox.Retention{After: r.After, BatchSize: r.BatchSize, Mode: r.Mode}
 	}
