@@ -9,12 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/delivery"
-	"github.com/outboxcdc/cdc/internal/postgres"
-	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
@@ -40,21 +37,6 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System, opening *checkpoin
 	}
 	p.log.Info("exactly-once: this instance holds the transactional id; any other is fenced", "transactional_id", kcfg.TransactionalID)
 	return k, nil
-}
-
-// slotHeld reports whether a walsender other than this instance's last one
-// streams the slot: after a fence, that another instance took over. When
-// Postgres cannot say, it is taken as no, and the next session finds out.
-func (p *Pipeline) slotHeld(ctx context.Context) bool {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := postgres.ConnectSQL(qctx, p.cfg.Postgres)
-	if err != nil {
-		return false
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := setup.InspectSlot(qctx, conn, p.cfg.Postgres.Slot)
-	return err == nil && st.Active && uint32(st.ActivePID) != p.walsender.Load()
 }
 
 // isFenced reports whether err says another instance took over.

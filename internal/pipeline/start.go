@@ -130,7 +130,7 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.Slot
 		if err := p.carryOver(ctx, rec); err != nil {
 			return 0, "", err
 		}
-		if err := p.sameHistory(ctx, conn, rec); err != nil {
+		if err := conn.SameHistory(ctx, rec, p.log); err != nil {
 			return 0, "", err
 		}
 		if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, false); err != nil {
@@ -287,33 +287,6 @@ func (p *Pipeline) carryOver(ctx context.Context, rec *checkpoint.Record) error 
 	p.log.Info("checkpointed what Kafka acknowledged before the last session ended; the transactions it covers are skipped if Postgres sends them again",
 		"commit_lsn", next.CommitLSN.String(), "confirmed_lsn", next.Confirmed.String())
 	*rec = next
-	return nil
-}
-
-// sameHistory brings a resumed checkpoint onto the server's timeline. Its
-// CommitLSN is what a session skips up to (the transactions Kafka already
-// holds, sent again after a Postgres restart moved the slot back), and an LSN
-// means something only within its WAL history (docs/design.md, "An LSN means
-// something only within its WAL history"): after a promotion, the commits up to
-// where the checkpoint's timeline ended are shared, those after it are not in
-// this server's history, so nothing is skipped. Decide already refused a WAL
-// that ends before the checkpoint on the same timeline (a restore).
-func (p *Pipeline) sameHistory(ctx context.Context, conn *wal.Conn, rec *checkpoint.Record) error {
-	sys := conn.System()
-	if rec.Timeline == sys.Timeline {
-		return nil
-	}
-	end, ok, err := conn.TimelineEnd(ctx, rec.Timeline)
-	if err != nil {
-		return err
-	}
-	p.log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline, "switch_lsn", end.String())
-	if !ok || rec.CommitLSN >= end {
-		p.log.Warn("the checkpoint's last delivered commit is not in the new timeline's history; nothing is skipped as already delivered (events may arrive twice, none is lost)",
-			"commit_lsn", rec.CommitLSN.String(), "timeline", rec.Timeline, "switch_lsn", end.String())
-		rec.CommitLSN = 0
-	}
-	rec.Timeline = sys.Timeline
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -51,6 +52,24 @@ type Cleaner struct {
 	// afterLook, when set, runs between the look at a partition without a
 	// lock and its drop: tests write a late row there.
 	afterLook func(partition string)
+}
+
+// New is c for the tables of c.Tables that have retention, with the marks
+// the saved checkpoint holds; nil when none has: the cleaner deletes only
+// what the saved checkpoint says the stream covered and Kafka
+// acknowledged, and keeps its marks in the checkpoint.
+func New(c Cleaner) *Cleaner {
+	var tables []*outbox.Source
+	for _, t := range c.Tables {
+		if t.Retention != nil {
+			tables = append(tables, t)
+		}
+	}
+	if len(tables) == 0 {
+		return nil
+	}
+	c.Tables, c.Marks = tables, slices.Clone(c.Saved().RetentionMarks)
+	return &c
 }
 
 // lockTimeout bounds how long a batch waits for a lock an application

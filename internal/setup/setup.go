@@ -480,3 +480,18 @@ func InspectSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotState, e
 	}
 	return st, nil
 }
+
+// HeldByOther reports whether a walsender other than pid streams slot:
+// after a fence, that another instance took over. When Postgres cannot
+// say, it is taken as no, and the next session finds out.
+func HeldByOther(ctx context.Context, cfg postgres.Config, slot string, pid uint32) bool {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := postgres.ConnectSQL(qctx, cfg)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	st, err := InspectSlot(qctx, conn, slot)
+	return err == nil && st.Active && uint32(st.ActivePID) != pid
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/pgident"
 	"github.com/outboxcdc/cdc/internal/postgres"
 )
@@ -291,4 +292,31 @@ func timelineEnd(history string, tli int32) (pglogrepl.LSN, bool) {
 		return lsn, true
 	}
 	return 0, false
+}
+
+// SameHistory brings a resumed checkpoint onto the server's timeline. Its
+// CommitLSN is what a session skips up to (the transactions Kafka already
+// holds, sent again after a Postgres restart moved the slot back), and an LSN
+// means something only within its WAL history (docs/design.md, "An LSN means
+// something only within its WAL history"): after a promotion, the commits up to
+// where the checkpoint's timeline ended are shared, those after it are not in
+// this server's history, so nothing is skipped. Decide already refused a WAL
+// that ends before the checkpoint on the same timeline (a restore).
+func (c *Conn) SameHistory(ctx context.Context, rec *checkpoint.Record, log hclog.Logger) error {
+	sys := c.System()
+	if rec.Timeline == sys.Timeline {
+		return nil
+	}
+	end, ok, err := c.TimelineEnd(ctx, rec.Timeline)
+	if err != nil {
+		return err
+	}
+	log.Info("the server's timeline changed since the last checkpoint (a promoted standby)", "from", rec.Timeline, "to", sys.Timeline, "switch_lsn", end.String())
+	if !ok || rec.CommitLSN >= end {
+		log.Warn("the checkpoint's last delivered commit is not in the new timeline's history; nothing is skipped as already delivered (events may arrive twice, none is lost)",
+			"commit_lsn", rec.CommitLSN.String(), "timeline", rec.Timeline, "switch_lsn", end.String())
+		rec.CommitLSN = 0
+	}
+	rec.Timeline = sys.Timeline
+	return nil
 }
