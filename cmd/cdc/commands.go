@@ -791,6 +791,9 @@ func printCheckpoint(tw io.Writer, cp *ops.CheckpointStatus) {
 		}
 		fmt.Fprintf(tw, "  backfill %s\t%s where %s: %s\n", b.ID, b.Table, orAll(b.Where), state)
 	}
+	if n := len(cp.Parked); n > 0 {
+		fmt.Fprintf(tw, "  parked keys\t%d (cdc parked lists them, cdc redrive sends them on)\n", n)
+	}
 }
 
 // humanBytes writes n in binary units.

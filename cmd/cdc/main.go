@@ -59,6 +59,8 @@ func init() {
 		"rewind":   {"move the stopped pipeline back to an LSN or time in the replay window", rewindCmd},
 		"reset":    {"accept a gap the connector refused to stream over", resetCmd},
 		"skip":     {"send one invalid event the stopped connector stops on to the dead-letter topic, and stream on", skipCmd},
+		"parked":   {"list the keys on_invalid: park holds back, with why and how many events wait", parkedCmd},
+		"redrive":  {"send a parked key's events on, in order, through the running connector, once the cause is fixed", redriveCmd},
 		"status":   {"show the slot, lag, retained WAL, publication, checkpoint and replay window", statusCmd},
 		"demo":     {"see it work: a throwaway Postgres, an embedded broker and an order service", demoCmd},
 		"probe":    {"ask a running connector's /healthz or /readyz, for health checks that run a command", probeCmd},

@@ -74,6 +74,31 @@ type Record struct {
 	// dead-letter topic rather than stop on (cdc skip), until the stream
 	// delivered their transaction (Progress drops them then).
 	Skips []Skip
+	// Parked are the keys on_invalid: park holds back up to Confirmed
+	// (package park): a restart, a takeover and exactly-once mode keep
+	// them parked. The list is never changed once in a record: a change
+	// makes a new one.
+	Parked []Parked
+}
+
+// Parked is one parked key: the events of Key meant for Dest wait in the
+// parked topic Topic, in commit order, behind the invalid event First
+// (docs/operations.md, "Parked keys").
+type Parked struct {
+	Table string // the table of the first event, as SQL names it
+	// Dest is the topic the key's events are meant for, or "table:" and
+	// Table when the first's topic could not be worked out.
+	Dest string
+	Key  string
+	// Reason is why First is invalid.
+	Reason string
+	First  string // the first event's id
+	// Episode tells this parking's records in Topic from those of an
+	// earlier parking of the same key, redriven since.
+	Episode string
+	Since   time.Time // the first event's commit time
+	Events  int64     // events parked, the first included
+	Topic   string    // the parked topic
 }
 
 // RetentionMark is a snapshot's xmin (64-bit) and the WAL insert position
@@ -367,10 +392,23 @@ type jsonRecord struct {
 	Skips        []jsonSkip            `json:"skips,omitempty"`
 	Retention    []jsonRetention       `json:"retention_marks,omitempty"`
 	Seq          uint64                `json:"seq,omitempty"`
+	Parked       []jsonParked          `json:"parked,omitempty"`
 }
 
 // jsonStream is a Table but its relation id, which "tables" holds (as
 // records written before streams were kept do).
+type jsonParked struct {
+	Table   string    `json:"table"`
+	Dest    string    `json:"dest"`
+	Key     string    `json:"key"`
+	Reason  string    `json:"reason"`
+	First   string    `json:"first"`
+	Episode string    `json:"episode"`
+	Since   time.Time `json:"since"`
+	Events  int64     `json:"events"`
+	Topic   string    `json:"topic"`
+}
+
 type jsonStream struct {
 	Member string   `json:"member,omitempty"`
 	Floor  *uint64  `json:"floor,omitempty"` // absent: NoFloor
@@ -463,6 +501,9 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	for _, s := range r.Skips {
 		j.Skips = append(j.Skips, jsonSkip{CommitLSN: s.CommitLSN.String(), ID: s.ID})
 	}
+	for _, p := range r.Parked {
+		j.Parked = append(j.Parked, jsonParked(p))
+	}
 	for _, m := range r.RetentionMarks {
 		j.Retention = append(j.Retention, jsonRetention{XMin: m.XMin, LSN: m.LSN.String(), Time: m.Time.UTC(), Timeline: m.Timeline})
 	}
@@ -523,6 +564,9 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 			return err
 		}
 		r.RetentionMarks = append(r.RetentionMarks, RetentionMark{XMin: m.XMin, LSN: l, Time: m.Time, Timeline: m.Timeline})
+	}
+	for _, p := range j.Parked {
+		r.Parked = append(r.Parked, Parked(p))
 	}
 	for _, s := range j.Skips {
 		l, err := lsn("skips", s.CommitLSN)

@@ -15,6 +15,14 @@ import (
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
+// ParkedTopicConfigs are the configs of a parked topic the connector
+// creates: nothing is deleted from it by time or size.
+var ParkedTopicConfigs = map[string]string{"retention.ms": "-1", "retention.bytes": "-1"}
+
+// DefaultMaxParkedKeys is max_parked_keys' default: room for an incident's
+// worth of aggregates, small enough to keep in every checkpoint record.
+const DefaultMaxParkedKeys = 1000
+
 // DefaultMaxInFlight is max_in_flight's default. It bounds the connector's
 // memory (about 2 KB per event in flight, for the row, the record and
 // franz-go's batch). An event waits for the produce request in flight to
@@ -69,6 +77,10 @@ type Config struct {
 	// the memory (docs/design.md, "Memory is bounded in bytes"). Default
 	// DefaultMaxInFlightBytes (64 MiB); one record is always let through.
 	MaxInFlightBytes int64 `yaml:"max_in_flight_bytes"`
+	// MaxParkedKeys bounds the keys on_invalid: park holds back at once,
+	// in all the tables: one more stops the connector as on_invalid: fail
+	// would, never drops. Default DefaultMaxParkedKeys.
+	MaxParkedKeys int `yaml:"max_parked_keys"`
 	// ShutdownTimeout bounds a shutdown: the stream reads on to the end of
 	// the open transaction for at most half of it, and the wait for
 	// Kafka's acks and the last checkpoint ends with it. Default
@@ -229,6 +241,12 @@ func (c *Config) validateInFlight() error {
 	if c.MaxInFlightBytes == 0 {
 		c.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
+	if c.MaxParkedKeys == 0 {
+		c.MaxParkedKeys = DefaultMaxParkedKeys
+	}
+	if c.MaxParkedKeys < 1 || c.MaxParkedKeys > 100_000 {
+		return fmt.Errorf("max_parked_keys %d: use 1 to 100000", c.MaxParkedKeys)
+	}
 	if c.MaxInFlightBytes < 1<<20 {
 		return fmt.Errorf("max_in_flight_bytes %d: use at least 1048576 (1 MiB); the default is %d", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	}
@@ -252,9 +270,16 @@ func (c *Config) Producer() sink.Config {
 	// the in-flight limit.
 	k.MaxBufferedRecords = 2 * c.MaxInFlight
 	k.TopicMaxMessageBytes = map[string]int32{}
+	k.TopicConfigs = map[string]map[string]string{}
 	for _, t := range c.Tables {
-		if t.OnInvalid == outbox.OnInvalidDeadLetter {
+		if t.OnInvalid == outbox.OnInvalidDeadLetter || t.OnInvalidUnkeyed == outbox.OnInvalidDeadLetter {
 			k.TopicMaxMessageBytes[t.DeadLetterTopic] = k.DeadLetterMaxMessageBytes
+		}
+		if t.OnInvalid == outbox.OnInvalidPark {
+			// A parked event lives in its topic until it is redriven:
+			// no time or size retention deletes it.
+			k.TopicMaxMessageBytes[t.ParkedTopic] = k.DeadLetterMaxMessageBytes
+			k.TopicConfigs[t.ParkedTopic] = ParkedTopicConfigs
 		}
 	}
 	return k
@@ -328,6 +353,9 @@ func (c *Config) validateCheckpoint() error {
 		}
 		if t.OnInvalid == outbox.OnInvalidDeadLetter && t.DeadLetterTopic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
+		}
+		if t.OnInvalid == outbox.OnInvalidPark && t.ParkedTopic == c.Checkpoint.Topic {
+			return fmt.Errorf("%s: parked_topic %q is the checkpoint topic; choose another", t, t.ParkedTopic)
 		}
 	}
 	return nil

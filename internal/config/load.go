@@ -92,6 +92,8 @@ type fileTable struct {
 	TombstoneOnEmptyPayload bool              `yaml:"tombstone_on_empty_payload"`
 	OnInvalid               string            `yaml:"on_invalid"`
 	DeadLetterTopic         string            `yaml:"dead_letter_topic"`
+	ParkedTopic             string            `yaml:"parked_topic"`
+	OnInvalidUnkeyed        string            `yaml:"on_invalid_unkeyed"`
 	Schema                  fileSchema        `yaml:"schema"`
 	Backfill                *struct {
 		Where     string `yaml:"where"`
@@ -318,7 +320,8 @@ func (ft fileTable) table() (*outbox.Source, error) {
 		Tombstone:         ft.TombstoneOnEmptyPayload,
 		OnInvalid:         ft.OnInvalid,
 		DeadLetterTopic:   ft.DeadLetterTopic,
-		MaxTopics:         ft.MaxTopics,
+		ParkedTopic:       ft.ParkedTopic, OnInvalidUnkeyed: ft.OnInvalidUnkeyed,
+		MaxTopics: ft.MaxTopics,
 	}
 	var err error
 	if t.Schema, err = ft.Schema.schema(); err != nil {

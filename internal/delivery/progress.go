@@ -113,6 +113,9 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 	if pos.Tables != nil {
 		r.Tables = pos.Tables
 	}
+	if pos.Parked != nil {
+		r.Parked = *pos.Parked
+	}
 	if p.retention != nil {
 		r.RetentionMarks = p.retention
 	}

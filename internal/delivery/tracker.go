@@ -22,6 +22,7 @@ type Txn struct {
 	// transaction is delivered; tables, the tables' relation ids.
 	backfills *[]checkpoint.Job
 	tables    map[string]checkpoint.Table
+	parked    *[]checkpoint.Parked
 }
 
 // Position is the watermark and where it came from.
@@ -42,6 +43,8 @@ type Position struct {
 	// when set, is the tables' relation ids there (Tracker.NoteTables).
 	Backfills *[]checkpoint.Job
 	Tables    map[string]checkpoint.Table
+	// Parked, when set, is the parked keys there (Tracker.NoteParked).
+	Parked *[]checkpoint.Parked
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -149,6 +152,15 @@ func (t *Tracker) NoteTables(tx *Txn, tables map[string]checkpoint.Table) {
 	t.mu.Unlock()
 }
 
+// NoteParked attaches the parked keys to tx (Record.Parked): once tx is
+// delivered, and the watermark passes it, checkpoints record them.
+// parked must not change afterwards.
+func (t *Tracker) NoteParked(tx *Txn, parked []checkpoint.Parked) {
+	t.mu.Lock()
+	tx.parked = &parked
+	t.mu.Unlock()
+}
+
 // Commit closes tx: commit is the LSN of its commit record (pgoutput's
 // Begin.FinalLSN), end the end of that record, at the commit time. No Track
 // may follow for tx.
@@ -171,6 +183,9 @@ func (t *Tracker) Commit(tx *Txn, commit, end pglogrepl.LSN, at time.Time) {
 		if tx.tables != nil {
 			prev.tables = tx.tables
 		}
+		if tx.parked != nil {
+			prev.parked = tx.parked
+		}
 		t.txns[n-1] = nil
 		t.txns = t.txns[:n-1]
 	}
@@ -186,13 +201,16 @@ func (t *Tracker) resolveLocked() bool {
 	n := 0
 	for n < len(t.txns) && t.txns[n].committed && t.txns[n].pending == 0 {
 		if tx := t.txns[n]; tx.end > t.pos.LSN {
-			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills, Tables: t.pos.Tables}
+			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills, Tables: t.pos.Tables, Parked: t.pos.Parked}
 		}
 		if tx := t.txns[n]; tx.backfills != nil {
 			t.pos.Backfills = tx.backfills
 		}
 		if tx := t.txns[n]; tx.tables != nil {
 			t.pos.Tables = tx.tables
+		}
+		if tx := t.txns[n]; tx.parked != nil {
+			t.pos.Parked = tx.parked
 		}
 		t.txns[n] = nil
 		n++

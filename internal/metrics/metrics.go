@@ -66,6 +66,9 @@ type Metrics struct {
 	tableRepairs *prometheus.CounterVec
 	tableMissing *prometheus.GaugeVec
 	tableRenamed *prometheus.GaugeVec
+	// ParkedKeys is how many keys on_invalid: park holds back.
+	ParkedKeys   prometheus.Gauge
+	parkedEvents *prometheus.CounterVec
 	// CatalogChecked is when the tables' watch last compared the catalog
 	// with what the session streams, without an error.
 	CatalogChecked prometheus.Gauge
@@ -155,16 +158,7 @@ func New(pipeline string) *Metrics {
 		Help: "Schema lookups for tables with a registry schema, by result: cached, fetched, registered, not_found, error."}, []string{"result"})
 	m.schemaInvalid = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_schema_invalid_total",
 		Help: "Events whose payload did not match their schema (dead-lettered, or stopping the connector), by source."}, []string{"source"})
-	m.unmapped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_unmapped_relation_changes_total",
-		Help: "Inserts into a relation of the publication that no configured table maps (not events; the log names the first of each relation), by relation: the first 32 relations have a series each, the others count under relation=\"(others)\"."}, []string{"relation"})
-	m.tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_table_repairs_total",
-		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
-	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
-		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
-	m.CatalogChecked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_catalog_checked_timestamp_seconds",
-		Help: "When the tables' watch last compared the catalog with what the session streams, without an error (unix seconds): every postgres.catalog_check_interval while streaming."})
-	m.tableRenamed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_renamed",
-		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it, across restarts too; set tables[].name), 0 otherwise, by table."}, []string{"table"})
+	m.newTableMetrics()
 	m.StandbyDelay = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_standby_replay_delay_seconds",
 		Help: "On a hot standby (postgres.url), how long ago the last transaction it replayed committed on the primary: while the primary writes, how far the standby's replay, and so the stream, is behind it. 0 on a primary."})
 	m.retentionDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_rows_deleted_total",
@@ -175,13 +169,32 @@ func New(pipeline string) *Metrics {
 		Help: "When retention last swept the table without an error (unix seconds), by table."}, []string{"table"})
 	m.retentionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_retention_errors_total",
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
-	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.filtered, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
+	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.ParkedKeys, m.parkedEvents, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.filtered, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
 		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}
 	return m
+}
+
+// newTableMetrics makes the metrics of the outbox tables' lives and of
+// parked keys.
+func (m *Metrics) newTableMetrics() {
+	m.unmapped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_unmapped_relation_changes_total",
+		Help: "Inserts into a relation of the publication that no configured table maps (not events; the log names the first of each relation), by relation: the first 32 relations have a series each, the others count under relation=\"(others)\"."}, []string{"relation"})
+	m.tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_table_repairs_total",
+		Help: "Outbox tables found dropped and created again, or added back to the publication, whose unstreamed rows the connector sent, by table."}, []string{"table"})
+	m.tableMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_missing",
+		Help: "1 while a configured outbox table does not exist (dropped or renamed), 0 otherwise, by table."}, []string{"table"})
+	m.ParkedKeys = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_parked_keys",
+		Help: "Keys on_invalid: park holds back now: an invalid event parked each, and the key's later events follow it to the parked topic until cdc redrive sends them on."})
+	m.parkedEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_parked_events_total",
+		Help: "Events sent to a parked topic (the invalid ones that parked their key, and those behind them), by table."}, []string{"table"})
+	m.CatalogChecked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_catalog_checked_timestamp_seconds",
+		Help: "When the tables' watch last compared the catalog with what the session streams, without an error (unix seconds): every postgres.catalog_check_interval while streaming."})
+	m.tableRenamed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "cdc_table_renamed",
+		Help: "1 while the relation a configured outbox table streams has another name than the configuration's (renamed: the connector follows it, across restarts too; set tables[].name), 0 otherwise, by table."}, []string{"table"})
 }
 
 // Source is a configured source, for Init: its name, the topics it is
@@ -192,6 +205,7 @@ type Source struct {
 	Topics []string
 	Table  bool
 	Schema bool // its payload has a registry schema
+	Park   bool // on_invalid: park
 }
 
 // Init creates every labelled series the configuration makes known, at 0,
@@ -207,6 +221,9 @@ func (m *Metrics) Init(sources []Source) {
 		}
 		m.deadLetters.WithLabelValues(s.Name)
 		m.filtered.WithLabelValues(s.Name)
+		if s.Park {
+			m.parkedEvents.WithLabelValues(s.Name)
+		}
 		for _, t := range s.Topics {
 			m.events.WithLabelValues(s.Name, t)
 		}
@@ -291,6 +308,13 @@ func (m *Metrics) Unmapped(relation string) {
 	}
 	m.unmappedMu.Unlock()
 	m.unmapped.WithLabelValues(relation).Inc()
+}
+
+// Parked counts one event of source sent to its parked topic, with keys
+// parked now.
+func (m *Metrics) Parked(source string, keys int) {
+	m.parkedEvents.WithLabelValues(source).Inc()
+	m.ParkedKeys.Set(float64(keys))
 }
 
 // TableRenamed sets whether table's relation has another name than the

@@ -26,6 +26,7 @@ func names(t *testing.T) map[string]bool {
 	m.TableMissing("t", false)
 	m.TableRenamed("t", false)
 	m.Filtered("t").Inc()
+	m.Parked("t", 1)
 	m.SetWALStatus("reserved")
 	fams, err := m.Registry.Gather()
 	if err != nil {

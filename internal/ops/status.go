@@ -94,6 +94,8 @@ type CheckpointStatus struct {
 	History      []checkpoint.Jump `json:"history,omitempty"`
 	// Backfills are the running and the last finished backfills.
 	Backfills []checkpoint.Job `json:"backfills,omitempty"`
+	// Parked are the keys on_invalid: park holds back (cdc parked).
+	Parked []checkpoint.Parked `json:"parked,omitempty"`
 }
 
 // WindowStatus is the replay window.
@@ -143,7 +145,7 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.CheckpointError = "no checkpoint yet for this slot and database (the connector has not run, or runs a version without one)"
 	default:
 		c := &CheckpointStatus{Topic: o.Config.Checkpoint.Topic, ConfirmedLSN: rec.Confirmed.String(), CommitLSN: rec.CommitLSN.String(),
-			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History, Backfills: rec.Backfills}
+			UpdatedAt: rec.UpdatedAt, Version: rec.Version, History: rec.History, Backfills: rec.Backfills, Parked: rec.Parked}
 		if !rec.CommitTime.IsZero() {
 			c.CommitTime = &rec.CommitTime
 		}

@@ -105,6 +105,7 @@ const (
 	DefaultTopic           = "outbox.event.{aggregate_type}"
 	DefaultKey             = "{aggregate_id}"
 	DefaultDeadLetterTopic = "outbox.dead-letter"
+	DefaultParkedTopic     = "outbox.parked"
 )
 
 // Value formats.
@@ -119,6 +120,10 @@ const (
 const (
 	OnInvalidFail       = "fail"
 	OnInvalidDeadLetter = "dead-letter"
+	// OnInvalidPark parks the invalid event's key: it and every later
+	// event of the same key go to ParkedTopic, in commit order, until an
+	// operator redrives them (docs/operations.md, "Parked keys").
+	OnInvalidPark = "park"
 )
 
 // Placements of an additional column.
@@ -172,9 +177,16 @@ type Source struct {
 	// Tombstone sends a NULL or empty payload as a null value (a Kafka
 	// tombstone for the key) instead of an empty value.
 	Tombstone bool
-	// OnInvalid is OnInvalidFail (default) or OnInvalidDeadLetter.
+	// OnInvalid is OnInvalidFail (default), OnInvalidDeadLetter or
+	// OnInvalidPark.
 	OnInvalid       string
 	DeadLetterTopic string
+	// ParkedTopic is where on_invalid: park sends a parked key's events;
+	// DefaultParkedTopic. OnInvalidUnkeyed is what park does with an
+	// invalid event without a key, which cannot be parked: OnInvalidFail
+	// (the default) or OnInvalidDeadLetter.
+	ParkedTopic      string
+	OnInvalidUnkeyed string
 	// Schema is the data contract of the payload (outbox/schema.go).
 	Schema Schema
 	// Backfill, when set, sends the rows already in the table that match
@@ -203,6 +215,35 @@ type Source struct {
 	KeyTemplate    Template
 	SourceTemplate Template
 	Programs       *Programs
+}
+
+// validateInvalid fills and checks what happens to an invalid event:
+// on_invalid, and with park its topic and what an unkeyed event does.
+func (t *Source) validateInvalid() error {
+	switch t.OnInvalid {
+	case "":
+		t.OnInvalid = OnInvalidFail
+	case OnInvalidFail, OnInvalidDeadLetter, OnInvalidPark:
+	default:
+		return fmt.Errorf("%s: on_invalid %q: use fail, dead-letter or park", t, t.OnInvalid)
+	}
+	if t.OnInvalid != OnInvalidPark && (t.ParkedTopic != "" || t.OnInvalidUnkeyed != "") {
+		return fmt.Errorf("%s: parked_topic and on_invalid_unkeyed apply to on_invalid: park; set it, or remove them", t)
+	}
+	if t.OnInvalid != OnInvalidPark {
+		return nil
+	}
+	if t.ParkedTopic == "" {
+		t.ParkedTopic = DefaultParkedTopic
+	}
+	switch t.OnInvalidUnkeyed {
+	case "":
+		t.OnInvalidUnkeyed = OnInvalidFail
+	case OnInvalidFail, OnInvalidDeadLetter:
+	default:
+		return fmt.Errorf("%s: on_invalid_unkeyed %q: use fail or dead-letter (an event without a key cannot be parked)", t, t.OnInvalidUnkeyed)
+	}
+	return nil
 }
 
 // BackfillOptions selects the rows of a table to send that were committed before
@@ -345,12 +386,8 @@ func (t *Source) Validate() error {
 	default:
 		return fmt.Errorf("%s: format %q: use payload, envelope, cloudevents-binary or cloudevents-structured", t, t.Format)
 	}
-	switch t.OnInvalid {
-	case "":
-		t.OnInvalid = OnInvalidFail
-	case OnInvalidFail, OnInvalidDeadLetter:
-	default:
-		return fmt.Errorf("%s: on_invalid %q: use fail or dead-letter", t, t.OnInvalid)
+	if err := t.validateInvalid(); err != nil {
+		return err
 	}
 	if t.MaxTopics == 0 {
 		t.MaxTopics = DefaultMaxTopics

@@ -126,8 +126,11 @@ func (t *Source) FixedTopics() []string {
 	if topic := t.LiteralTopic(); topic != "" {
 		topics = append(topics, topic)
 	}
-	if t.OnInvalid == OnInvalidDeadLetter && t.DeadLetterTopic != "" && !strings.Contains(t.DeadLetterTopic, "{") {
+	if (t.OnInvalid == OnInvalidDeadLetter || t.OnInvalidUnkeyed == OnInvalidDeadLetter) && t.DeadLetterTopic != "" && !strings.Contains(t.DeadLetterTopic, "{") {
 		topics = append(topics, t.DeadLetterTopic)
+	}
+	if t.OnInvalid == OnInvalidPark {
+		topics = append(topics, t.ParkedTopic)
 	}
 	return topics
 }

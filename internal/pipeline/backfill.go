@@ -10,6 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/tablewatch"
 )
 
@@ -67,6 +68,8 @@ func (s *session) control(m *decode.Message) error {
 		if s.tables != nil {
 			return s.repairAt(c, m)
 		}
+	case park.ControlRequest:
+		return s.redrive(c.ID, m)
 	}
 	return nil
 }

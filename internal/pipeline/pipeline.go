@@ -24,6 +24,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/retry"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
+	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
 
@@ -74,7 +75,9 @@ type Pipeline struct {
 	// read (another replica may have moved it).
 	store    *checkpoint.Store
 	progress *delivery.Progress
-	m        *metrics.Metrics
+	// parkedChecked: the parked topics' retention was looked at.
+	parkedChecked bool
+	m             *metrics.Metrics
 	// onStandby: the last session's server was a hot standby.
 	onStandby bool
 	// health is what /readyz and /healthz report: what the pipeline does,
@@ -135,7 +138,7 @@ func New(cfg config.Config, log hclog.Logger, opts Options) (*Pipeline, error) {
 	p.ops = &ops.Ops{Config: p.cfg, Log: p.log, Version: opts.Version, KafkaOpts: p.kafkaOpts()}
 	var sources []metrics.Source
 	for _, t := range cfg.Tables {
-		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics(), Schema: t.Schema.Registered()})
+		sources = append(sources, metrics.Source{Name: t.String(), Table: !t.IsMessage(), Topics: t.FixedTopics(), Schema: t.Schema.Registered(), Park: t.OnInvalid == outbox.OnInvalidPark})
 	}
 	p.m.Init(sources)
 	// A streaming loop runs at least every status interval.
@@ -231,7 +234,7 @@ type errorStreak struct {
 // classify tells a session's error that stops the connector (fatal) from
 // one a new session may get past, and words the latter for the log.
 func (p *Pipeline) classify(ctx context.Context, err error, streak *errorStreak) (_ error, fatal bool) {
-	if isFenced(err) && !p.slotHeld(ctx) {
+	if isFenced(err) && !setup.HeldByOther(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot, p.walsender.Load()) {
 		// No other instance streams: the broker ended the transaction
 		// itself (it outlived the transaction timeout, during a long
 		// outage say). Its events were not committed; a new session

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/relay"
 	"github.com/outboxcdc/cdc/internal/replay"
@@ -34,6 +34,10 @@ func (p *Pipeline) runSession(ctx context.Context) error {
 		return err
 	}
 	p.log.Debug("kafka: brokers answered")
+	if !p.parkedChecked {
+		p.parkedChecked = true
+		relay.WarnTimedParked(ctx, k, p.cfg.Tables, p.log)
+	}
 	defer func() { k.Close() }() // the transactional producer replaces it
 	var opening *checkpoint.Opening
 	if p.store == nil {
@@ -111,7 +115,9 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 		ctx:     ctx,
 		skipTo:  saved.CommitLSN,
 		tables:  tablewatch.New(p.tableDeps(), saved, o.cat),
+		parked:  park.New(saved.Parked, p.cfg.MaxParkedKeys),
 	}
+	p.m.ParkedKeys.Set(float64(s.parked.Len()))
 	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}
 	s.dec = s.newDecoder(pt, s.tables)
 	if s.skipTo >= o.from {
@@ -272,28 +278,10 @@ func (p *Pipeline) endSession(ctx context.Context, s *session, k *sink.Kafka, ac
 }
 
 // cleaner is the tables' retention (internal/retention) for a session that
-// streams, or nil when no table has one. It deletes only what the saved
-// checkpoint says the stream covered and Kafka acknowledged, and keeps its
-// marks in the checkpoint.
+// streams, nil when no table has one (retention.New).
 func (p *Pipeline) cleaner() *retention.Cleaner {
-	var tables []*outbox.Source
-	for _, t := range p.cfg.Tables {
-		if t.Retention != nil {
-			tables = append(tables, t)
-		}
-	}
-	if len(tables) == 0 {
-		return nil
-	}
-	saved := p.progress.Saved()
-	return &retention.Cleaner{
-		Postgres: p.cfg.Postgres, Tables: tables,
-		Saved:   p.progress.Saved,
-		Pending: p.bf.Pending,
-		Marks:   slices.Clone(saved.RetentionMarks), SetMarks: p.progress.SetRetentionMarks,
-		Now: p.opts.Clock, Interval: p.opts.RetentionInterval,
-		Log: p.log.Named("retention"), Metrics: p.m,
-	}
+	return retention.New(retention.Cleaner{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables, Saved: p.progress.Saved, Pending: p.bf.Pending,
+		SetMarks: p.progress.SetRetentionMarks, Now: p.opts.Clock, Interval: p.opts.RetentionInterval, Log: p.log.Named("retention"), Metrics: p.m})
 }
 
 // sessionAcks is how a session confirms: what the replication loop reads
@@ -334,8 +322,11 @@ type session struct {
 	// tables watches the outbox tables' lives (package tablewatch); nil in a
 	// replay.
 	tables *tablewatch.Watch
+	// parked holds back the keys on_invalid: park parked (package park),
+	// from the saved checkpoint's; nil in a replay.
+	parked *park.Set
 	// skipTo is the commit LSN of the last transaction the checkpoint says
-	// Kafka holds, in this WAL history (sameHistory); skipping is set between
+	// Kafka holds, in this WAL history (wal.Conn.SameHistory); skipping is set between
 	// the BEGIN and COMMIT of a transaction at or below it. A slot's confirmed
 	// position reaches disk only at a server checkpoint, so after a Postgres
 	// restart or crash it goes back (docs/design.md, "Re-delivery after a
@@ -451,6 +442,7 @@ func (s *session) newSender() *relay.Sender {
 		Router: p.router, Schemas: p.schemas, Kafka: s.kafka, Tracker: s.tracker,
 		MaxMessageBytes: int(p.cfg.Kafka.MaxMessageBytes), DeadLetterMaxMessageBytes: int(p.cfg.Kafka.DeadLetterMaxMessageBytes),
 		CheckpointTopic: p.cfg.Checkpoint.Topic, Blocking: s.blocking, Skipped: s.skipped,
+		Parked: s.parked, MaxParkedKeys: p.cfg.MaxParkedKeys,
 		OnDelivered: p.opts.OnDelivered, DeadLettered: &p.DeadLettered, Metrics: p.m, Log: p.log,
 	}
 	if s.eos != nil {

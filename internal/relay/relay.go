@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -48,6 +49,10 @@ type Sender struct {
 	// OnDelivered, when set, is told of each record and Kafka's answer,
 	// after the tracker (pipeline.Options.OnDelivered).
 	OnDelivered func(rec *kgo.Record, err error)
+	// Parked holds back the keys on_invalid: park parked (park.go); nil in
+	// a replay, which parks nothing. MaxParkedKeys is max_parked_keys.
+	Parked        *park.Set
+	MaxParkedKeys int
 	// DeadLettered counts the events sent to a dead-letter topic.
 	DeadLettered *atomic.Int64
 	Metrics      *metrics.Metrics
@@ -66,12 +71,18 @@ func (s *Sender) Send(ctx context.Context, tx *delivery.Txn, m *decode.Message) 
 	if errors.Is(err, route.ErrFiltered) {
 		return s.leaveOut(ev)
 	}
-	if err != nil {
-		if !errors.As(err, new(*outbox.EventError)) {
-			return err // a registry that cannot answer: retried, never dead-lettered
-		}
+	switch {
+	case err != nil && !errors.As(err, new(*outbox.EventError)):
+		return err // a registry that cannot answer: retried, never dead-lettered
+	case err != nil && ev.Source.OnInvalid == outbox.OnInvalidPark:
+		return s.park(ctx, tx, ev, err)
+	case err != nil:
 		if rec, err = s.deadLetter(ev, err); err != nil {
 			return err
+		}
+	default:
+		if p := s.Parked.Parked(rec.Topic, ev.Source.String(), string(rec.Key)); p != nil {
+			return s.parkBehind(ctx, tx, ev, rec, p)
 		}
 	}
 	if s.Suffix != "" {
@@ -150,18 +161,25 @@ func (s *Sender) record(ctx context.Context, m *decode.Message) (*kgo.Record, er
 // returns the dead-letter record, which is tracked like any event, so that
 // its transaction is confirmed only once Kafka acked it.
 func (s *Sender) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
+	if ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
+		if s.Skipped == nil || !s.Skipped(ev) {
+			s.Metrics.InvalidEvents.Inc()
+			return nil, cause
+		}
+		return s.letter(ev, cause, " (sent here by cdc skip)")
+	}
+	return s.letter(ev, cause, "")
+}
+
+// letter is ev's dead-letter record, for cause; note follows the reason.
+func (s *Sender) letter(ev *outbox.Event, cause error, note string) (*kgo.Record, error) {
 	s.Metrics.InvalidEvents.Inc()
 	reason := cause.Error()
 	var ee *outbox.EventError
 	if errors.As(cause, &ee) {
 		reason = ee.Brief() // the reason, without what to do when stopping on it
 	}
-	if ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
-		if s.Skipped == nil || !s.Skipped(ev) {
-			return nil, cause
-		}
-		reason += " (sent here by cdc skip)"
-	}
+	reason += note
 	rec := s.Router.DeadLetter(ev, reason)
 	if n, limit := sink.RecordSize(rec), s.DeadLetterMaxMessageBytes; n > limit {
 		// Too large for the dead-letter topic too: the row's problem

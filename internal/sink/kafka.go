@@ -42,6 +42,9 @@ type Config struct {
 	// TopicMaxMessageBytes overrides MaxMessageBytes for some topics; the
 	// pipeline sets the dead-letter topics' limit here.
 	TopicMaxMessageBytes map[string]int32 `yaml:"-"`
+	// TopicConfigs adds configs to some topics the connector creates, over
+	// TopicDefaults.Configs (a parked topic's retention).
+	TopicConfigs map[string]map[string]string `yaml:"-"`
 	// CreateTopics creates a missing topic through the admin API, with
 	// TopicDefaults, before its first record. Default true.
 	CreateTopics  opt.Value[bool] `yaml:"create_topics"`

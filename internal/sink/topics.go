@@ -96,6 +96,9 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 		for key, v := range d.Configs {
 			configs[key] = kadm.StringPtr(v)
 		}
+		for key, v := range k.cfg.TopicConfigs[topic] {
+			configs[key] = kadm.StringPtr(v)
+		}
 		if n, ok := k.cfg.TopicMaxMessageBytes[topic]; ok && configs["max.message.bytes"] == nil {
 			// A dead-letter topic takes records larger than the others.
 			configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(int(n)))
@@ -260,4 +263,46 @@ func (k *Kafka) CheckTopic(ctx context.Context, topic string, mayCreate, compact
 	default:
 		return fmt.Errorf("topic %q does not exist, and creating it would fail: %v", topic, err)
 	}
+}
+
+// TimedTopic is a topic whose records the brokers delete after Ms.
+type TimedTopic struct {
+	Topic string
+	Ms    int64
+}
+
+// Timed is the topics of topics that exist and delete records after a
+// time (a parked topic must not: a parked event lives there until it is
+// redriven).
+func (k *Kafka) Timed(ctx context.Context, topics []string) []TimedTopic {
+	var out []TimedTopic
+	for _, t := range topics {
+		if ms, ok := k.Retention(ctx, t); ok && ms >= 0 {
+			out = append(out, TimedTopic{t, ms})
+		}
+	}
+	return out
+}
+
+// Retention is topic's retention.ms as the brokers have it: -1 keeps
+// records for ever. ok is false when it cannot be read (no DescribeConfigs
+// right, no such topic yet).
+func (k *Kafka) Retention(ctx context.Context, topic string) (ms int64, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rcs, err := kadm.NewClient(k.cl).DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, false
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil || rc.Err != nil {
+		return 0, false
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "retention.ms" && c.Value != nil {
+			v, err := strconv.ParseInt(*c.Value, 10, 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }

@@ -1,0 +1,93 @@
+package park
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+)
+
+// TestSet: a key parks once per destination, an event whose topic is
+// unknown parks within its table, the set is bounded, and its list is a
+// copy in a stable order that a new set starts from.
+func TestSet(t *testing.T) {
+	at := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	s := New(nil, 2)
+	if s.Parked("orders", "public.outbox", "a") != nil || (*Set)(nil).Parked("orders", "public.outbox", "a") != nil {
+		t.Fatal("an empty set parks nothing")
+	}
+	p, err := s.Park("public.outbox", "orders", "a", "too large", "id-1", "e1", "parked", at)
+	if err != nil || s.Parked("orders", "public.outbox", "a") != p || s.Parked("payments", "public.outbox", "a") != nil {
+		t.Fatalf("park a: %v; a parked for orders only", err)
+	}
+	if _, err := s.Park("public.outbox", TableDest("public.outbox"), "b", "bad topic", "id-2", "e2", "parked", at); err != nil {
+		t.Fatal(err)
+	}
+	if s.Parked("anything", "public.outbox", "b") == nil || s.Parked("anything", "public.other", "b") != nil {
+		t.Fatal("a key parked within its table holds that table's events, whatever their topic")
+	}
+	if _, err := s.Park("public.outbox", "orders", "c", "r", "id-3", "e3", "parked", at); !errors.Is(err, ErrFull) {
+		t.Fatalf("a third key past 2: %v, want ErrFull", err)
+	}
+	if again, err := s.Park("public.outbox", "orders", "a", "r", "id-9", "e9", "parked", at); err != nil || again != p {
+		t.Fatalf("a parked key parked again: %v", err)
+	}
+	list := s.List()
+	if len(list) != 2 || list[0].Key != "a" || list[1].Key != "b" {
+		t.Fatalf("list %+v", list)
+	}
+	list[0].Events = 99
+	if p.Events == 99 {
+		t.Fatal("the list is not a copy")
+	}
+	if got := New(s.List(), 2).List(); !reflect.DeepEqual(got, s.List()) {
+		t.Fatalf("a set from the list: %+v", got)
+	}
+	if sel := s.Select(Selector{Table: "public.outbox"}); len(sel) != 2 {
+		t.Fatalf("select a table: %d keys", len(sel))
+	}
+	s.Unpark(p)
+	if s.Len() != 1 || s.Parked("orders", "public.outbox", "a") != nil {
+		t.Fatal("unparked a is still parked")
+	}
+}
+
+// TestEventRoundTrip: a parked first event comes back as it was (but its
+// payload, which is the record's value), NULLs and empty values apart.
+func TestEventRoundTrip(t *testing.T) {
+	src := &outbox.Source{Extra: []string{"tenant", "note"}}
+	ev := outbox.Event{Source: src, CommitLSN: 0x16B3748, CommitTime: time.Date(2026, 11, 26, 1, 2, 3, 4, time.UTC), XID: 77,
+		Extra: []outbox.Value{{B: []byte("acme"), Kind: outbox.KindText}, {}}}
+	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte("id-1"), Kind: outbox.KindText}
+	ev.Fields[outbox.FieldAggregateID] = outbox.Value{B: []byte{}, Kind: outbox.KindText}
+	back, err := DecodeEvent(EncodeEvent(&ev), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, ev) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", back, ev)
+	}
+	if _, err := DecodeEvent(EncodeEvent(&ev), &outbox.Source{}); err == nil {
+		t.Fatal("an event of another shape decoded")
+	}
+}
+
+// TestRequestSignature: a redrive request verifies with its key and its
+// pipeline's only, and any field changed breaks it.
+func TestRequestSignature(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	r := Request{ID: RequestPrefix + "1", Key: "a", RequestedAt: time.Now()}
+	r.Sign(key, "slot/1")
+	if !r.Verify([][]byte{[]byte("other-key-0123456789abcdef012345"), key}, "slot/1") || r.Verify([][]byte{key}, "slot/2") {
+		t.Fatal("verifies with its key and pipeline only")
+	}
+	for _, edit := range []func(*Request){func(r *Request) { r.Key = "b" }, func(r *Request) { r.All = true }, func(r *Request) { r.DropFirst = true }, func(r *Request) { r.RequestedAt = r.RequestedAt.Add(time.Hour) }} {
+		c := r
+		edit(&c)
+		if c.Verify([][]byte{key}, "slot/1") {
+			t.Fatalf("an edited request verifies: %+v", c)
+		}
+	}
+}
