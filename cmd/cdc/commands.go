@@ -293,6 +293,9 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	}
 	fmt.Fprintf(c.stdout, "replayed %d events in %d transactions in %s: %d matched, %d skipped (outside the range, the tables or the filters)\n",
 		sum.Events, sum.Transactions, sum.Elapsed.Round(time.Millisecond), sum.Events, sum.Skipped)
+	if sum.LeftOut > 0 {
+		fmt.Fprintf(c.stdout, "  left out: %d more matched, but their tables' filters leave them out, as the stream does\n", sum.LeftOut)
+	}
 	fmt.Fprintf(c.stdout, "  asked:   %s\n  read:    WAL %s to %s\n", rg, sum.Start, sum.End)
 	if sum.Transactions > 0 {
 		fmt.Fprintf(c.stdout, "  sent:    commit LSN %s to %s, committed %s to %s\n", sum.FirstCommit, sum.LastCommit,

@@ -449,7 +449,7 @@ func (s *session) newSender() *relay.Sender {
 		out.Produced = s.eos.Produced
 	}
 	if s.replay != nil {
-		out.Suffix = s.replay.Suffix()
+		out.Suffix, out.LeftOut = s.replay.Suffix(), s.replay.LeftOut
 	}
 	return out
 }

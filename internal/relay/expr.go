@@ -30,6 +30,9 @@ func (s *Sender) leaveOut(ev *outbox.Event) error {
 		s.filtered[ev.Source] = c
 	}
 	c.Inc()
+	if s.LeftOut != nil {
+		s.LeftOut(ev)
+	}
 	if s.Log.IsTrace() {
 		s.Log.Trace("event left out by the table's filter", "source", ev.Source.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String())
 	}

@@ -46,6 +46,9 @@ type Sender struct {
 	// Produced, when set, is told of each record produced (exactly once:
 	// the Committer's count of its transaction).
 	Produced func()
+	// LeftOut, when set, is told of each event its table's filter left
+	// out (a replay's count of what it sent).
+	LeftOut func(*outbox.Event)
 	// OnDelivered, when set, is told of each record and Kafka's answer,
 	// after the tracker (pipeline.Options.OnDelivered).
 	OnDelivered func(rec *kgo.Record, err error)

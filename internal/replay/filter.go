@@ -123,7 +123,8 @@ type Status struct {
 type Summary struct {
 	Status
 	Skipped                 int64         // events read in the WAL but outside the range, tables or filters
-	Transactions            int64         // transactions with at least one event sent
+	LeftOut                 int64         // events in them that their table's filter left out: not sent
+	Transactions            int64         // transactions with at least one event taken (sent or left out)
 	FirstCommit, LastCommit pglogrepl.LSN // commit LSNs of the first and last transaction sent
 	FirstTime, LastTime     time.Time     // and their commit times
 	Elapsed                 time.Duration
@@ -176,6 +177,7 @@ type Filter struct {
 	txnSent bool
 
 	skipped             int64
+	leftOut             int64
 	txns                int64
 	firstLSN, lastLSN   pglogrepl.LSN
 	firstTime, lastTime time.Time
@@ -222,6 +224,14 @@ func (f *Filter) Take(ev *outbox.Event) bool {
 		f.lastLSN, f.lastTime = ev.CommitLSN, ev.CommitTime
 	}
 	return true
+}
+
+// LeftOut takes back the count of ev, taken, that its table's filter left
+// out: a replay sends what the stream would (docs/config.md,
+// "Expressions").
+func (f *Filter) LeftOut(*outbox.Event) {
+	f.sent.Add(-1)
+	f.leftOut++
 }
 
 // Acks is the replay stream's wal.Acks: the tracker, plus the end of
@@ -284,7 +294,7 @@ func (f *Filter) Progress(start pglogrepl.LSN, acked uint64) Status {
 
 // Summary is what the replay did, once its stream has stopped.
 func (f *Filter) Summary(p Status, elapsed time.Duration) Summary {
-	return Summary{Status: p, Skipped: f.skipped, Transactions: f.txns,
+	return Summary{Status: p, Skipped: f.skipped, LeftOut: f.leftOut, Transactions: f.txns,
 		FirstCommit: f.firstLSN, LastCommit: f.lastLSN, FirstTime: f.firstTime, LastTime: f.lastTime, Elapsed: elapsed}
 }
 
