@@ -2,6 +2,7 @@ package park
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -89,5 +90,25 @@ func TestRequestSignature(t *testing.T) {
 		if c.Verify([][]byte{key}, "slot/1") {
 			t.Fatalf("an edited request verifies: %+v", c)
 		}
+	}
+}
+
+// BenchmarkParkedLookup is what every event of a table pays for parking:
+// with nothing parked, one comparison; with 100 keys parked, two map
+// lookups for a key that is not.
+func BenchmarkParkedLookup(b *testing.B) {
+	for _, n := range []int{0, 100} {
+		b.Run(fmt.Sprintf("parked=%d", n), func(b *testing.B) {
+			s := New(nil, 1000)
+			for i := 0; i < n; i++ {
+				s.Park("public.outbox", "outbox.event.order", fmt.Sprintf("agg-%d", i), "r", "id", "e", "parked", time.Time{})
+			}
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if s.Parked("outbox.event.order", "public.outbox", "agg-417-free") != nil {
+					b.Fatal("parked")
+				}
+			}
+		})
 	}
 }
