@@ -36,7 +36,7 @@ type partition struct{ name, bound string }
 // most) and for one read of the partition (docs/operations.md,
 // "Retention").
 func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, horizon time.Time) error {
-	rows, err := conn.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname), pg_get_expr(c.relpartbound, c.oid)
+	rows, err := conn.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname), coalesce(pg_get_expr(c.relpartbound, c.oid), '')
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE i.inhparent = $1::oid ORDER BY c.relname`, st.Rel)
 	if err != nil {
