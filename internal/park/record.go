@@ -16,11 +16,14 @@ import (
 
 // The headers a parked record carries besides a dead letter's (package
 // route): which parking it belongs to, the event that holds it back (on
-// the others), and, on the first, the event it came from.
+// the others), and, on the first, the event it came from; on one behind
+// it, the partition its table's expression pinned it to, which its
+// redrive keeps (the key's other events are there).
 const (
-	HeaderEpisode = "parked_episode"
-	HeaderBehind  = "parked_behind"
-	HeaderEvent   = "parked_event"
+	HeaderEpisode   = "parked_episode"
+	HeaderBehind    = "parked_behind"
+	HeaderEvent     = "parked_event"
+	HeaderPartition = "parked_partition"
 )
 
 // NewEpisode is a parking's random name.

@@ -2,17 +2,21 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/park"
+	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -254,4 +258,162 @@ func replaySeed000(t *testing.T, e *env, recs []*kgo.Record, all []*seedEvent, f
 		t.Errorf("replay summary: %d events sent, %d acknowledged, %d left out; want %d, %d, %d", sum.Events, sum.Acked, sum.LeftOut, len(live), len(live), leftOut)
 	}
 	replayed(t, e, ".replay", live)
+}
+
+// failingOutbox is the default outbox routed by expressions that a row can
+// make fail in every way at run time.
+func failingOutbox(e *env, onInvalid string) *outbox.Source {
+	t := e.cfg.Tables[0]
+	t.Topic, t.Key, t.OnInvalid = "", "", onInvalid
+	t.DeadLetterTopic = e.kafka.Prefix + "outbox.dead-letter"
+	t.Filter = `(!has(payload.items) || payload.items.all(i, i >= 0)) && (!has(payload.tags) || size(payload.tags) < 100)`
+	t.Expressions = outbox.Expressions{
+		Topic:     `has(payload.topic) ? payload.topic : "` + e.kafka.Prefix + `orders." + payload.region`,
+		Key:       `payload.customerId`,
+		Partition: `int(payload.p)`,
+	}
+	e.cfg.Kafka.TopicDefaults.Partitions = 4
+	return t
+}
+
+// insertPayload inserts one event with payload (SQL) and returns its id.
+func insertPayload(t *testing.T, conn *pgx.Conn, payloadSQL string) string {
+	t.Helper()
+	var id string
+	if err := conn.QueryRow(context.Background(), `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'a', 'E', `+payloadSQL+`) RETURNING id::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestExpressionFailuresGoThroughOnInvalid: an expression a row makes fail
+// at run time (a missing member, a wrong type, an illegal topic, a
+// partition the topic does not have, the checkpoint topic, a filter that
+// fails, the cost limit) makes the event invalid, and on_invalid decides:
+// dead-letter sends each to the dead-letter topic with why, and the stream
+// goes on; fail stops on the first, naming it, with the slot before it;
+// park parks its key, the key's later event follows it, and a redrive
+// sends that one to the partition its expression pinned.
+func TestExpressionFailuresGoThroughOnInvalid(t *testing.T) {
+	t.Run("dead-letter", func(t *testing.T) {
+		k := testenv.NewFakeKafka(t)
+		e := newEnv(t, k)
+		tbl := failingOutbox(e, outbox.OnInvalidDeadLetter)
+		r := e.start(t)
+		conn := testenv.Connect(t, e.db)
+		good := insertPayload(t, conn, `'{"p": 1, "region": "eu", "customerId": "c-1"}'`)
+		bad := map[string]string{}
+		for payload, why := range map[string]string{
+			`'{"p": 1, "region": "eu"}'`:                                                 "its expressions.key (payload.customerId) failed: no such key: customerId",
+			`'{"p": 1, "region": "eu", "customerId": 42}'`:                               "its expressions.key (payload.customerId) failed: it gave int, not a string",
+			`'{"p": 1, "region": "e/u", "customerId": "c-2"}'`:                           `topic name "` + k.Prefix + `orders.e/u" contains '/'`,
+			`'{"p": 7, "region": "eu", "customerId": "c-3"}'`:                            `gave 7, but topic "` + k.Prefix + `orders.eu" has 4 partitions`,
+			`'{"p": 0, "topic": "` + e.cfg.Checkpoint.Topic + `", "customerId": "c-4"}'`: "its topic is the checkpoint topic",
+			`'{"p": 1, "tags": 5, "region": "eu", "customerId": "c-5"}'`:                 "its filter (" + tbl.Filter + ") failed: no such overload",
+			`jsonb_build_object('p', 1, 'region', 'eu', 'customerId', 'c-6', 'items', (SELECT jsonb_agg(0) FROM generate_series(1, 250000)))`: "failed: it reached the cost limit of 1000000 for one event",
+		} {
+			bad[insertPayload(t, conn, payload)] = why
+		}
+		last := insertPayload(t, conn, `'{"p": 3, "region": "eu", "customerId": "c-1"}'`)
+		end := testenv.CurrentWAL(t, e.db)
+		c := k.NewConsumer(t, k.AllTopics())
+		c.WaitFor(t, time.Minute, "the good events and a dead letter for each bad one", func(recs []*kgo.Record) bool {
+			got := ids(recs)
+			n := 0
+			for _, rec := range recs {
+				if rec.Topic == tbl.DeadLetterTopic {
+					n++
+				}
+			}
+			return got[good] > 0 && got[last] > 0 && n >= len(bad)
+		})
+		for _, rec := range c.Records {
+			id := testenv.Header(rec, route.HeaderID)
+			switch {
+			case rec.Topic == tbl.DeadLetterTopic:
+				why, ok := bad[id]
+				if !ok || testenv.Header(rec, route.HeaderDeadLetterID) != id || !strings.Contains(testenv.Header(rec, route.HeaderDeadLetterError), why) {
+					t.Errorf("dead letter of %s: %q; want it to say %q", id, testenv.Header(rec, route.HeaderDeadLetterError), why)
+				}
+				delete(bad, id)
+			case id == good || id == last:
+				if rec.Topic != k.Prefix+"orders.eu" || string(rec.Key) != "c-1" || rec.Partition != map[string]int32{good: 1, last: 3}[id] {
+					t.Errorf("event %s: topic %s key %q partition %d", id, rec.Topic, rec.Key, rec.Partition)
+				}
+			default:
+				t.Errorf("an invalid event reached topic %s: %s", rec.Topic, id)
+			}
+		}
+		if len(bad) != 0 {
+			t.Errorf("no dead letter for %v", bad)
+		}
+		if n := testenv.Value(t, r.p.Metrics().Registry, "cdc_invalid_events_total"); n != 7 {
+			t.Errorf("cdc_invalid_events_total = %v, want 7", n)
+		}
+		testenv.Eventually(t, 30*time.Second, "the slot to pass every event", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
+	})
+
+	t.Run("fail", func(t *testing.T) {
+		e := newEnv(t, testenv.NewFakeKafka(t))
+		failingOutbox(e, outbox.OnInvalidFail)
+		r := e.start(t)
+		before := testenv.CurrentWAL(t, e.db)
+		id := insertPayload(t, testenv.Connect(t, e.db), `'{"p": 1, "region": "eu"}'`)
+		err := waitFatal(t, r)
+		var ee *outbox.EventError
+		if !errors.As(err, &ee) || ee.EventID != id || !strings.Contains(err.Error(), "its expressions.key (payload.customerId) failed: no such key: customerId") {
+			t.Fatalf("got %v; want the event's error, naming the expression", err)
+		}
+		if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
+			t.Fatalf("the slot confirmed %s, past the invalid event (written after %s)", pos, before)
+		}
+	})
+
+	t.Run("park", func(t *testing.T) {
+		k := testenv.NewFakeKafka(t)
+		e := newEnv(t, k)
+		tbl := failingOutbox(e, outbox.OnInvalidPark)
+		tbl.ParkedTopic = k.Prefix + "outbox.parked"
+		e.start(t)
+		conn := testenv.Connect(t, e.db)
+		first := insertPayload(t, conn, `'{"p": 9, "region": "eu", "customerId": "c-5"}'`)
+		behind := insertPayload(t, conn, `'{"p": 2, "region": "eu", "customerId": "c-5"}'`)
+		other := insertPayload(t, conn, `'{"p": 1, "region": "eu", "customerId": "c-6"}'`)
+		c := k.NewConsumer(t, k.AllTopics())
+		c.WaitFor(t, time.Minute, "c-5's two events parked, c-6's sent", func(recs []*kgo.Record) bool {
+			parked := 0
+			for _, rec := range recs {
+				if rec.Topic == tbl.ParkedTopic && string(rec.Key) == "c-5" {
+					parked++
+				}
+			}
+			return parked == 2 && ids(recs)[other] > 0
+		})
+		p, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		rd, err := p.Ops().RequestRedrive(ctx, park.Selector{Key: "c-5"}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left, err := p.Ops().WatchRedrive(ctx, rd); err != nil || len(left) != 0 {
+			t.Fatalf("redrive: %v, %d left parked", err, len(left))
+		}
+		c.WaitFor(t, time.Minute, "c-5's event behind the first on its topic, and the first dead-lettered", func(recs []*kgo.Record) bool {
+			on, dead := false, false
+			for _, rec := range recs {
+				id := testenv.Header(rec, route.HeaderID)
+				on = on || rec.Topic == k.Prefix+"orders.eu" && id == behind
+				dead = dead || rec.Topic == tbl.DeadLetterTopic && id == first
+			}
+			return on && dead
+		})
+		for _, rec := range c.Records {
+			if rec.Topic == k.Prefix+"orders.eu" && testenv.Header(rec, route.HeaderID) == behind && (rec.Partition != 2 || string(rec.Key) != "c-5") {
+				t.Errorf("the redriven event: partition %d key %q; want the pinned 2, c-5", rec.Partition, rec.Key)
+			}
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -97,6 +98,9 @@ func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Ev
 			kgo.RecordHeader{Key: route.HeaderDeadLetterID, Value: []byte(ev.ID())},
 			kgo.RecordHeader{Key: park.HeaderBehind, Value: []byte(p.First)},
 			kgo.RecordHeader{Key: park.HeaderEpisode, Value: []byte(p.Episode)})}
+	if sink.Pinned(rec) {
+		parked.Headers = append(parked.Headers, kgo.RecordHeader{Key: park.HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)})
+	}
 	if n := sink.RecordSize(parked); n > s.DeadLetterMaxMessageBytes {
 		return outbox.Invalid(ev, "its key is parked, and the record does not fit the parked topic (%d bytes, more than kafka.dead_letter_max_message_bytes %d); raise it", n, s.DeadLetterMaxMessageBytes)
 	}
@@ -152,6 +156,11 @@ func (s *Sender) Redrive(ctx context.Context, tx *delivery.Txn, p *checkpoint.Pa
 		if still != nil || err != nil {
 			return sent, still, err
 		}
+		if rec == nil { // its table's filter leaves it out now
+			done[id] = true
+			_ = s.leaveOut(ev)
+			continue
+		}
 		if !s.Kafka.TopicKnown(rec.Topic) {
 			if err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) }); err != nil {
 				return sent, nil, err
@@ -174,6 +183,10 @@ func (s *Sender) redriven(ctx context.Context, p *checkpoint.Parked, src *outbox
 		for _, h := range r.Headers {
 			switch h.Key {
 			case route.HeaderDeadLetterTopic, route.HeaderDeadLetterSource, route.HeaderDeadLetterID, park.HeaderBehind, park.HeaderEpisode:
+			case park.HeaderPartition:
+				if n, err := strconv.ParseInt(string(h.Value), 10, 32); err == nil {
+					sink.Pin(rec, int32(n))
+				}
 			default:
 				rec.Headers = append(rec.Headers, h)
 			}
@@ -196,6 +209,9 @@ func (s *Sender) redriven(ctx context.Context, p *checkpoint.Parked, src *outbox
 		return rec, &ev, nil, err
 	}
 	rec, err := s.record(ctx, &decode.Message{Kind: decode.KindEvent, Event: ev})
+	if errors.Is(err, route.ErrFiltered) {
+		return nil, &ev, nil, nil
+	}
 	if errors.As(err, new(*outbox.EventError)) {
 		return nil, nil, err, nil
 	}

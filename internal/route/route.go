@@ -345,10 +345,9 @@ func (r *Router) record(ev *outbox.Event) (*kgo.Record, error) {
 // Topic is the topic ev's record goes to, or why it has none.
 func (r *Router) Topic(ev *outbox.Event) (string, error) { return r.topic(r.routes[ev.Source], ev) }
 
-// Key is ev's record key, or why it has none.
-func (r *Router) Key(ev *outbox.Event) ([]byte, error) {
-	return expandBytes(ev.Source.KeyTemplate, ev)
-}
+// Key is ev's record key, or why it has none: its key expression's, or its
+// template's.
+func (r *Router) Key(ev *outbox.Event) ([]byte, error) { return r.key(ev) }
 
 // DeadLetter builds the dead-letter record for ev: the original bytes (the
 // payload as stored, or a message's whole content) under the original key,
