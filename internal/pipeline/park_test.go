@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -251,4 +252,82 @@ func TestUnkeyedInvalidEvent(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestParkedKeyOnSchema: the same with a payload its JSON Schema refuses
+// (a pad longer than the schema allows, in one event of agg-03): the
+// other aggregates stream on, agg-03 parks; once a schema that allows it
+// is registered, a redrive sends agg-03's events on, each checked and
+// encoded against it, in order, with no gap.
+func TestParkedKeyOnSchema(t *testing.T) {
+	e, reg := schemaEnv(t, outbox.SchemaJSONSchema, "")
+	tb := e.cfg.Tables[0]
+	tb.OnInvalid, tb.DeadLetterTopic, tb.ParkedTopic = outbox.OnInvalidPark, "", e.kafka.Prefix+"outbox.parked"
+	topic := e.kafka.Prefix + "outbox.event.order"
+	strict := `{"type":"object","required":["seq"],"properties":{"seq":{"type":"integer"},"pad":{"type":"string","maxLength":100}}}`
+	if _, _, err := reg.RegisterSchema(topic+"-value", sr.Schema{Schema: strict, Type: sr.TypeJSON}); err != nil {
+		t.Fatal(err)
+	}
+	e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	writeAggregates(t, e.db, 5, 1, 40, "agg-03", 20)
+	c.WaitFor(t, time.Minute, "4 aggregates complete, agg-03 parked from its 20th", func(recs []*kgo.Record) bool {
+		on := seqsOf(t, reg, recs, topic)
+		return len(on["agg-00"]) >= 40 && len(on["agg-04"]) >= 40 && len(byKey(inTopic(recs, tb.ParkedTopic), "agg-03")) >= 21
+	})
+	c.Settle(500 * time.Millisecond)
+	if on := seqsOf(t, reg, c.Records, topic); !inOrder(on["agg-03"], 1, 19) || !inOrder(on["agg-01"], 1, 40) {
+		t.Fatalf("agg-03 on its topic: %v, agg-01: %d; want agg-03 1-19, agg-01 1-40", on["agg-03"], len(on["agg-01"]))
+	}
+	loose := `{"type":"object","required":["seq"],"properties":{"seq":{"type":"integer"},"pad":{"type":"string"}}}`
+	if _, _, err := reg.RegisterSchema(topic+"-value", sr.Schema{Schema: loose, Type: sr.TypeJSON}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := pipeline.New(e.cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := p.Ops().RequestRedrive(context.Background(), park.Selector{Key: "agg-03"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left, err := p.Ops().WatchRedrive(context.Background(), rd); err != nil || len(left) != 0 {
+		t.Fatalf("redrive: %v, %d left parked", err, len(left))
+	}
+	c.WaitFor(t, time.Minute, "agg-03's 40 events on its topic", func(recs []*kgo.Record) bool {
+		return len(seqsOf(t, reg, recs, topic)["agg-03"]) >= 40
+	})
+	c.Settle(500 * time.Millisecond)
+	if on := seqsOf(t, reg, c.Records, topic); !inOrder(on["agg-03"], 1, 40) {
+		t.Fatalf("agg-03 after the redrive: %v; want 1 to 40 in order, each once", on["agg-03"])
+	}
+}
+
+// seqsOf is seqs for records encoded for the registry reg.
+func seqsOf(t *testing.T, reg *testenv.Registry, recs []*kgo.Record, topic string) map[string][]int {
+	t.Helper()
+	out := map[string][]int{}
+	for _, r := range recs {
+		if r.Topic != topic {
+			continue
+		}
+		_, v := reg.Decode(t, r)
+		var p struct{ Seq int }
+		if err := json.Unmarshal([]byte(v), &p); err != nil {
+			t.Fatalf("record %s/%d: %v", r.Topic, r.Offset, err)
+		}
+		out[string(r.Key)] = append(out[string(r.Key)], p.Seq)
+	}
+	return out
+}
+
+// inTopic is the records of topic.
+func inTopic(recs []*kgo.Record, topic string) []*kgo.Record {
+	var out []*kgo.Record
+	for _, r := range recs {
+		if r.Topic == topic {
+			out = append(out, r)
+		}
+	}
+	return out
 }
