@@ -20,9 +20,13 @@ type Activation = interpreter.Activation
 // ErrCost is an evaluation stopped at CostLimit.
 var ErrCost = fmt.Errorf("it reached the cost limit of %d for one event", CostLimit)
 
-// Bool evaluates a filter.
-func (p *Program) Bool(a Activation) (bool, error) {
-	v, err := p.eval(a)
+// Bool evaluates a filter. size is the event's, in bytes: at least the
+// sum of its values' lengths and 64 (commit_lsn and commit_time). No
+// string, list or map an expression reads from the event, nor any it
+// builds of them, is longer, and so it bounds what an evaluation costs:
+// on an event small enough, the cost need not be counted.
+func (p *Program) Bool(a Activation, size int) (bool, error) {
+	v, err := p.eval(a, size)
 	if err != nil {
 		return false, err
 	}
@@ -33,10 +37,10 @@ func (p *Program) Bool(a Activation) (bool, error) {
 	return bool(b), nil
 }
 
-// String evaluates a topic, key or header expression. ok is false for a
-// header expression that gave null (no header).
-func (p *Program) String(a Activation) (s string, ok bool, err error) {
-	v, err := p.eval(a)
+// String evaluates a topic, key or header expression, as Bool does. ok is
+// false for a header expression that gave null (no header).
+func (p *Program) String(a Activation, size int) (s string, ok bool, err error) {
+	v, err := p.eval(a, size)
 	if err != nil {
 		return "", false, err
 	}
@@ -51,9 +55,9 @@ func (p *Program) String(a Activation) (s string, ok bool, err error) {
 	return "", false, p.wrongType(v)
 }
 
-// Int evaluates a partition expression.
-func (p *Program) Int(a Activation) (int64, error) {
-	v, err := p.eval(a)
+// Int evaluates a partition expression, as Bool does.
+func (p *Program) Int(a Activation, size int) (int64, error) {
+	v, err := p.eval(a, size)
 	if err != nil {
 		return 0, err
 	}
@@ -64,8 +68,12 @@ func (p *Program) Int(a Activation) (int64, error) {
 	return int64(n), nil
 }
 
-func (p *Program) eval(a Activation) (ref.Val, error) {
-	v, _, err := p.prg.Eval(a)
+func (p *Program) eval(a Activation, size int) (ref.Val, error) {
+	prg := p.prg
+	if p.fast != nil && size <= p.fastUpTo {
+		prg = p.fast
+	}
+	v, _, err := prg.Eval(a)
 	if err != nil {
 		var cancelled interpreter.EvalCancelledError
 		if errors.As(err, &cancelled) && cancelled.Cause == interpreter.CostLimitExceeded {

@@ -104,12 +104,21 @@ type Program struct {
 	Text string
 	want Want
 	prg  cel.Program
+	// fast is prg without cost tracking, for the events of at most
+	// fastUpTo bytes, which cel-go's estimate says cannot reach CostLimit:
+	// tracking costs an evaluation a third of its time, in allocations
+	// (docs/benchmarks.md, "Expressions").
+	fast     cel.Program
+	fastUpTo int
 	// Fields lists the event's fields it reads (by the names NewEnv was
 	// given), Row the columns it selects from row, each once; Payload says
-	// whether it reads payload.
-	Fields  []string
-	Row     []string
-	Payload bool
+	// whether it reads payload, and PayloadMembers, when it reads only
+	// members of it by name (payload.name, payload["name"]), which: nil
+	// when it reads payload as a whole.
+	Fields         []string
+	Row            []string
+	Payload        bool
+	PayloadMembers []string
 	// Cost is cel-go's estimate of its cost on an event of AssumedSize:
 	// at most MaxEstimatedCost.
 	Cost uint64
@@ -133,7 +142,7 @@ func (e *Env) Compile(text string, want Want) (*Program, error) {
 	if err := p.references(text, a.NativeRep(), e.variables); err != nil {
 		return nil, err
 	}
-	est, err := e.cel.EstimateCost(a, estimator{e.variables})
+	est, err := e.cel.EstimateCost(a, estimator{AssumedSize})
 	if err != nil {
 		return nil, fmt.Errorf("estimate its cost: %w", err)
 	}
@@ -145,7 +154,30 @@ func (e *Env) Compile(text string, want Want) (*Program, error) {
 	if p.prg, err = e.cel.Program(a, cel.CostLimit(CostLimit)); err != nil {
 		return nil, fmt.Errorf("plan the expression: %w", err)
 	}
+	if p.fastUpTo = e.untracked(a); p.fastUpTo > 0 {
+		if p.fast, err = e.cel.Program(a); err != nil {
+			return nil, fmt.Errorf("plan the expression: %w", err)
+		}
+	}
 	return p, nil
+}
+
+// untracked is the largest event size, in bytes, on which cel-go's
+// estimate of a's cost stays within CostLimit, or 0: an event holds no
+// string, list or map larger than its bytes, so on such an event an
+// evaluation cannot reach the limit, and need not count its cost. The
+// estimate is an upper bound of what evaluation counts (cel-go's cost
+// model from version 1 on).
+func (e *Env) untracked(a *cel.Ast) int {
+	fits := 0
+	for size := AssumedSize; size <= 1<<30; size *= 2 {
+		est, err := e.cel.EstimateCost(a, estimator{uint64(size)})
+		if err != nil || est.Max > CostLimit {
+			break
+		}
+		fits = size
+	}
+	return fits
 }
 
 func costText(c uint64) string {
@@ -211,6 +243,7 @@ func (p *Program) references(text string, a *ast.AST, variables map[string]bool)
 			}
 		}
 	}
+	whole := false
 	for _, id := range ast.MatchDescendants(root, ast.KindMatcher(ast.IdentKind)) {
 		ref, ok := refs[id.ID()]
 		if !ok || !variables[ref.Name] {
@@ -219,8 +252,13 @@ func (p *Program) references(text string, a *ast.AST, variables map[string]bool)
 		switch ref.Name {
 		case Payload:
 			p.Payload = true
+			member, ok := selected(id)
+			whole = whole || !ok
+			if ok && !slices.Contains(p.PayloadMembers, member) {
+				p.PayloadMembers = append(p.PayloadMembers, member)
+			}
 		case Row:
-			col, ok := rowColumn(id)
+			col, ok := selected(id)
 			if !ok {
 				return fmt.Errorf("%s: read row one column at a time, by its name: row.name, or row[\"name\"] for a name that is not an identifier", where(id.ID()))
 			}
@@ -234,12 +272,15 @@ func (p *Program) references(text string, a *ast.AST, variables map[string]bool)
 			}
 		}
 	}
+	if whole {
+		p.PayloadMembers = nil
+	}
 	return nil
 }
 
-// rowColumn is the column a use of row selects: row.col, has(row.col), or
-// row["col"] with a literal string.
-func rowColumn(id ast.NavigableExpr) (string, bool) {
+// selected is the member a use of a map variable (row, payload) selects:
+// v.name, has(v.name), or v["name"] with a literal string.
+func selected(id ast.NavigableExpr) (string, bool) {
 	parent, ok := id.Parent()
 	if !ok {
 		return "", false
@@ -263,23 +304,25 @@ func rowColumn(id ast.NavigableExpr) (string, bool) {
 	return "", false
 }
 
-// estimator gives cel-go's estimate the sizes of what an event holds:
-// every string, list and map read from a variable is AssumedSize, and so
-// are their elements, three levels deep (deeper, cel-go takes them as
-// unbounded, and the expression is refused).
-type estimator struct{ variables map[string]bool }
+// estimator gives cel-go's estimate the sizes of what an event holds, and
+// of what expressions compute from it: every string, list and map read
+// from a variable, and every one computed whose size cel-go cannot tell
+// (string(payload.n), a split), is at most size, and so are their
+// elements, three levels deep (deeper, cel-go takes them as unbounded,
+// and the expression is refused). Without a size for what is computed,
+// cel-go takes it as unbounded, and refused "agg-" + string(payload.i).
+type estimator struct{ size uint64 }
 
 func (estimator) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
 	return nil
 }
 
 func (e estimator) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
-	path := n.Path()
-	if len(path) == 0 || !e.variables[path[0]] {
-		return nil
+	if n.ComputedSize() != nil {
+		return nil // a literal, or what cel-go works out from its operands
 	}
 	hints := 0
-	for _, p := range path[1:] {
+	for _, p := range n.Path() {
 		if strings.HasPrefix(p, "@") {
 			hints++
 		}
@@ -287,5 +330,5 @@ func (e estimator) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
 	if hints > 3 {
 		return nil
 	}
-	return &cost.SizeEstimate{Min: 0, Max: AssumedSize}
+	return &cost.SizeEstimate{Min: 0, Max: e.size}
 }

@@ -80,8 +80,15 @@ func TestReferences(t *testing.T) {
 	if !slices.Equal(p.Fields, []string{"aggregate_type", "tenant"}) {
 		t.Errorf("fields %q", p.Fields)
 	}
-	if !p.Payload {
-		t.Error("payload is read but not recorded")
+	if !p.Payload || !slices.Equal(p.PayloadMembers, []string{"total", "items"}) {
+		t.Errorf("payload read %v, its members %q", p.Payload, p.PayloadMembers)
+	}
+	whole, err := e.Compile(`payload.total > 1 && size(payload) > 1`, WantBool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !whole.Payload || whole.PayloadMembers != nil {
+		t.Errorf("payload read whole: members %q, want nil", whole.PayloadMembers)
 	}
 	q, err := e.Compile(`"orders." + aggregate_type`, WantString)
 	if err != nil {
@@ -120,6 +127,10 @@ func TestEvaluate(t *testing.T) {
 		{`int(payload.n) % 2`, WantInt, int64(1), ""},
 		{`has(payload.zone) ? payload.zone : null`, WantHeader, nil, ""},
 		{`commit_time.getHours()`, WantInt, int64(12), ""},
+		// What is computed has a size too: cel-go alone took this one as
+		// unbounded, and Compile refused it.
+		{`"agg-" + string(int(payload.n) % 1000)`, WantString, "agg-7", ""},
+		{`payload.region.split("").all(c, c != "x")`, WantBool, true, ""},
 		{`payload.zone`, WantString, nil, "no such key: zone"},
 		{`payload.n`, WantString, nil, "it gave double, not a string"},
 		{`payload.n`, WantInt, nil, "it gave double, not an int"},
@@ -135,13 +146,13 @@ func TestEvaluate(t *testing.T) {
 			var got any
 			switch tc.want {
 			case WantBool:
-				got, err = p.Bool(a)
+				got, err = p.Bool(a, 200)
 			case WantInt:
-				got, err = p.Int(a)
+				got, err = p.Int(a, 200)
 			default:
 				var s string
 				var ok bool
-				s, ok, err = p.String(a)
+				s, ok, err = p.String(a, 200)
 				if ok {
 					got = s
 				}
@@ -171,17 +182,43 @@ func TestCostLimitAtRunTime(t *testing.T) {
 	if p.Cost == 0 || p.Cost > MaxEstimatedCost {
 		t.Fatalf("estimated cost %d", p.Cost)
 	}
-	items := func(n int) Activation {
-		l := make([]any, n)
-		for i := range l {
-			l[i] = 1.0
-		}
-		return vars(t, map[string]any{Payload: map[string]any{"items": l}})
-	}
-	if ok, err := p.Bool(items(AssumedSize)); !ok || err != nil {
+	if ok, err := p.Bool(items(t, AssumedSize)); !ok || err != nil {
 		t.Fatalf("on an event of the assumed size: %v, %v", ok, err)
 	}
-	if _, err := p.Bool(items(1000 * AssumedSize)); !errors.Is(err, ErrCost) {
+	if _, err := p.Bool(items(t, 1000*AssumedSize)); !errors.Is(err, ErrCost) {
 		t.Fatalf("on an event a thousand times larger: %v, want ErrCost", err)
+	}
+}
+
+// items is an event whose payload holds a list of n ints, as JSON would
+// (two bytes each), and its size.
+func items(t *testing.T, n int) (Activation, int) {
+	l := make([]any, n)
+	for i := range l {
+		l[i] = int64(1)
+	}
+	return vars(t, map[string]any{Payload: map[string]any{"items": l}}), 64 + 2*n + len(`{"items": []}`)
+}
+
+// TestCostCountedWhereItCanReachTheLimit: an evaluation counts its cost
+// only on an event larger than the estimate says can stay within
+// CostLimit; on the largest event it does not count on, counted, it stays
+// within the limit, so skipping the count skips nothing.
+func TestCostCountedWhereItCanReachTheLimit(t *testing.T) {
+	e := newEnv(t)
+	for _, text := range []string{`payload.items.all(i, i > 0)`, `payload.items.exists(i, i == 7)`, `payload.items.map(i, i * 2).size() > 0`} {
+		p, err := e.Compile(text, WantBool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.fastUpTo < AssumedSize || p.fast == nil {
+			t.Fatalf("%s: untracked up to %d bytes", text, p.fastUpTo)
+		}
+		a, _ := items(t, p.fastUpTo/2)
+		v, det, err := p.prg.Eval(a)
+		if err != nil || det.ActualCost() == nil || *det.ActualCost() > CostLimit {
+			t.Fatalf("%s on an event of %d bytes, counted: %v, cost %v, %v; want within %d", text, p.fastUpTo, v, *det.ActualCost(), err, CostLimit)
+		}
+		t.Logf("%s: estimated %d on %d bytes, counted only past %d bytes", text, p.Cost, AssumedSize, p.fastUpTo)
 	}
 }

@@ -30,10 +30,13 @@ type Programs struct {
 	// Headers are expressions.headers, by name.
 	Headers []HeaderProgram
 	// Payload says whether one of them reads payload, which is then
-	// parsed once per event; Row lists the columns they select from row,
-	// each with its index in Source.Extra (and Event.Extra).
-	Payload bool
-	Row     []RowColumn
+	// parsed once per event: only PayloadMembers, when each of them reads
+	// only members of it by name, and the whole of it when it is nil. Row
+	// lists the columns they select from row, each with its index in
+	// Source.Extra (and Event.Extra).
+	Payload        bool
+	PayloadMembers []string
+	Row            []RowColumn
 }
 
 // HeaderProgram is one of expressions.headers.
@@ -125,7 +128,18 @@ func (t *Source) readable(key string, prg *expr.Program, p *Programs) error {
 			return fmt.Errorf("%s: %s reads %s, but that field is not mapped to a column; map it under columns, or read the column as row.<column>", t, key, name)
 		}
 	}
-	p.Payload = p.Payload || prg.Payload
+	if prg.Payload {
+		if p.Payload && p.PayloadMembers == nil || prg.PayloadMembers == nil {
+			p.PayloadMembers = nil // one of them reads it whole
+		} else {
+			for _, m := range prg.PayloadMembers {
+				if !slices.Contains(p.PayloadMembers, m) {
+					p.PayloadMembers = append(p.PayloadMembers, m)
+				}
+			}
+		}
+		p.Payload = true
+	}
 	for _, col := range prg.Row {
 		if !slices.ContainsFunc(p.Row, func(c RowColumn) bool { return c.Name == col }) {
 			p.Row = append(p.Row, RowColumn{Name: col, Extra: t.addExtra(col)})

@@ -70,6 +70,9 @@ func TestExpressionsReadTheirColumns(t *testing.T) {
 				t.Errorf("row column %d: %+v, want %+v", j, p.Row[j], want[j])
 			}
 		}
+		if strings.Join(p.PayloadMembers, ",") != "customerId" {
+			t.Errorf("Validate #%d: payload members %q", i+1, p.PayloadMembers)
+		}
 		if tbl.Key != "" || len(tbl.KeyTemplate.Parts) != 0 {
 			t.Errorf("the key expression left the key template %q (%d parts)", tbl.Key, len(tbl.KeyTemplate.Parts))
 		}
@@ -80,6 +83,16 @@ func TestExpressionsReadTheirColumns(t *testing.T) {
 	}
 	if plain.Programs != nil || plain.Key != DefaultKey || plain.Topic != DefaultTopic {
 		t.Errorf("a table without expressions: programs %v, key %q, topic %q", plain.Programs, plain.Key, plain.Topic)
+	}
+	whole := exprTable(func(s *Source) {
+		s.Filter = `payload.kind != "x"`
+		s.Expressions.Headers = map[string]string{"x-n": `string(size(payload))`}
+	})
+	if err := whole.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !whole.Programs.Payload || whole.Programs.PayloadMembers != nil {
+		t.Errorf("one expression reads the payload whole: members %q, want nil (the whole parsed)", whole.Programs.PayloadMembers)
 	}
 	topical := exprTable(func(s *Source) { s.Expressions.Topic = `"orders." + aggregate_type` })
 	if err := topical.Validate(); err != nil {

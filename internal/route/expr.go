@@ -1,13 +1,9 @@
 package route
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,36 +25,72 @@ var ErrFiltered = errors.New("the table's filter leaves this event out")
 // it, and nothing of one event is read for another.
 type vars struct {
 	ev      *outbox.Event
-	payload any
-	row     map[string]any // reused: an expression's result never holds it
+	size    int // the event's, for expr.Program.Bool
+	payload any // the table's payload Object, or the whole payload parsed
+	row     any // the table's row Object
+}
+
+// exprObjects are a table's Objects (expr.Object), filled for each event:
+// the payload's members and the row's columns its expressions read.
+type exprObjects struct {
+	payload, row *expr.Object
+}
+
+func newExprObjects(t *outbox.Source) exprObjects {
+	var o exprObjects
+	if p := t.Programs; p != nil {
+		if p.PayloadMembers != nil {
+			o.payload = expr.NewObject(p.PayloadMembers)
+		}
+		if len(p.Row) > 0 {
+			names := make([]string, len(p.Row))
+			for i, c := range p.Row {
+				names[i] = c.Name
+			}
+			o.row = expr.NewObject(names)
+		}
+	}
+	return o
 }
 
 // prepare reads what ev's table's expressions read of it: the payload
-// parsed, the row's columns typed. A payload that is not JSON is the
-// event's problem.
-func (v *vars) prepare(ev *outbox.Event) error {
+// parsed (only the members they read, when they read it by member), the
+// row's columns typed. A payload that is not JSON is the event's problem.
+func (v *vars) prepare(tr *tableRoute, ev *outbox.Event) error {
 	p := ev.Source.Programs
-	v.ev, v.payload = ev, nil
+	v.ev, v.payload, v.row, v.size = ev, nil, nil, 64
+	for f := range ev.Fields {
+		v.size += len(ev.Fields[f].B)
+	}
+	for _, x := range ev.Extra {
+		v.size += len(x.B)
+	}
 	if p.Payload {
 		var err error
-		if v.payload, err = parseJSON(ev.Fields[outbox.FieldPayload].B); err != nil {
+		switch b := ev.Fields[outbox.FieldPayload].B; {
+		case b == nil:
+			v.payload = expr.Null
+		case tr.objects.payload != nil:
+			err = tr.objects.payload.ReadJSON(b)
+			v.payload = tr.objects.payload
+		default:
+			v.payload, err = expr.JSON(b)
+		}
+		if err != nil {
 			v.ev = nil
 			return outbox.Invalid(ev, "its payload is not JSON, and the table's expressions read payload: %v", err)
 		}
 	}
-	if len(p.Row) > 0 {
-		if v.row == nil {
-			v.row = make(map[string]any, len(p.Row))
+	if row := tr.objects.row; row != nil {
+		for i, c := range p.Row {
+			row.Set(i, typed(ev.Extra[c.Extra]))
 		}
-		clear(v.row)
-		for _, c := range p.Row {
-			v.row[c.Name] = typed(ev.Extra[c.Extra])
-		}
+		v.row = row
 	}
 	return nil
 }
 
-func (v *vars) release() { v.ev, v.payload = nil, nil }
+func (v *vars) release() { v.ev, v.payload, v.row = nil, nil, nil }
 
 // ResolveName is a variable's value: docs/config.md, "Expressions", says
 // each one's type.
@@ -69,9 +101,9 @@ func (v *vars) ResolveName(name string) (any, bool) {
 	case expr.Payload:
 		return v.payload, true
 	case expr.CommitLSN:
-		return v.ev.CommitLSN.String(), true
+		return expr.Text(v.ev.CommitLSN.String()), true
 	case expr.CommitTime:
-		return v.ev.CommitTime, true
+		return expr.Time(v.ev.CommitTime), true
 	}
 	if f, ok := outbox.FieldByName(name); ok {
 		return typed(v.ev.Fields[f]), true
@@ -88,78 +120,30 @@ func (v *vars) Parent() expr.Activation { return nil }
 // type (it cannot happen with Postgres' own output) stays its text.
 func typed(v outbox.Value) any {
 	if v.Null() {
-		return nil
+		return expr.Null
 	}
-	s := string(v.B)
 	switch v.Kind {
 	case outbox.KindJSON:
-		if j, err := parseJSON(v.B); err == nil {
+		if j, err := expr.JSON(v.B); err == nil {
 			return j
 		}
 	case outbox.KindNumber:
-		return number(s)
+		return expr.Number(string(v.B))
 	case outbox.KindBool:
-		switch s {
+		switch string(v.B) {
 		case "t", "true":
-			return true
+			return expr.Bool(true)
 		case "f", "false":
-			return false
+			return expr.Bool(false)
 		}
 	case outbox.KindBytes:
-		return v.B
+		return expr.Bytes(v.B)
 	case outbox.KindTimestamp:
-		if t, ok := ParseTimestamp(s); ok {
-			return t
+		if t, ok := ParseTimestamp(string(v.B)); ok {
+			return expr.Time(t)
 		}
 	}
-	return s
-}
-
-// number is an int when s is an integer that fits 64 bits, a double when
-// it is another number, and s otherwise.
-func number(s string) any {
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		return n
-	}
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		return f
-	}
-	return s
-}
-
-// parseJSON parses a JSON document, its numbers read as number does: an id
-// of 2^53 and more keeps its digits, which a double would not.
-func parseJSON(b []byte) (any, error) {
-	if b == nil {
-		return nil, nil // NULL
-	}
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return nil, errors.New("more than one JSON value")
-	}
-	return numbers(v), nil
-}
-
-// numbers replaces the json.Numbers in v by number's values.
-func numbers(v any) any {
-	switch v := v.(type) {
-	case json.Number:
-		return number(string(v))
-	case map[string]any:
-		for k, e := range v {
-			v[k] = numbers(e)
-		}
-	case []any:
-		for i, e := range v {
-			v[i] = numbers(e)
-		}
-	}
-	return v
+	return expr.Text(string(v.B))
 }
 
 // filter evaluates ev's table's filter, if any: ErrFiltered when it leaves
@@ -169,7 +153,7 @@ func (r *Router) filter(ev *outbox.Event) error {
 	if p == nil {
 		return nil
 	}
-	keep, err := p.Bool(&r.vars)
+	keep, err := p.Bool(&r.vars, r.vars.size)
 	switch {
 	case err != nil:
 		return outbox.Invalid(ev, "its filter (%s) failed: %v", p.Text, err)
@@ -182,12 +166,12 @@ func (r *Router) filter(ev *outbox.Event) error {
 // exprString evaluates a topic or key expression for ev.
 func (r *Router) exprString(ev *outbox.Event, key string, p *expr.Program) (string, error) {
 	if r.vars.ev != ev { // on its own (Topic, Key, DeadLetter), not from Record
-		if err := r.vars.prepare(ev); err != nil {
+		if err := r.vars.prepare(r.routes[ev.Source], ev); err != nil {
 			return "", err
 		}
 		defer r.vars.release()
 	}
-	s, _, err := p.String(&r.vars)
+	s, _, err := p.String(&r.vars, r.vars.size)
 	if err != nil {
 		return "", outbox.Invalid(ev, "its %s (%s) failed: %v", key, p.Text, err)
 	}
@@ -198,7 +182,7 @@ func (r *Router) exprString(ev *outbox.Event, key string, p *expr.Program) (stri
 func (r *Router) exprRecord(ev *outbox.Event, rec *kgo.Record) error {
 	p := ev.Source.Programs
 	if p.Partition != nil {
-		n, err := p.Partition.Int(&r.vars)
+		n, err := p.Partition.Int(&r.vars, r.vars.size)
 		if err != nil {
 			return outbox.Invalid(ev, "its expressions.partition (%s) failed: %v", p.Partition.Text, err)
 		}
@@ -208,7 +192,7 @@ func (r *Router) exprRecord(ev *outbox.Event, rec *kgo.Record) error {
 		sink.Pin(rec, int32(n))
 	}
 	for _, h := range p.Headers {
-		s, ok, err := h.Program.String(&r.vars)
+		s, ok, err := h.Program.String(&r.vars, r.vars.size)
 		if err != nil {
 			return outbox.Invalid(ev, "its expressions.headers.%s (%s) failed: %v", h.Name, h.Program.Text, err)
 		}
@@ -249,12 +233,12 @@ func checkHeaderNames(t *outbox.Source, tr *tableRoute) error {
 // of them may be why ev is invalid.
 func (r *Router) deadLetterHeaders(ev *outbox.Event, h []kgo.RecordHeader) []kgo.RecordHeader {
 	p := ev.Source.Programs
-	if p == nil || len(p.Headers) == 0 || r.vars.prepare(ev) != nil {
+	if p == nil || len(p.Headers) == 0 || r.vars.prepare(r.routes[ev.Source], ev) != nil {
 		return h
 	}
 	defer r.vars.release()
 	for _, x := range p.Headers {
-		if s, ok, err := x.Program.String(&r.vars); err == nil && ok {
+		if s, ok, err := x.Program.String(&r.vars, r.vars.size); err == nil && ok {
 			h = append(h, kgo.RecordHeader{Key: x.Name, Value: []byte(s)})
 		}
 	}

@@ -193,3 +193,18 @@ func TestExpressionHeaderNames(t *testing.T) {
 		}
 	}
 }
+
+// TestPayloadReadWhole: with an expression that reads the payload as a
+// whole, it is parsed whole, and the others read it as well.
+func TestPayloadReadWhole(t *testing.T) {
+	tbl := table(func(t *outbox.Source) {
+		t.Key = ""
+		t.Expressions = outbox.Expressions{Key: `payload.customerId`, Headers: map[string]string{"x-members": `string(size(payload))`}}
+	})
+	ev := event(tbl)
+	ev.Fields[outbox.FieldPayload].B = []byte(`{"a": [1, 2], "customerId": "c-9", "z": {"y": null}}`)
+	rec := record(t, tbl, ev)
+	if string(rec.Key) != "c-9" || headers(rec)["x-members"] != "3" {
+		t.Errorf("key %q, x-members %q", rec.Key, headers(rec)["x-members"])
+	}
+}

@@ -75,6 +75,9 @@ type tableRoute struct {
 	// has yielded, at most the table's MaxTopics.
 	topics   map[string]string
 	distinct map[string]struct{}
+	// objects are what the table's expressions read of an event, filled
+	// for each (expr.go).
+	objects exprObjects
 }
 
 // maxCachedTopics bounds a source's topic cache; past it the cache starts
@@ -115,7 +118,7 @@ func (r *Router) commitLSN(ev *outbox.Event) []byte {
 func New(tables []*outbox.Source) (*Router, error) {
 	r := &Router{routes: make(map[*outbox.Source]*tableRoute, len(tables))}
 	for _, t := range tables {
-		tr := &tableRoute{topics: map[string]string{}, distinct: map[string]struct{}{}}
+		tr := &tableRoute{topics: map[string]string{}, distinct: map[string]struct{}{}, objects: newExprObjects(t)}
 		for k := range t.Headers {
 			known := false
 			for _, h := range defaultHeaders {
@@ -266,7 +269,7 @@ func (r *Router) Record(ev *outbox.Event) (*kgo.Record, error) {
 	if ev.Source.Programs == nil {
 		return r.record(ev)
 	}
-	if err := r.vars.prepare(ev); err != nil {
+	if err := r.vars.prepare(r.routes[ev.Source], ev); err != nil {
 		return nil, err
 	}
 	defer r.vars.release()
