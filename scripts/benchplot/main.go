@@ -82,6 +82,7 @@ func main() {
 	startupTable(by["startup"])
 	pairTable(by["exactly-once"], "exactly-once drain", "at-least-once", "exactly-once")
 	pairTable(by["schema-avro"], "schema drain", "json", "avro")
+	pairTable(by["expressions"], "expressions drain", "plain", "filter+key")
 	backfillTable(by["backfill"])
 	networkTable(by["network-drain"], by["network-latency"])
 	out := os.Args[2]
