@@ -4,7 +4,8 @@
 // It holds the plan (the queries), the jobs and their watermark state
 // machine (Jobs: pure, events in, rows to send and checkpoint notes out),
 // the runner that reads the chunks (Runner), the first start's job, and
-// the requests with their signatures (Request, Jobs.Admit). The pipeline
+// whether a request runs (Jobs.Admit: its signature, kept with it as a
+// checkpoint.Request, its age, its table). The pipeline
 // feeds it the stream's control messages and sends what it hands back.
 //
 // It reads by keyset pagination: chunks of rows in the order of the

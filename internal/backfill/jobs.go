@@ -310,11 +310,11 @@ func (r *Refused) Error() string { return r.Msg }
 // adds it as a job that starts at this point of the stream. key is the
 // checkpoint's key the request is signed for; found is false when cdc
 // backfill did not write it to the checkpoint topic. A request announced
-// more than RequestMaxAge away from its requested_at is one
+// more than checkpoint.RequestMaxAge away from its requested_at is one
 // announced again (any role may write the message): refused, as is one
 // whose job the checkpoint still holds (finished jobs are kept that long).
 // It returns the jobs, for the checkpoint note, or a *Refused.
-func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables []*outbox.Source, at time.Time) ([]checkpoint.Job, error) {
+func (b *Jobs) Admit(req checkpoint.Request, found bool, keys [][]byte, key string, tables []*outbox.Source, at time.Time) ([]checkpoint.Job, error) {
 	age := at.Sub(req.RequestedAt)
 	switch {
 	case !found:
@@ -323,8 +323,8 @@ func (b *Jobs) Admit(req Request, found bool, keys [][]byte, key string, tables 
 		return nil, &Refused{Msg: "ignored a backfill request: cdc run has no checkpoint.signing_key_file to check it was cdc backfill's; set the same file for both"}
 	case !req.Verify(keys, key):
 		return nil, &Refused{Msg: "ignored a backfill request whose signature does not verify: written by someone without checkpoint.signing_key_file's key, or with another key", Forged: true}
-	case age > RequestMaxAge || -age > RequestMaxAge:
-		return nil, &Refused{Msg: fmt.Sprintf("ignored a backfill request announced %s after it was made: an old request announced again, or clocks more than %s apart; run cdc backfill again", age.Round(time.Second), RequestMaxAge), Forged: true}
+	case age > checkpoint.RequestMaxAge || -age > checkpoint.RequestMaxAge:
+		return nil, &Refused{Msg: fmt.Sprintf("ignored a backfill request announced %s after it was made: an old request announced again, or clocks more than %s apart; run cdc backfill again", age.Round(time.Second), checkpoint.RequestMaxAge), Forged: true}
 	case Table(tables, req.Table) == nil:
 		return nil, &Refused{Msg: "ignored a backfill request for a table that is not configured"}
 	}
@@ -352,7 +352,7 @@ func Trusted(jobs []checkpoint.Job, keys [][]byte, key string, tables []*outbox.
 			t := Table(tables, name)
 			ok = t != nil && t.Backfill != nil && j.Table == name && j.Where == t.Backfill.Where
 		} else if !ok {
-			ok = len(keys) > 0 && RequestOf(j).Verify(keys, key)
+			ok = len(keys) > 0 && checkpoint.RequestOf(j).Verify(keys, key)
 		}
 		if ok {
 			kept = append(kept, j)

@@ -133,7 +133,7 @@ func TestTrustedJobs(t *testing.T) {
 	tbl := testTable()
 	tbl.Backfill = &outbox.BackfillOptions{Where: "published_at IS NULL"}
 	key := []byte("0123456789abcdef0123456789abcdef")
-	req := Request{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
+	req := checkpoint.Request{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
 	req.Sign(key, "slot/1")
 	signedJob := checkpoint.Job{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
 	first := InitialJobs([]*outbox.Source{tbl}, true)[0]
@@ -167,19 +167,19 @@ func TestTrustedJobs(t *testing.T) {
 func TestAdmitChecksTheSignature(t *testing.T) {
 	tbl := testTable()
 	key := []byte("0123456789abcdef0123456789abcdef")
-	signed := func(table string, k []byte) Request {
-		r := Request{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
+	signed := func(table string, k []byte) checkpoint.Request {
+		r := checkpoint.Request{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
 		r.Sign(k, "slot/1")
 		return r
 	}
-	old := func(r Request) Request {
-		r.RequestedAt = r.RequestedAt.Add(-RequestMaxAge - time.Minute)
+	old := func(r checkpoint.Request) checkpoint.Request {
+		r.RequestedAt = r.RequestedAt.Add(-checkpoint.RequestMaxAge - time.Minute)
 		r.Sign(key, "slot/1")
 		return r
 	}
 	for _, tc := range []struct {
 		name   string
-		req    Request
+		req    checkpoint.Request
 		found  bool
 		keys   [][]byte
 		forged bool
@@ -187,7 +187,7 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 		{"not in the checkpoint topic", signed(tbl.String(), key), false, [][]byte{key}, false},
 		{"no key to check with", signed(tbl.String(), key), true, nil, false},
 		{"another key", signed(tbl.String(), []byte("fedcba9876543210fedcba9876543210")), true, [][]byte{key}, true},
-		{"unsigned", Request{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
+		{"unsigned", checkpoint.Request{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
 		{"a table not configured", signed("public.secrets", key), true, [][]byte{key}, false},
 		{"announced again later (replayed)", old(signed(tbl.String(), key)), true, [][]byte{key}, true},
 	} {
@@ -226,7 +226,7 @@ func TestAdmitChecksTheSignature(t *testing.T) {
 // request announced again while it could pass for new finds its job, and
 // runs nothing twice.
 func TestFinishedJobsOutliveRequests(t *testing.T) {
-	if checkpoint.KeepFinished < 2*RequestMaxAge {
-		t.Fatalf("checkpoint.KeepFinished is %s, less than twice RequestMaxAge (%s)", checkpoint.KeepFinished, RequestMaxAge)
+	if checkpoint.KeepFinished < 2*checkpoint.RequestMaxAge {
+		t.Fatalf("checkpoint.KeepFinished is %s, less than twice RequestMaxAge (%s)", checkpoint.KeepFinished, checkpoint.RequestMaxAge)
 	}
 }

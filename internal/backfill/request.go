@@ -55,9 +55,9 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 	if a := rec.ActiveBackfill(); a != nil {
 		return Requested{}, &errtext.Fatal{Msg: fmt.Sprintf("backfill %s of %s is running (%d of %d rows); wait for it to finish (cdc status shows it), then ask again", a.ID, a.Table, a.Rows, a.Total)}
 	}
-	req := Request{ID: job.ID, Table: job.Table, Where: where, RequestedAt: time.Now()}
+	req := checkpoint.Request{ID: job.ID, Table: job.Table, Where: where, RequestedAt: time.Now()}
 	req.Sign(keys[0], rec.Key())
-	if err := SaveRequest(ctx, store, rec.Key(), req); err != nil {
+	if err := store.SaveRequest(ctx, rec.Key(), req); err != nil {
 		return Requested{}, err
 	}
 	b, _ := json.Marshal(Control{Type: ControlRequest, ID: job.ID})

@@ -10,8 +10,8 @@
 // verify is skipped, counted and logged: the last genuine record stands,
 // and jobs only a forger wrote are never run. Backfill
 // requests (cdc backfill) are records of their own in the same topic,
-// which Requests follows for a running pipeline; package backfill signs
-// and verifies them.
+// signed (Request), which Requests follows for a running pipeline;
+// package backfill decides whether one runs.
 //
 // Decide compares the checkpoint with the slot on start: a missing slot, a
 // slot past the checkpoint, or another database system is a *GapError,

@@ -206,7 +206,7 @@ type Job struct {
 	// Error says why a finished job stopped before its last row.
 	Error string
 	// RequestedAt and MAC are those of the signed request that started
-	// the job (backfill.Request), kept so that a job read back from the
+	// the job (Request), kept so that a job read back from the
 	// checkpoint topic runs only when its request verifies: the topic is
 	// not proof enough (VerifyJob).
 	RequestedAt time.Time
@@ -241,7 +241,7 @@ const (
 )
 
 // KeepFinished is how long a record keeps a finished job at least: twice
-// backfill.RequestMaxAge, so that a request announced again while it may
+// RequestMaxAge, so that a request announced again while it may
 // still be taken for new finds its job and runs nothing (a test in
 // internal/backfill pins the two together).
 const KeepFinished = 20 * time.Minute

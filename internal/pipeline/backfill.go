@@ -97,12 +97,12 @@ func (s *session) request(id string, at time.Time) error {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
 	defer cancel()
-	var req backfill.Request
+	var req checkpoint.Request
 	var found bool
 	// The follower has read the request already (cdc backfill writes it
 	// before it announces it in the WAL): this seldom waits.
 	err := s.blocking(func() (err error) {
-		req, found, err = backfill.ReadRequest(ctx, s.requests, id)
+		req, found, err = s.requests.Request(ctx, id)
 		return err
 	})
 	if err != nil {

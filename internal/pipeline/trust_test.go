@@ -47,7 +47,7 @@ func TestForgedBackfillRequestIsIgnored(t *testing.T) {
 	key := checkpoint.Key("outbox_cdc", systemID(t, e.db))
 	cl := kafka.Client(t)
 	for i, secret := range []string{"", "another key that is at least 32 characters"} {
-		req := backfill.Request{ID: []string{"forged1", "forged2"}[i], Table: "public.outbox", Where: "spy()", RequestedAt: time.Now()}
+		req := checkpoint.Request{ID: []string{"forged1", "forged2"}[i], Table: "public.outbox", Where: "spy()", RequestedAt: time.Now()}
 		if secret != "" {
 			req.Sign([]byte(secret), key)
 		}
@@ -322,7 +322,7 @@ func TestForgedCheckpointRecordRunsNothing(t *testing.T) {
 // TestReplayedBackfillRequestRunsNothing (issue 37): any role may write a
 // logical decoding message, and so announce again the id of a request cdc
 // backfill wrote long ago (the request stays in the checkpoint topic).
-// Announced within backfill.RequestMaxAge, the job is still in the
+// Announced within checkpoint.RequestMaxAge, the job is still in the
 // checkpoint (finished jobs are kept that long, however many ran since):
 // passed over. A request older than that, signed and all, is refused when
 // announced. Either way no row is sent again.
@@ -366,7 +366,7 @@ func TestReplayedBackfillRequestRunsNothing(t *testing.T) {
 	// A request made long ago, written and signed with the real key: as
 	// if it had been announced then, and its job forgotten since.
 	key := checkpoint.Key("outbox_cdc", systemID(t, db))
-	stale := backfill.Request{ID: "stale-request", Table: e.cfg.Tables[0].String(), RequestedAt: time.Now().Add(-time.Hour)}
+	stale := checkpoint.Request{ID: "stale-request", Table: e.cfg.Tables[0].String(), RequestedAt: time.Now().Add(-time.Hour)}
 	stale.Sign(e.cfg.Checkpoint.SigningKeys[0], key)
 	v, _ := json.Marshal(stale)
 	if err := kafka.Client(t).ProduceSync(ctx, &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(checkpoint.RequestKey(key, stale.ID)), Value: v}).FirstErr(); err != nil {

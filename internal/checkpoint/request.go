@@ -1,4 +1,4 @@
-package backfill
+package checkpoint
 
 import (
 	"context"
@@ -8,14 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
-
-	"github.com/outboxcdc/cdc/internal/checkpoint"
 )
 
 // The backfill protocol's requests (docs/design.md, "Backfill"): cdc
 // backfill writes a signed Request into the checkpoint topic, then
 // announces its ID in the WAL; the pipeline that meets the announcement
-// reads the request, verifies it (Jobs.Admit) and starts its job.
+// reads the request (Requests.Request), verifies it (backfill.Jobs.Admit)
+// and starts its job.
 
 // Request is what cdc backfill asks a running pipeline to do. It
 // is kept in the checkpoint topic, where only the operator's Kafka
@@ -77,26 +76,26 @@ const RequestMaxAge = 10 * time.Minute
 
 // RequestOf is the signed request that started job b, as far as the job
 // keeps it.
-func RequestOf(b checkpoint.Job) Request {
+func RequestOf(b Job) Request {
 	return Request{ID: b.ID, Table: b.Table, Where: b.Where, RequestedAt: b.RequestedAt, MAC: b.MAC}
 }
 
 // SaveRequest writes req for the pipeline whose checkpoint key is key.
-func SaveRequest(ctx context.Context, store *checkpoint.Store, key string, req Request) error {
+func (s *Store) SaveRequest(ctx context.Context, key string, req Request) error {
 	v, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
-	if err := store.Put(ctx, checkpoint.RequestKey(key, req.ID), v); err != nil {
+	if err := s.Put(ctx, RequestKey(key, req.ID), v); err != nil {
 		return fmt.Errorf("write the backfill request: %w", err)
 	}
 	return nil
 }
 
-// ReadRequest returns request id as the follower reads it (Requests.Get);
-// ok is false when the topic holds no such request.
-func ReadRequest(ctx context.Context, requests *checkpoint.Requests, id string) (req Request, ok bool, err error) {
-	v, found, err := requests.Get(ctx, id)
+// Request returns request id as the follower reads it (Get); ok is false
+// when the topic holds no such request.
+func (r *Requests) Request(ctx context.Context, id string) (req Request, ok bool, err error) {
+	v, found, err := r.Get(ctx, id)
 	if err != nil || !found {
 		return req, false, err
 	}
