@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/expr"
@@ -22,12 +24,17 @@ var ErrFiltered = errors.New("the table's filter leaves this event out")
 // (expr.Activation). The Router has one, prepared at the start of each
 // call that evaluates an event's expressions and released at its end, so
 // that payload is parsed once per event, however many expressions read
-// it, and nothing of one event is read for another.
+// it, and nothing of one event is read for another. It holds copies of
+// what it reads of the event, not the event: a pointer kept in the Router
+// would make every event escape to the heap, with expressions or not.
 type vars struct {
-	ev      *outbox.Event
-	size    int // the event's, for expr.Program.Bool
-	payload any // the table's payload Object, or the whole payload parsed
-	row     any // the table's row Object
+	active     bool // between prepare and release
+	fields     [outbox.NumFields]outbox.Value
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+	size       int // the event's, for expr.Program.Bool
+	payload    any // the table's payload Object, or the whole payload parsed
+	row        any // the table's row Object
 }
 
 // exprObjects are a table's Objects (expr.Object), filled for each event:
@@ -58,7 +65,8 @@ func newExprObjects(t *outbox.Source) exprObjects {
 // row's columns typed. A payload that is not JSON is the event's problem.
 func (v *vars) prepare(tr *tableRoute, ev *outbox.Event) error {
 	p := ev.Source.Programs
-	v.ev, v.payload, v.row, v.size = ev, nil, nil, 64
+	v.active, v.fields, v.commitLSN, v.commitTime = true, ev.Fields, ev.CommitLSN, ev.CommitTime
+	v.payload, v.row, v.size = nil, nil, 64
 	for f := range ev.Fields {
 		v.size += len(ev.Fields[f].B)
 	}
@@ -77,7 +85,7 @@ func (v *vars) prepare(tr *tableRoute, ev *outbox.Event) error {
 			v.payload, err = expr.JSON(b)
 		}
 		if err != nil {
-			v.ev = nil
+			v.release()
 			return outbox.Invalid(ev, "its payload is not JSON, and the table's expressions read payload: %v", err)
 		}
 	}
@@ -90,7 +98,7 @@ func (v *vars) prepare(tr *tableRoute, ev *outbox.Event) error {
 	return nil
 }
 
-func (v *vars) release() { v.ev, v.payload, v.row = nil, nil, nil }
+func (v *vars) release() { *v = vars{} }
 
 // ResolveName is a variable's value: docs/config.md, "Expressions", says
 // each one's type.
@@ -101,12 +109,12 @@ func (v *vars) ResolveName(name string) (any, bool) {
 	case expr.Payload:
 		return v.payload, true
 	case expr.CommitLSN:
-		return expr.Text(v.ev.CommitLSN.String()), true
+		return expr.Text(v.commitLSN.String()), true
 	case expr.CommitTime:
-		return expr.Time(v.ev.CommitTime), true
+		return expr.Time(v.commitTime), true
 	}
 	if f, ok := outbox.FieldByName(name); ok {
-		return typed(v.ev.Fields[f]), true
+		return typed(v.fields[f]), true
 	}
 	return nil, false
 }
@@ -165,7 +173,7 @@ func (r *Router) filter(ev *outbox.Event) error {
 
 // exprString evaluates a topic or key expression for ev.
 func (r *Router) exprString(ev *outbox.Event, key string, p *expr.Program) (string, error) {
-	if r.vars.ev != ev { // on its own (Topic, Key, DeadLetter), not from Record
+	if !r.vars.active { // on its own (Topic, Key, DeadLetter), not from Record
 		if err := r.vars.prepare(r.routes[ev.Source], ev); err != nil {
 			return "", err
 		}
