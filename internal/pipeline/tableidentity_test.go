@@ -372,3 +372,60 @@ func TestRetentionKeepsAttachedRows(t *testing.T) {
 		t.Fatalf("%d of the 20 attached rows left; retention deleted rows that were never streamed", archived)
 	}
 }
+
+// TestRenamedIntoAllTables: with a FOR ALL TABLES publication, a table
+// filled under another name is renamed into the outbox's (the outbox
+// renamed away in the same transaction). Its rows were streamed as
+// another relation's, an unmapped insert each, so only the repair's
+// snapshot holds them: a table published that way was taken as published
+// since it was created, and they were lost. Every row of both tables
+// arrives, once.
+func TestRenamedIntoAllTables(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
+	movedIn(t, e, `CREATE TABLE staged (LIKE outbox INCLUDING ALL)`, "staged",
+		`BEGIN; ALTER TABLE outbox RENAME TO outbox_archive; ALTER TABLE staged RENAME TO outbox; COMMIT`, "outbox_archive")
+}
+
+// TestMovedIntoSchema: with a FOR TABLES IN SCHEMA publication
+// (PostgreSQL 15+), a table filled in another schema is moved into the
+// published one under the outbox's name (ALTER TABLE ... SET SCHEMA), the
+// outbox moved out. Its rows were never streamed at all; every row of
+// both tables arrives, once.
+func TestMovedIntoSchema(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `CREATE PUBLICATION outbox_cdc FOR TABLES IN SCHEMA public WITH (publish = 'insert')`,
+		`CREATE SCHEMA staging`, `CREATE SCHEMA archive`)
+	movedIn(t, e, `CREATE TABLE staging.outbox (LIKE public.outbox INCLUDING ALL)`, "staging.outbox",
+		`BEGIN; ALTER TABLE public.outbox SET SCHEMA archive; ALTER TABLE staging.outbox SET SCHEMA public; COMMIT`, "archive.outbox")
+}
+
+// movedIn streams the outbox, creates a table with create and fills it
+// as staged, runs move (which makes it the outbox, the old one named
+// archived), writes on, and expects every row of both, once.
+func movedIn(t *testing.T, e *env, create, staged, move, archived string) {
+	t.Helper()
+	e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	conn := testenv.Connect(t, e.db)
+	for i := 0; i < 3; i++ {
+		insertEvent(t, conn, "old", "Created")
+	}
+	c.WaitCount(t, time.Minute, 3)
+	testenv.Exec(t, e.db, create,
+		`INSERT INTO `+staged+` (aggregatetype, aggregateid, type, payload) SELECT 'order', 'staged-' || (i % 3), 'Created', '{}' FROM generate_series(1, 25) i`,
+		move)
+	for i := 0; i < 5; i++ {
+		insertEvent(t, conn, "later", "Created")
+	}
+	want := rowsOf(t, e.db, "public.outbox")
+	for id, agg := range rowsOf(t, e.db, archived) {
+		want[id] = agg
+	}
+	if len(want) != 33 {
+		t.Fatalf("%d rows in the two tables, want 33", len(want))
+	}
+	expectEvents(t, c, want, 0)
+}

@@ -54,10 +54,7 @@ type RelState struct {
 	Partitioned  bool
 	// Published: its inserts reach the publication, as its own or
 	// through an ancestor's membership, FOR ALL TABLES, or its schema's.
-	// AutoPublished: through FOR ALL TABLES or its schema's membership,
-	// so a table created again under its name is published from the
-	// moment it exists.
-	Published, AutoPublished bool
+	Published bool
 	// Member names the membership that publishes it: "rel:<oid>" (a
 	// pg_publication_rel row, its own or an ancestor's), "schema:<oid>"
 	// (pg_publication_namespace) or "all:<oid>" (the publication, FOR ALL
@@ -151,7 +148,6 @@ func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
 	return `WITH pub AS (SELECT * FROM pg_publication p WHERE p.pubname = $1)
 		SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', pg_has_role(current_user, c.relowner, 'USAGE'),
 			coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), ''),
-			coalesce((SELECT p.puballtables OR ` + bySchema + ` IS NOT NULL FROM pub p), false),
 			coalesce(r.filtered, false)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		LEFT JOIN LATERAL (SELECT 'rel:' || pr.oid AS member, ` + filtered + ` AS filtered
@@ -164,7 +160,7 @@ func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
 // scanRel reads relQuery's row; no row is a relation that does not exist.
 func scanRel(row pgx.Row) (RelState, error) {
 	var st RelState
-	err := row.Scan(&st.OID, &st.Schema, &st.Name, &st.Partitioned, &st.Owned, &st.Member, &st.AutoPublished, &st.Filtered)
+	err := row.Scan(&st.OID, &st.Schema, &st.Name, &st.Partitioned, &st.Owned, &st.Member, &st.Filtered)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RelState{}, nil
 	}

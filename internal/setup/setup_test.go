@@ -156,7 +156,7 @@ func TestSetupPublication(t *testing.T) {
 		if err != nil || !read(t, db) {
 			t.Fatalf("Setup: %v; via root %v, want a publication with publish_via_partition_root", err, read(t, db))
 		}
-		if st := cat.Tables[0]; !st.Partitioned || !st.Published || st.AutoPublished || st.OID == 0 {
+		if st := cat.Tables[0]; !st.Partitioned || !st.Published || !strings.HasPrefix(st.Member, "rel:") || st.OID == 0 {
 			t.Fatalf("catalog %+v: want the partitioned table published", st)
 		}
 	})
@@ -187,8 +187,8 @@ func TestSetupPublication(t *testing.T) {
 		db := p.NewDatabase(t)
 		testenv.Exec(t, db, outboxDDL, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
 		_, cat, err := setup.Prepare(ctx, cfg(db), defaultTable, hclog.NewNullLogger())
-		if st := cat.Tables[0]; err != nil || !st.Published || !st.AutoPublished {
-			t.Fatalf("Setup: %v; catalog %+v: want the table published, automatically", err, st)
+		if st := cat.Tables[0]; err != nil || !st.Published || !strings.HasPrefix(st.Member, "all:") {
+			t.Fatalf("Setup: %v; catalog %+v: want the table published, FOR ALL TABLES", err, st)
 		}
 	})
 }

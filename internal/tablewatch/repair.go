@@ -34,36 +34,41 @@ type Repair struct {
 	// Old is the relation streamed before, when it still exists under
 	// another name (a swap): it stays the table's (checkpoint.Table.Former).
 	Old  uint32
-	Snap *backfill.Snapshot // nil: nothing to read (published since it was created)
+	Snap *backfill.Snapshot
 }
 
 // startRepair opens a repair of table t, whose relation is rs now and
-// published: a snapshot of its rows (unless it was published from its
-// creation), then the message that tells the stream where to send them.
-// old is the relation streamed before, 0 when none was or it is gone.
+// published: a snapshot of its rows, then the message that tells the
+// stream where to send them. old is the relation streamed before, 0 when
+// none was or it is gone.
 //
 // The snapshot is taken only once every transaction that was running when
 // the table joined the publication has ended (postgres.WaitForOlder): an
 // insert written before the ALTER PUBLICATION committed is never streamed,
 // and a snapshot taken while its transaction is open does not see it
 // either, so without the wait such a row is in neither.
+//
+// A table published through FOR ALL TABLES or its schema is snapshotted
+// too: such a publication holds a relation from its creation only when it
+// was created under that name in that schema. One renamed into the
+// configured name, or moved into the schema (ALTER TABLE ... SET SCHEMA),
+// carries rows the stream passed over as another relation's, and only the
+// snapshot holds them; those the stream did send are in Fresh.
 func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, rs setup.RelState, old uint32, role string) error {
 	r := &Repair{ID: backfill.NewID(), Table: t, Rel: rs.OID, Member: rs.Member, Old: old}
-	if !rs.AutoPublished {
-		if err := postgres.WaitForOlder(ctx, w.deps.Postgres, conn, w.log); err != nil {
-			return err
-		}
-		snap, err := w.deps.OpenSnapshot(ctx, t)
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
-			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
-				t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
-		}
-		if err != nil {
-			return err
-		}
-		r.Snap = snap
+	if err := postgres.WaitForOlder(ctx, w.deps.Postgres, conn, w.log); err != nil {
+		return err
 	}
+	snap, err := w.deps.OpenSnapshot(ctx, t)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
+		return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
+			t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
+	}
+	if err != nil {
+		return err
+	}
+	r.Snap = snap
 	w.mu.Lock()
 	w.pending[r.ID] = r
 	w.repairing[t] = true
@@ -72,11 +77,7 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 		w.drop(ctx, r)
 		return err
 	}
-	total := int64(0)
-	if r.Snap != nil {
-		total = r.Snap.Total
-	}
-	w.log.Info("repair of a recreated table under way: its rows go where the stream reaches this point", "table", t.String(), "rows", total)
+	w.log.Info("repair of a recreated table under way: its rows go where the stream reaches this point", "table", t.String(), "rows", r.Snap.Total)
 	return nil
 }
 
@@ -164,9 +165,6 @@ func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id str
 // for room. It returns the rows read and sent, and closes the snapshot.
 func (w *Watch) Rows(ctx context.Context, r *Repair, commit pglogrepl.LSN, at time.Time, blocking func(func() error) error,
 	send func(*decode.Message) error, chunkSent func() error) (read, sent int, err error) {
-	if r.Snap == nil {
-		return 0, 0, nil // published since it was created: nothing to read
-	}
 	defer r.Snap.Close(ctx)
 	dec, seen := r.Snap.Decoder(), w.Fresh(r.Table)
 	for final := false; !final; {
