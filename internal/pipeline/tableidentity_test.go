@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -428,4 +429,65 @@ func movedIn(t *testing.T, e *env, create, staged, move, archived string) {
 		t.Fatalf("%d rows in the two tables, want 33", len(want))
 	}
 	expectEvents(t, c, want, 0)
+}
+
+// TestExchangedNames: two configured tables exchange names while the
+// connector streams. The watch stops, asking for each table to be named
+// as it is now; with the configuration so changed the next start resumes
+// each relation from the checkpoint, with the configuration that now
+// names it (a start took each name's record, found the other table's
+// relation under it, and stopped again at every start). Every event of
+// each table arrives once, in its table's topic, those written while the
+// connector was stopped included.
+func TestExchangedNames(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `CREATE TABLE outbox2 (LIKE outbox INCLUDING ALL)`)
+	e.cfg.Tables[0].Topic = e.kafka.Prefix + "first"
+	second := *e.cfg.Tables[0]
+	second.Name.Name, second.Topic = "outbox2", e.kafka.Prefix+"second"
+	e.cfg.Tables = append(e.cfg.Tables, &second)
+	r := e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	insert := func(table, agg string, n int) {
+		testenv.Exec(t, e.db, fmt.Sprintf(`INSERT INTO %s (aggregatetype, aggregateid, type, payload) SELECT 'order', '%s', 'Created', '{}' FROM generate_series(1, %d)`, table, agg, n))
+	}
+	insert("outbox", "first", 3)
+	insert("outbox2", "second", 3)
+	c.WaitCount(t, time.Minute, 6)
+	testenv.Exec(t, e.db, `BEGIN; ALTER TABLE outbox RENAME TO tmp; ALTER TABLE outbox2 RENAME TO outbox; ALTER TABLE tmp RENAME TO outbox2; COMMIT`)
+	insert("outbox2", "first", 4) // now the first table's name
+	insert("outbox", "second", 4)
+	if err := waitFatal(t, r); err == nil || !strings.Contains(err.Error(), "exchanged relations") {
+		t.Fatalf("the watch stopped with %v, want the exchange named", err)
+	}
+	insert("outbox2", "first", 5)
+	insert("outbox", "second", 5)
+	e.cfg.Tables[0].Name.Name, e.cfg.Tables[1].Name.Name = "outbox2", "outbox"
+	e.start(t)
+	insert("outbox2", "first", 6)
+	insert("outbox", "second", 6)
+	topic := map[string]string{}
+	for id, agg := range rowsOf(t, e.db, "outbox2") {
+		topic[id] = e.cfg.Tables[0].Topic + "/" + agg
+	}
+	for id, agg := range rowsOf(t, e.db, "outbox") {
+		topic[id] = e.cfg.Tables[1].Topic + "/" + agg
+	}
+	c.WaitCount(t, time.Minute, len(topic))
+	c.Settle(500 * time.Millisecond)
+	for id, n := range ids(c.Records) {
+		if n != 1 {
+			t.Errorf("event %s arrived %d times", id, n)
+		}
+	}
+	for _, rec := range c.Records {
+		id := testenv.Header(rec, route.HeaderID)
+		if got := rec.Topic + "/" + string(rec.Key); got != topic[id] {
+			t.Errorf("event %s in %s, want %s", id, got, topic[id])
+		}
+	}
+	if len(c.Records) != len(topic) || len(topic) != 36 {
+		t.Errorf("%d records, %d rows, want 36", len(c.Records), len(topic))
+	}
 }

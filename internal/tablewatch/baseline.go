@@ -22,7 +22,8 @@ import (
 // not know yet (configured since) starts at today's relation, with a Floor
 // of now: its rows from before were never streamed. A configured table
 // whose relation the checkpoint recorded under another name (renamed, and
-// the configuration followed) takes that record. A table missing from the
+// the configuration followed, or an exchange of names) takes that record:
+// a relation is matched by its id before its name. A table missing from the
 // publication is added back when it was recreated (another id), and
 // refused when it is the table the checkpoint streamed: its rows inserted
 // while it was out cannot be told from the others.
@@ -30,16 +31,14 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 	b := &baseline{d: d}
 	defer b.close(ctx)
 	old := rec.Tables == nil && !first // a checkpoint written before ids were kept
-	configured := map[string]bool{}
-	for _, st := range cat.Tables {
-		configured[st.Table.String()] = true
-	}
 	tables := map[string]checkpoint.Table{}
 	for _, st := range cat.Tables {
 		name := st.Table.String()
 		prev, known := rec.Tables[name]
-		if !known && !first && st.OID != 0 {
-			prev, known = renamedInConfig(d, rec, configured, name, st.OID)
+		if !first && st.OID != 0 && (!known || prev.Rel != st.OID) {
+			if other, ok := recordedAs(d, rec, name, st.OID); ok {
+				prev, known = other, true
+			}
 		}
 		if known {
 			former, err := b.existing(ctx, prev.Former)
@@ -163,17 +162,24 @@ func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.Tab
 	return nil
 }
 
-// renamedInConfig finds the checkpoint's record of relation id under a
-// name the configuration no longer has: the table was renamed and the
-// configuration followed it.
-func renamedInConfig(d Deps, rec *checkpoint.Record, configured map[string]bool, name string, id uint32) (checkpoint.Table, bool) {
+// recordedAs finds the checkpoint's record of relation id, configured
+// table name's now, under another name: the table was renamed and the
+// configuration followed it, or two tables exchanged names (and the
+// configuration followed, as the watch's error asks). A relation is its
+// record's whatever its name, so each resumes from the checkpoint; were
+// the record under the name taken instead, each would be "recreated" as
+// the other's relation, and the watch would stop on the exchange at every
+// start. A configuration that did not follow an exchange made while the
+// connector was stopped cannot be told from one that did: its events go
+// where the names now say, none lost.
+func recordedAs(d Deps, rec *checkpoint.Record, name string, id uint32) (checkpoint.Table, bool) {
 	names := make([]string, 0, len(rec.Tables))
 	for other := range rec.Tables {
 		names = append(names, other)
 	}
 	slices.Sort(names)
 	for _, other := range names {
-		if st := rec.Tables[other]; !configured[other] && st.Rel == id {
+		if st := rec.Tables[other]; other != name && st.Rel == id {
 			d.Log.Warn("a configured outbox table is the relation the checkpoint streamed under another name (it was renamed, and the configuration followed): it streams on from the checkpoint", "table", name, "was", other, "relation", id)
 			return st, true
 		}
