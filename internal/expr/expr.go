@@ -82,6 +82,7 @@ func NewEnv(fields []string) (*Env, error) {
 		// cel-go adds no function unasked; version 5 tracks their cost.
 		ext.Strings(ext.StringsVersion(5)),
 	}
+	opts = append(opts, partitionFor()...)
 	e := &Env{variables: map[string]bool{Row: true, Payload: true, CommitLSN: true, CommitTime: true}}
 	for _, f := range fields {
 		if f == Payload {

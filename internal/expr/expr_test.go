@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"cel.dev/cel-go/interpreter"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 var fields = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload", "timestamp", "version", "tenant", "traceparent"}
@@ -220,5 +221,29 @@ func TestCostCountedWhereItCanReachTheLimit(t *testing.T) {
 			t.Fatalf("%s on an event of %d bytes, counted: %v, cost %v, %v; want within %d", text, p.fastUpTo, v, *det.ActualCost(), err, CostLimit)
 		}
 		t.Logf("%s: estimated %d on %d bytes, counted only past %d bytes", text, p.Cost, AssumedSize, p.fastUpTo)
+	}
+}
+
+// TestPartitionFor: partitionFor(key, n) is the partition Kafka's default
+// partitioner (franz-go's, as the Java client's) gives key among n.
+func TestPartitionFor(t *testing.T) {
+	e := newEnv(t)
+	p, err := e.Compile(`partitionFor(payload.customerId, 12)`, WantInt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"", "a", "ab", "abc", "c-42", "customer-00017", "ünïcødé ✓"} {
+		want := kgo.StickyKeyPartitioner(nil).ForTopic("t").Partition(&kgo.Record{Key: []byte(key)}, 12)
+		got, err := p.Int(vars(t, map[string]any{Payload: map[string]any{"customerId": key}}), 200)
+		if err != nil || got != int64(want) {
+			t.Errorf("partitionFor(%q, 12) = %d, %v; Kafka's partitioner says %d", key, got, err, want)
+		}
+	}
+	zero, err := e.Compile(`partitionFor("k", 0)`, WantInt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zero.Int(vars(t, map[string]any{}), 200); err == nil || !strings.Contains(err.Error(), "a topic has at least 1") {
+		t.Errorf("partitionFor(k, 0): %v", err)
 	}
 }
