@@ -1,0 +1,86 @@
+package postgres_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// TestBackendWorking pins what counts as the server working on a
+// statement: running, even asleep, yes; idle, waiting on a lock, or gone,
+// no.
+func TestBackendWorking(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	ctx := context.Background()
+	look := testenv.Connect(t, db)
+	holder := testenv.Connect(t, db)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(47)"); err != nil {
+		t.Fatal(err)
+	}
+	// running runs sql on a connection of its own, and returns its
+	// backend's pid once pg_stat_activity shows it as until says.
+	running := func(t *testing.T, sql, until string) uint32 {
+		conn := testenv.Connect(t, db)
+		pid := conn.PgConn().PID()
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _, _ = conn.Exec(sctx, sql) }()
+		t.Cleanup(func() { cancel(); <-done }) // before conn closes
+		testenv.Eventually(t, 10*time.Second, "the statement to run", func() bool {
+			var n int
+			testenv.QueryRow(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND "+until, []any{int64(pid)}, &n)
+			return n == 1
+		})
+		return pid
+	}
+	idle := testenv.Connect(t, db)
+	for _, tc := range []struct {
+		name string
+		pid  func(t *testing.T) uint32
+		want bool
+	}{
+		{"a statement the server works on, asleep or not", func(t *testing.T) uint32 { return running(t, "SELECT pg_sleep(30)", "state = 'active'") }, true},
+		{"a statement waiting on a lock", func(t *testing.T) uint32 {
+			return running(t, "SELECT pg_advisory_lock(47)", "wait_event_type = 'Lock'")
+		}, false},
+		{"an idle connection", func(*testing.T) uint32 { return idle.PgConn().PID() }, false},
+		{"a backend that is gone", func(*testing.T) uint32 { return 1 << 30 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := postgres.BackendWorking(ctx, look, tc.pid(t))
+			if err != nil || got != tc.want {
+				t.Fatalf("BackendWorking = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestWatchBackend: the watch calls working while the server works on a
+// statement, not before its first look a second in, and not after stop.
+func TestWatchBackend(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	ctx := context.Background()
+	conn := testenv.Connect(t, db)
+	var calls atomic.Int32
+	started := time.Now()
+	stop := postgres.WatchBackend(ctx, cfg(db), conn.PgConn().PID(), func() { calls.Add(1) })
+	if _, err := conn.Exec(ctx, "SELECT pg_sleep(2.5)"); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	took := time.Since(started)
+	if n := calls.Load(); n < 1 || n > int32(took/time.Second) {
+		t.Fatalf("%d calls in %s of work: want one a second, at most", n, took.Round(time.Millisecond))
+	}
+	after := calls.Load()
+	if _, err := conn.Exec(ctx, "SELECT pg_sleep(1.5)"); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != after {
+		t.Fatal("working called after stop")
+	}
+}
