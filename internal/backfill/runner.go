@@ -126,6 +126,9 @@ type Session interface {
 	WaitRoom(ctx context.Context, n int, bytes int64) error
 	// Save writes the checkpoint with job's progress and waits for it.
 	Save(ctx context.Context, job checkpoint.Job) error
+	// Working notes progress that sent nothing yet: the server works on
+	// the backfill's statement (postgres.WatchBackend).
+	Working()
 }
 
 // FirstStart sends the first start's jobs (Initial, not done) from
@@ -140,6 +143,12 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// Nothing is sent while a statement runs, and the count or a chunk of
+	// a selective condition on a large table can take longer than
+	// http.unhealthy_after: the server working on it is progress, so that
+	// /healthz does not have the backfill restarted again and again; one
+	// waiting on a lock is not, so that it fails on a backfill stuck.
+	defer postgres.WatchBackend(ctx, r.Postgres, conn.PgConn().PID(), s.Working)()
 	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
 		return fmt.Errorf("backfill: begin: %w", err)
 	}

@@ -11,10 +11,11 @@ import (
 // Health is what a pipeline says of itself to the probes: a Source. What
 // it does (Set), whether a session streams and when its replication loop
 // last went round (Streaming), and when it last made progress otherwise
-// (Busy). Healthy means "not stuck", never "not busy": a loop that runs,
-// a standby that sees a live holder and a first start's backfill that
-// sends chunks are all healthy however long they last. Its methods are
-// safe from any goroutine.
+// (Busy). Healthy means "not stuck", never "not busy" nor "slow": a loop
+// that runs, a standby that sees a live holder and a first start's
+// backfill that sends chunks, or whose query the server works on, are all
+// healthy however long they last; a backfill whose query waits on a lock
+// is not (postgres.WatchBackend). Its methods are safe from any goroutine.
 type Health struct {
 	// UnhealthyAfter is http.unhealthy_after: how long the pipeline may go
 	// without streaming or progress before Healthy fails.
@@ -70,7 +71,8 @@ func (h *Health) Streaming(beat func() time.Time) {
 }
 
 // Busy notes progress outside a session: the pipeline started, a
-// standby saw a live holder, a first start's backfill sent a chunk.
+// standby saw a live holder, a first start's backfill sent a chunk or the
+// server works on its query.
 func (h *Health) Busy() { h.idleSince.Store(time.Now().UnixNano()) }
 
 // State returns what the pipeline is doing.
@@ -100,8 +102,9 @@ func (h *Health) Healthy() error {
 	if beat == nil {
 		// Between sessions: a standby waiting for a live holder is
 		// healthy, and so is a first start whose backfill makes
-		// progress; retrying, or a backfill that sent nothing, for
-		// longer than UnhealthyAfter is stuck.
+		// progress; retrying, or a backfill that neither sent a chunk
+		// nor had the server work on its query, for longer than
+		// UnhealthyAfter is stuck.
 		if d := time.Since(time.Unix(0, h.idleSince.Load())); d > h.UnhealthyAfter {
 			return fmt.Errorf("not streaming for %s (http.unhealthy_after %s): %s", d.Round(time.Second), h.UnhealthyAfter, h.State().Detail)
 		}

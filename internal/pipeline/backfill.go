@@ -144,6 +144,10 @@ func (s *session) Commit(at pglogrepl.LSN, now time.Time) {
 	s.p.health.Busy()
 }
 
+// Working: the server works on the first start's statement, a count or a
+// chunk that may take minutes: busy, not stuck (Healthy).
+func (s *session) Working() { s.p.health.Busy() }
+
 func (s *session) WaitRoom(ctx context.Context, n int, bytes int64) error {
 	return s.tracker.WaitRoom(ctx, n, bytes)
 }
