@@ -491,3 +491,38 @@ func TestExchangedNames(t *testing.T) {
 		t.Errorf("%d records, %d rows, want 36", len(c.Records), len(topic))
 	}
 }
+
+// TestUnloggedOutbox: with a FOR ALL TABLES publication, which allows it,
+// the outbox is made unlogged while the connector streams: its inserts are
+// no longer written to the WAL, so they never reach the slot, and the
+// catalog still names the table in the publication (it streamed on,
+// losing each). The watch stops, naming ALTER TABLE ... SET LOGGED, and so
+// does a start while it is unlogged; once logged again, a start streams on
+// and the rows written before and after arrive.
+func TestUnloggedOutbox(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `CREATE PUBLICATION outbox_cdc FOR ALL TABLES WITH (publish = 'insert')`)
+	r := e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	conn := testenv.Connect(t, e.db)
+	before := insertEvent(t, conn, "before", "Created")
+	c.WaitCount(t, time.Minute, 1)
+	testenv.Exec(t, e.db, `ALTER TABLE outbox SET UNLOGGED`)
+	insertEvent(t, conn, "unlogged", "Created")
+	err := waitFatal(t, r)
+	if err == nil || !strings.Contains(err.Error(), "is unlogged") || !strings.Contains(err.Error(), "SET LOGGED") {
+		t.Fatalf("the watch stopped with %v, want the unlogged table named", err)
+	}
+	r = e.launch(t, discard{})
+	if err := waitFatal(t, r); err == nil || !strings.Contains(err.Error(), "is unlogged") {
+		t.Fatalf("a start with the table unlogged: %v, want it refused", err)
+	}
+	testenv.Exec(t, e.db, `ALTER TABLE outbox SET LOGGED`)
+	e.start(t)
+	after := insertEvent(t, conn, "after", "Created")
+	c.WaitFor(t, time.Minute, "the event written once logged again", func(recs []*kgo.Record) bool { return ids(recs)[after] == 1 })
+	if got := ids(c.Records); got[before] != 1 {
+		t.Errorf("the event from before arrived %d times", got[before])
+	}
+}

@@ -108,6 +108,8 @@ func checkFacts(ctx context.Context, tx pgx.Tx, publication string, st checkpoin
 		return err
 	}
 	switch {
+	case rs.Unlogged:
+		return &errChanged{"the table is unlogged: its inserts do not reach the WAL"}
 	case !rs.Published:
 		return &errChanged{"the table is not in the publication"}
 	case rs.Member != st.Member:

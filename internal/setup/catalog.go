@@ -55,6 +55,10 @@ type RelState struct {
 	// Published: its inserts reach the publication, as its own or
 	// through an ancestor's membership, FOR ALL TABLES, or its schema's.
 	Published bool
+	// Unlogged: ALTER TABLE ... SET UNLOGGED (which a FOR ALL TABLES or
+	// schema publication allows): its inserts are not written to the WAL,
+	// so it is not published whatever the publication says.
+	Unlogged bool
 	// Member names the membership that publishes it: "rel:<oid>" (a
 	// pg_publication_rel row, its own or an ancestor's), "schema:<oid>"
 	// (pg_publication_namespace) or "all:<oid>" (the publication, FOR ALL
@@ -147,8 +151,8 @@ func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
 	}
 	return `WITH pub AS (SELECT * FROM pg_publication p WHERE p.pubname = $1)
 		SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', pg_has_role(current_user, c.relowner, 'USAGE'),
-			coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), ''),
-			coalesce(r.filtered, false)
+			CASE WHEN c.relpersistence = 'p' THEN coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), '') ELSE '' END,
+			coalesce(r.filtered, false), c.relpersistence <> 'p'
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		LEFT JOIN LATERAL (SELECT 'rel:' || pr.oid AS member, ` + filtered + ` AS filtered
 			FROM pub p JOIN pg_publication_rel pr ON pr.prpubid = p.oid
@@ -160,7 +164,7 @@ func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
 // scanRel reads relQuery's row; no row is a relation that does not exist.
 func scanRel(row pgx.Row) (RelState, error) {
 	var st RelState
-	err := row.Scan(&st.OID, &st.Schema, &st.Name, &st.Partitioned, &st.Owned, &st.Member, &st.Filtered)
+	err := row.Scan(&st.OID, &st.Schema, &st.Name, &st.Partitioned, &st.Owned, &st.Member, &st.Filtered, &st.Unlogged)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RelState{}, nil
 	}

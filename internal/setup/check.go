@@ -241,6 +241,10 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, name string, tables, 
 			probs = append(probs, p)
 		}
 		for _, t := range cat.Tables {
+			if t.Unlogged {
+				probs = append(probs, UnloggedTable(t.Table, "<config file>").Error())
+				continue
+			}
 			if t.OID != 0 && !t.Published && !(pub.Owned && t.Owned) {
 				why := "it does not own the table"
 				if !pub.Owned {

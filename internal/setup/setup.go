@@ -381,6 +381,15 @@ func viaRootProblem(cat Catalog) string {
 		pub.Name, strings.Join(names, ", "), ViaRootStatement(pub.Name))
 }
 
+// UnloggedTable is the error for table t, made unlogged (ALTER TABLE ...
+// SET UNLOGGED, which a FOR ALL TABLES or schema publication allows): its
+// inserts are not written to the WAL, so none reaches the connector
+// whatever the publication says. configFile is for the backfill's command.
+func UnloggedTable(t fmt.Stringer, configFile string) error {
+	return errtext.Fatalf("outbox table %s is unlogged (someone ran ALTER TABLE ... SET UNLOGGED), so its inserts are not written to the WAL and never reach the connector; as its owner run: ALTER TABLE %s SET LOGGED; then send the rows it received while unlogged with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
+		t, t, configFile, t)
+}
+
 // NotPublished is the error for table t, whose inserts do not reach the
 // publication; why, when set, says why the connector's role does not add
 // it, role is that role.

@@ -61,6 +61,9 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 				"table", name, "renamed_to", setup.Table{TableName: outbox.TableName{Schema: rs.Schema, Name: rs.Name}}.String(), "relation", rs.OID)
 			st.RelState = rs
 		}
+		if st.Unlogged {
+			return setup.UnloggedTable(st.Table, d.ConfigFile)
+		}
 		if !first && known && prev.Rel == st.OID {
 			if err := b.resume(ctx, st, &prev); err != nil {
 				return err

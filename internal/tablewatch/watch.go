@@ -292,6 +292,8 @@ func (w *Watch) checkTable(ctx context.Context, conn *pgx.Conn, cat setup.Catalo
 	}
 	if known && prev.Rel == cur.OID {
 		switch {
+		case cur.Unlogged:
+			return setup.UnloggedTable(t, w.deps.ConfigFile)
 		case !cur.Published:
 			return LeftPublication(w.deps, t)
 		case prev.Member != "" && cur.Member != prev.Member:
@@ -312,6 +314,9 @@ func (w *Watch) checkTable(ctx context.Context, conn *pgx.Conn, cat setup.Catalo
 // swapped); old is the relation streamed before, when it still exists.
 func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catalog, t *outbox.Source, st setup.TableState, old uint32) error {
 	cfg := w.deps.Postgres
+	if st.Unlogged {
+		return setup.UnloggedTable(t, w.deps.ConfigFile)
+	}
 	if !st.Published {
 		if !cat.Publication.Owned || !st.Owned {
 			why := "it does not own the table"
