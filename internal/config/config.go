@@ -210,7 +210,11 @@ func (c *Config) validateRegistry() error {
 			if t.Schema.File != "" && t.TopicFromRow() {
 				// Subjects follow topics, which a row's fields choose:
 				// whoever may insert a row would create subjects at will.
-				return fmt.Errorf("%s: schema_registry.auto_register with a topic template that a row's fields fill (%s) lets whoever inserts rows create registry subjects at will; register the subjects yourself and turn auto_register off, or use a fixed topic", t, t.Topic)
+				topic := "topic " + t.Topic
+				if t.Expressions.Topic != "" {
+					topic = "expressions.topic " + t.Expressions.Topic
+				}
+				return fmt.Errorf("%s: schema_registry.auto_register with a topic that a row's fields choose (%s) lets whoever inserts rows create registry subjects at will; register the subjects yourself and turn auto_register off, or use a fixed topic", t, topic)
 			}
 		}
 	}

@@ -52,6 +52,8 @@ func TestExpressionConfigErrors(t *testing.T) {
 		{"header name taken", "    expressions: {headers: {event_type: 'payload.kind'}}\n", "public.outbox: expressions.headers.event_type: the table already sends a header event_type"},
 		{"slow", "    filter: 'payload.a.all(x, payload.b.all(y, payload.c.exists(z, z == x + y)))'\n", "public.outbox: filter: its estimated cost on an event of 1000-byte strings and 1000-element lists is"},
 		{"unknown key", "    expressions: {partitoin: '1'}\n", "unknown key tables[0].expressions.partitoin (line 5); did you mean partition?"},
+		{"subjects a row chooses", "    schema: {format: avro, file: order.avsc}\n    expressions: {topic: '\"orders.\" + payload.region'}\nschema_registry: {url: 'http://registry:8081', auto_register: true}\n",
+			`public.outbox: schema_registry.auto_register with a topic that a row's fields choose (expressions.topic "orders." + payload.region)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := validConfig(writeConfig(t, base+tc.body), env())
