@@ -107,8 +107,8 @@ type Program struct {
 	prg  cel.Program
 	// fast is prg without cost tracking, for the events of at most
 	// fastUpTo bytes, which cel-go's estimate says cannot reach CostLimit:
-	// tracking costs an evaluation a third of its time, in allocations
-	// (docs/benchmarks.md, "Expressions").
+	// tracking allocates at every evaluation (8 of the 26 allocations a
+	// filter and a key made per event; docs/benchmarks.md, "Expressions").
 	fast     cel.Program
 	fastUpTo int
 	// Fields lists the event's fields it reads (by the names NewEnv was
