@@ -20,6 +20,12 @@
 //     dead-lettered for it.
 //   - No row reaches the checkpoint topic: a record routed there is the
 //     event's problem, as above.
+//   - An event its table's filter leaves out (route.ErrFiltered) is
+//     counted and neither produced nor tracked: its transaction resolves
+//     with the others. A record an expression pinned to a partition is
+//     checked against its topic's partition count before it is produced,
+//     so a partition past the end is the event's problem, not the
+//     producer's.
 //   - A record is counted in the tracker before it is handed to the
 //     producer, so its ack can never come first.
 package relay

@@ -11,4 +11,11 @@
 //     share a partition and keep their commit order.
 //   - A json/jsonb payload is the JSON document itself in every format,
 //     never a JSON string.
+//   - A table's filter and expressions (package expr) are evaluated on
+//     copies of what they read of the event, never keeping the event: an
+//     event its filter leaves out is ErrFiltered, which is not a record and
+//     not an *outbox.EventError, so a caller that does not know it stops
+//     rather than drop it; an expression that fails makes the event an
+//     *outbox.EventError, as a template that cannot expand does, and a
+//     topic it computes is checked and bound (max_topics) as a template's.
 package route
