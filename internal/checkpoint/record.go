@@ -141,6 +141,16 @@ type Table struct {
 	// old table of a swap, renamed away): while one exists its inserts are
 	// still the table's events, never "unmapped".
 	Former []uint32
+	// Files are the storage files (pg_relation_filenode) of Rel, or of its
+	// leaf partitions, by relation id, read before Floor was: a row's xid
+	// tells it from the rows below Floor only while its table is not
+	// rewritten (ALTER TABLE ... TYPE, a volatile default, VACUUM FULL,
+	// CLUSTER give every row a new file, and most a new xid). One of them
+	// in another file now means the Floor no longer tells which rows were
+	// streamed: retention deletes nothing of the table until a new Floor is
+	// set, with the files it has then. Kept only with a Floor above 0; nil
+	// in a record written before they were kept.
+	Files map[uint32]uint32
 }
 
 // NoFloor is Table.Floor where nothing is known of what was delivered:
@@ -279,7 +289,7 @@ func (r *Record) FindBackfill(id string) *Job {
 func (r *Record) SetBackfill(b Job) {
 	if st, ok := r.Tables[b.Table]; ok && b.Initial && b.Done() && b.Error == "" && b.Where == "" {
 		tables := maps.Clone(r.Tables)
-		st.Floor = 0
+		st.Floor, st.Files = 0, nil
 		tables[b.Table] = st
 		r.Tables = tables
 	}
@@ -410,9 +420,10 @@ type jsonParked struct {
 }
 
 type jsonStream struct {
-	Member string   `json:"member,omitempty"`
-	Floor  *uint64  `json:"floor,omitempty"` // absent: NoFloor
-	Former []uint32 `json:"former,omitempty"`
+	Member string            `json:"member,omitempty"`
+	Floor  *uint64           `json:"floor,omitempty"` // absent: NoFloor
+	Former []uint32          `json:"former,omitempty"`
+	Files  map[uint32]uint32 `json:"files,omitempty"`
 }
 
 // tables are j's relation ids with their streams; a table without one
@@ -425,7 +436,7 @@ func (j jsonRecord) tables() map[string]Table {
 	for name, rel := range j.Tables {
 		t := Table{Rel: rel, Floor: NoFloor}
 		if js, ok := j.Streams[name]; ok {
-			t.Member, t.Former = js.Member, js.Former
+			t.Member, t.Former, t.Files = js.Member, js.Former, js.Files
 			if js.Floor != nil {
 				t.Floor = *js.Floor
 			}
@@ -475,7 +486,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.Tables, j.Streams = map[string]uint32{}, map[string]jsonStream{}
 		for name, t := range r.Tables {
 			j.Tables[name] = t.Rel
-			js := jsonStream{Member: t.Member, Former: t.Former}
+			js := jsonStream{Member: t.Member, Former: t.Former, Files: t.Files}
 			if t.Floor != NoFloor {
 				js.Floor = &t.Floor
 			}

@@ -209,7 +209,7 @@ func TestLoadRefusesARecordThatGoesBack(t *testing.T) {
 func TestTablesJSON(t *testing.T) {
 	r := Record{Slot: "a", SystemID: "1", Tables: map[string]Table{
 		"public.outbox": {Rel: 16385, Member: "rel:16400", Floor: 0, Former: []uint32{16300}},
-		"public.other":  {Rel: 16390, Member: "all:16401", Floor: 1 << 33},
+		"public.other":  {Rel: 16390, Member: "all:16401", Floor: 1 << 33, Files: map[uint32]uint32{16390: 16500, 16392: 16501}},
 		"public.new":    {Rel: 16391, Floor: NoFloor},
 	}, RetentionMarks: []RetentionMark{{XMin: 7, LSN: 9, Time: time.Unix(1, 0).UTC(), Timeline: 2}}}
 	b, err := json.Marshal(r)

@@ -394,8 +394,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		s.tx = s.tracker.Begin(m.CommitTime)
 	case decode.KindEvent, decode.KindInvalid:
 		if m.Fresh && s.tables != nil {
-			// Before the skip: a row Kafka holds is not for a repair
-			// to send again either.
+			// Before the skip: a row Kafka holds is not a repair's either.
 			s.tables.NoteFresh(&m.Event)
 		}
 		if s.skipping {

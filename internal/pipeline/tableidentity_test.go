@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -524,5 +525,70 @@ func TestUnloggedOutbox(t *testing.T) {
 	c.WaitFor(t, time.Minute, "the event written once logged again", func(recs []*kgo.Record) bool { return ids(recs)[after] == 1 })
 	if got := ids(c.Records); got[before] != 1 {
 		t.Errorf("the event from before arrived %d times", got[before])
+	}
+}
+
+// TestRewrittenOutboxKeepsUnsentRows: a first start without a backfill
+// leaves the table's older rows unsent (below its Floor), and retention
+// deletes only what was streamed. A migration then rewrites the table
+// (ALTER TABLE ... TYPE) while the connector streams, and again (VACUUM
+// FULL) while it is stopped: the rewrite gives every row its xid, above
+// the Floor, and retention deleted the never-sent rows. The watch, and
+// the next start, set a new Floor; the unsent rows stay, and retention
+// goes on deleting the rows streamed since.
+func TestRewrittenOutboxKeepsUnsentRows(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	e.cfg.Tables[0].Retention = &outbox.Retention{After: time.Second}
+	e.retentionInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'unsent', 'Created', '{}' FROM generate_series(1, 10)`)
+	r := e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	count := func(agg string) int {
+		var n int
+		testenv.QueryRow(t, e.db, `SELECT count(*) FROM outbox WHERE aggregateid = $1`, []any{agg}, &n)
+		return n
+	}
+	streamedAndDeleted := func(agg string) {
+		t.Helper()
+		testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', '`+agg+`', 'Created', '{}' FROM generate_series(1, 5)`)
+		testenv.Eventually(t, time.Minute, agg+"'s rows delivered and deleted", func() bool {
+			if n := count("unsent"); n != 10 {
+				t.Fatalf("%d of the 10 unsent rows left", n)
+			}
+			return count(agg) == 0
+		})
+	}
+	streamedAndDeleted("early")
+	rec, _ := loadCheckpoint(t, e)
+	floor := rec.Tables["public.outbox"].Floor
+	if floor == 0 || floor == checkpoint.NoFloor || rec.Tables["public.outbox"].Files == nil {
+		t.Fatalf("the table's record %+v: want a floor above the unsent rows, with the files", rec.Tables["public.outbox"])
+	}
+	testenv.Exec(t, e.db, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`)
+	// Rows written before the watch sets the new floor stay (kept, not
+	// lost); wait for it.
+	testenv.Eventually(t, time.Minute, "a new floor", func() bool {
+		rec, _ := loadCheckpoint(t, e)
+		return rec.Tables["public.outbox"].Floor > floor
+	})
+	streamedAndDeleted("late")
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Exec(t, e.db, `VACUUM FULL outbox`)
+	e.start(t)
+	streamedAndDeleted("later")
+	if n := count("unsent"); n != 10 {
+		t.Fatalf("%d of the 10 unsent rows left", n)
+	}
+	c.WaitCount(t, time.Minute, 15)
+	c.Settle(300 * time.Millisecond)
+	got := map[string]int{}
+	for _, rec := range c.Records {
+		got[string(rec.Key)]++
+	}
+	if got["unsent"] != 0 || got["early"] != 5 || got["late"] != 5 || got["later"] != 5 {
+		t.Errorf("events by aggregate %v, want 5 each of early, late and later", got)
 	}
 }

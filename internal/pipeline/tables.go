@@ -19,8 +19,7 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 		return nil // another session's, read again, or not the connector's
 	}
 	read, sent, err := w.Rows(s.ctx, r, m.Commit, m.CommitTime, s.blocking, s.event, func() error {
-		// The held batch goes now: the loop that lets batches go is
-		// this goroutine, which waits for their acks.
+		// The held batch goes now: this goroutine lets batches go.
 		s.kafka.Release(time.Time{})
 		return s.blocking(func() error { return s.room(s.ctx) })
 	})
@@ -28,6 +27,9 @@ func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
 		return err
 	}
 	s.tracker.NoteTables(s.tx, w.Done(r))
+	if r.Snap == nil {
+		return nil // a new Floor only (tablewatch.Watch.checkFiles)
+	}
 	s.dec.Refresh()
 	s.p.m.TableRepaired(r.Table.String())
 	s.p.m.BackfillRows(r.Table.String()).Add(float64(sent))

@@ -25,7 +25,9 @@ import (
 //     filter: a table removed from the publication and added back has
 //     another, and its rows of the time between were never streamed;
 //   - the row's transaction is at or above the table's Floor (its rows
-//     below were never streamed: a first start without a backfill) and, in
+//     below were never streamed: a first start without a backfill), and
+//     the table was not rewritten since the Floor was set
+//     (checkpoint.Table.Files: a rewrite gives its rows its xid); and, in
 //     a partition, after the one that made it a partition of the table
 //     (pg_inherits' row, its own and its ancestors'): a partition attached
 //     with rows in it never had them streamed;
@@ -44,7 +46,10 @@ func xid64(col string) string {
 
 // written is the 64-bit xid of the transaction that wrote row t. A row
 // updated since its insert carries the updater's xid, which is newer: it
-// waits longer, never less.
+// waits longer for a mark; but against a Floor it is wrong, and an
+// outbox's rows below it must not be updated (docs/design.md,
+// "Retention"). A rewrite gives every row its xid: checkFacts sees it by
+// the table's files.
 var written = xid64("t.xmin")
 
 // coveredCTE are the common table expressions the deletes and the checks
@@ -116,6 +121,16 @@ func checkFacts(ctx context.Context, tx pgx.Tx, publication string, st checkpoin
 		return &errChanged{fmt.Sprintf("the table left the publication and came back (membership %s, the stream covered %s)", rs.Member, st.Member)}
 	case rs.Filtered:
 		return &errChanged{"the publication has a row filter for the table"}
+	}
+	if st.Floor == 0 || st.Files == nil {
+		return nil
+	}
+	files, err := setup.RelFiles(ctx, tx, st.Rel)
+	if err != nil {
+		return err
+	}
+	if setup.Rewritten(st.Files, files) {
+		return &errChanged{"the table was rewritten since its floor was set: its rows' transactions no longer tell those streamed from those below the floor (a new floor is set)"}
 	}
 	return nil
 }

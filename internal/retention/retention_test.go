@@ -262,3 +262,51 @@ func TestFactsThatNoLongerHold(t *testing.T) {
 		})
 	}
 }
+
+// TestRewriteKeepsRowsBelowFloor: a table with rows below its Floor (never
+// streamed: a first start without a backfill) is rewritten. ALTER TABLE
+// ... TYPE and a column with a volatile default give every row the
+// rewrite's xid, above the Floor, and all 20 never-streamed rows were
+// deleted. Any rewrite (VACUUM FULL keeps the xids, but cannot be told
+// apart) leaves the table alone until a new Floor is set; without one,
+// the rows above the Floor go and those below stay.
+func TestRewriteKeepsRowsBelowFloor(t *testing.T) {
+	partitioned := []string{`CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
+			aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
+		`CREATE TABLE outbox_default PARTITION OF outbox DEFAULT`}
+	for _, tt := range []struct {
+		name, sql string
+		ddl       []string
+		rewrite   bool
+	}{
+		{"alter type", `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, nil, true},
+		{"volatile default", `ALTER TABLE outbox ADD COLUMN seen timestamptz DEFAULT clock_timestamp()`, nil, true},
+		{"vacuum full", `VACUUM FULL outbox`, nil, true},
+		{"partitioned, alter type", `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, partitioned, true},
+		{"no rewrite", `ALTER TABLE outbox ADD COLUMN note text`, nil, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable(t, time.Minute, outbox.RetentionDelete, tt.ddl...)
+			testenv.Exec(t, tb.db, `INSERT INTO outbox (aggregatetype, aggregateid, type) SELECT 'order', 'before', 'E' FROM generate_series(1, 20)`)
+			files, err := setup.RelFiles(context.Background(), testenv.Connect(t, tb.db), tb.st.Rel)
+			if err != nil || len(files) != 1 {
+				t.Fatalf("files %v, %v: want the one leaf's", files, err)
+			}
+			tb.st.Files = files
+			testenv.QueryRow(t, tb.db, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`, nil, &tb.st.Floor)
+			testenv.Exec(t, tb.db, `INSERT INTO outbox (aggregatetype, aggregateid, type) SELECT 'order', 'after', 'E' FROM generate_series(1, 5)`)
+			testenv.Exec(t, tb.db, tt.sql)
+			tb.sweep(t)
+			tb.ack(t)
+			tb.now = tb.now.Add(2 * time.Minute)
+			tb.sweep(t)
+			if n := tb.count(t, "outbox", "aggregateid = 'before'"); n != 20 {
+				t.Errorf("%d of the 20 rows below the floor (never streamed) left", n)
+			}
+			after := tb.count(t, "outbox", "aggregateid = 'after'")
+			if want := map[bool]int{true: 5, false: 0}[tt.rewrite]; after != want {
+				t.Errorf("%d of the 5 rows above the floor left, want %d", after, want)
+			}
+		})
+	}
+}

@@ -130,6 +130,38 @@ func ReadRelation(ctx context.Context, conn Querier, publication string, id uint
 	return st, nil
 }
 
+// RelFiles reads the storage file of relation id, or of each of its leaf
+// partitions, by relation id (checkpoint.Table.Files): an empty map when
+// it does not exist. A rewrite of the table gives a leaf another file.
+func RelFiles(ctx context.Context, conn Querier, id uint32) (map[uint32]uint32, error) {
+	var ids, files []uint32
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(l.relid ORDER BY l.relid), '{}'), coalesce(array_agg(l.file ORDER BY l.relid), '{}')
+		FROM (SELECT l.relid, pg_relation_filenode(l.relid) AS file FROM (
+			SELECT oid AS relid FROM pg_class WHERE oid = $1::oid AND relkind = 'r'
+			UNION ALL SELECT relid::oid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf) l) l
+		WHERE l.file IS NOT NULL`, id).Scan(&ids, &files)
+	if err != nil {
+		return nil, fmt.Errorf("read the files of relation %d: %w", id, err)
+	}
+	m := make(map[uint32]uint32, len(ids))
+	for i, id := range ids {
+		m[id] = files[i]
+	}
+	return m, nil
+}
+
+// Rewritten reports whether a relation of recorded (RelFiles then) has
+// another file in now (RelFiles now): the table was rewritten since. A
+// relation gone, or new since, is no rewrite.
+func Rewritten(recorded, now map[uint32]uint32) bool {
+	for id, file := range recorded {
+		if f, ok := now[id]; ok && f != file {
+			return true
+		}
+	}
+	return false
+}
+
 // Querier is a connection or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

@@ -89,11 +89,11 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 		case first:
 			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: checkpoint.NoFloor}
 		default:
-			next, err := b.next(ctx)
+			floor, files, err := b.floor(ctx, st.OID)
 			if err != nil {
 				return err
 			}
-			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: next}
+			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: floor, Files: files}
 		}
 	}
 	rec.Tables = tables
@@ -105,7 +105,8 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 // same membership, without a row filter. A table that left and came back
 // while the connector was stopped received inserts that never reached the
 // slot: said loudly, and retention keeps every row from before (its Floor
-// moves to now).
+// moves to now). So does a table with rows below its Floor rewritten
+// since the Floor was set (rewritten).
 func (b *baseline) resume(ctx context.Context, st setup.TableState, prev *checkpoint.Table) error {
 	switch {
 	case !st.Published:
@@ -115,22 +116,53 @@ func (b *baseline) resume(ctx context.Context, st setup.TableState, prev *checkp
 	case prev.Member != "" && st.Member != prev.Member:
 		b.d.Log.Error("outbox table left the publication and was added back while the connector was stopped: the inserts it received in between never reached the connector; send them with cdc backfill (--table, --where); retention keeps the table's rows from before this start",
 			"table", st.Table.String(), "publication", b.d.Postgres.Publication)
-		next, err := b.next(ctx)
-		if err != nil {
-			return err
-		}
-		prev.Member, prev.Floor = st.Member, next
+		prev.Member, prev.Floor = st.Member, checkpoint.NoFloor
 	case prev.Member == "":
 		prev.Member = st.Member
 	}
-	if prev.Floor == checkpoint.NoFloor {
-		next, err := b.next(ctx)
+	if prev.Floor != 0 && prev.Floor != checkpoint.NoFloor {
+		rewritten, err := b.rewritten(ctx, st.Table, prev)
 		if err != nil {
 			return err
 		}
-		prev.Floor = next
+		if rewritten {
+			prev.Floor = checkpoint.NoFloor
+		}
+	}
+	if prev.Floor == checkpoint.NoFloor {
+		floor, files, err := b.floor(ctx, prev.Rel)
+		if err != nil {
+			return err
+		}
+		prev.Floor, prev.Files = floor, files
 	}
 	return nil
+}
+
+// rewritten reports whether table t's relation, whose Floor is above 0,
+// was rewritten since the Floor was set (checkpoint.Table.Files): its rows
+// below the Floor may carry the rewrite's xid now, so the Floor no longer
+// keeps them. A record without Files (written before they were kept)
+// takes today's: a rewrite before now cannot be seen.
+func (b *baseline) rewritten(ctx context.Context, t setup.Table, prev *checkpoint.Table) (bool, error) {
+	conn, err := b.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	files, err := setup.RelFiles(ctx, conn, prev.Rel)
+	if err != nil {
+		return false, err
+	}
+	if prev.Files == nil {
+		prev.Files = files
+		return false, nil
+	}
+	if !setup.Rewritten(prev.Files, files) {
+		return false, nil
+	}
+	b.d.Log.Warn("outbox table was rewritten (ALTER TABLE ... TYPE, a column with a volatile default, VACUUM FULL or CLUSTER) since the connector began streaming it without its older rows: their transactions no longer tell them from the rows streamed, so retention keeps every row from before this start; delete those by hand once Kafka holds them",
+		"table", t.String())
+	return true, nil
 }
 
 // publish adds st to the publication where the connector may, and reads
@@ -160,8 +192,6 @@ func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.Tab
 		return err
 	}
 	st.RelState = rs
-	// A floor read before the table joined is not one for it: read again.
-	b.read = false
 	return nil
 }
 
@@ -204,23 +234,21 @@ func Floors(ctx context.Context, d Deps, rec *checkpoint.Record) error {
 		if st.Floor != checkpoint.NoFloor {
 			continue
 		}
-		next, err := b.next(ctx)
+		floor, files, err := b.floor(ctx, st.Rel)
 		if err != nil {
 			return err
 		}
-		st.Floor = next
+		st.Floor, st.Files = floor, files
 		rec.Tables[name] = st
 	}
 	return nil
 }
 
-// baseline holds what Baseline and Floors read once: a catalog
-// connection and the next xid.
+// baseline holds what Baseline and Floors read with: a catalog
+// connection.
 type baseline struct {
-	d      Deps
-	sql    *pgx.Conn
-	nextID uint64
-	read   bool
+	d   Deps
+	sql *pgx.Conn
 }
 
 func (b *baseline) conn(ctx context.Context) (*pgx.Conn, error) {
@@ -240,20 +268,25 @@ func (b *baseline) close(ctx context.Context) {
 	}
 }
 
-// next is the next xid on the server that assigns them, read once after
-// the first call's moment; NoFloor where it cannot be known.
-func (b *baseline) next(ctx context.Context) (uint64, error) {
-	if !b.read {
-		next, ok, err := postgres.WritableNextXID(ctx, b.d.Postgres)
-		if err != nil {
-			return 0, err
-		}
-		if !ok {
-			next = checkpoint.NoFloor
-		}
-		b.nextID, b.read = next, true
+// floor is a Floor for relation rel, the next xid on the server that
+// assigns them, and the relation's files (checkpoint.Table.Files) read
+// just before it: a rewrite after the files were read is seen (another
+// file), and one before gave its xid to the rows below the Floor. NoFloor
+// (and no files) where the next xid cannot be known.
+func (b *baseline) floor(ctx context.Context, rel uint32) (uint64, map[uint32]uint32, error) {
+	conn, err := b.conn(ctx)
+	if err != nil {
+		return 0, nil, err
 	}
-	return b.nextID, nil
+	files, err := setup.RelFiles(ctx, conn, rel)
+	if err != nil {
+		return 0, nil, err
+	}
+	next, ok, err := postgres.WritableNextXID(ctx, b.d.Postgres)
+	if err != nil || !ok {
+		return checkpoint.NoFloor, nil, err
+	}
+	return next, files, nil
 }
 
 // followed is the relation the checkpoint recorded for a table missing

@@ -48,6 +48,13 @@
 //     with a row filter for a table stops the session; one that stopped
 //     publishing partitioned tables via their root is set back where the
 //     role owns it.
+//   - a table with rows below its Floor (never streamed) rewritten since
+//     the Floor was set (its files, checkpoint.Table.Files, changed) has
+//     its Floor set anew, with its files then, where the stream reaches a
+//     ControlRepair message without rows (checkFiles), or at the next
+//     start (Baseline): a rewrite gives every row its xid, and retention,
+//     which checks the files itself, deletes none of the table's rows
+//     until then.
 //   - a table that does not exist under its name, and whose relation does
 //     not exist either, is reported, and checked again: nothing can be
 //     written to it meanwhile.

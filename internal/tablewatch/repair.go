@@ -34,7 +34,11 @@ type Repair struct {
 	// Old is the relation streamed before, when it still exists under
 	// another name (a swap): it stays the table's (checkpoint.Table.Former).
 	Old  uint32
-	Snap *backfill.Snapshot
+	Snap *backfill.Snapshot // nil: no rows to send, only Floor and Files to record
+	// Floor and Files are the table's from the message on
+	// (checkpoint.Table): 0 and nil once a snapshot sent its rows.
+	Floor uint64
+	Files map[uint32]uint32
 }
 
 // startRepair opens a repair of table t, whose relation is rs now and
@@ -81,6 +85,39 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 	return nil
 }
 
+// checkFiles sets a new Floor for table t, streamed as prev, when the
+// relation was rewritten since its Floor was set (checkpoint.Table.Files):
+// the rows below the Floor may carry the rewrite's xid now, and retention,
+// which checks the files itself, deletes nothing of the table meanwhile.
+// The new Floor and the files, read just before it as Baseline reads
+// them, go into the checkpoint where the stream reaches a ControlRepair
+// message without rows; every row from before it is kept.
+func (w *Watch) checkFiles(ctx context.Context, conn *pgx.Conn, t *outbox.Source, prev checkpoint.Table) error {
+	if prev.Floor == 0 || prev.Floor == checkpoint.NoFloor || prev.Files == nil {
+		return nil
+	}
+	files, err := setup.RelFiles(ctx, conn, prev.Rel)
+	if err != nil || !setup.Rewritten(prev.Files, files) {
+		return err
+	}
+	next, ok, err := postgres.WritableNextXID(ctx, w.deps.Postgres)
+	if err != nil || !ok {
+		return err // a standby without primary_url: retention does not run either
+	}
+	w.log.Warn("outbox table was rewritten (ALTER TABLE ... TYPE, a column with a volatile default, VACUUM FULL or CLUSTER) while it held rows the connector never streamed: their transactions no longer tell them from the rows streamed, so retention keeps every row of it from before now; delete those by hand once Kafka holds them",
+		"table", t.String())
+	r := &Repair{ID: backfill.NewID(), Table: t, Rel: prev.Rel, Member: prev.Member, Floor: next, Files: files}
+	w.mu.Lock()
+	w.pending[r.ID] = r
+	w.repairing[t] = true
+	w.mu.Unlock()
+	if err := EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
+		w.drop(ctx, r)
+		return err
+	}
+	return nil
+}
+
 // Take returns the pending repair id and forgets it, or nil.
 func (w *Watch) Take(id string) *Repair {
 	w.mu.Lock()
@@ -104,7 +141,7 @@ func (w *Watch) drop(ctx context.Context, r *Repair) {
 
 // Done records that r's table's relation is streamed from here on, every
 // row of it delivered (checkpoint.Table.Floor 0: the repair sent those the
-// stream did not carry), forgets the fresh events the stream noted of it,
+// stream did not carry; or r's Floor, set anew), forgets the fresh events the stream noted of it,
 // and returns the tables' state for the checkpoint note. The stream's
 // goroutine calls it.
 func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
@@ -113,7 +150,7 @@ func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	prev := w.streamed[r.Table]
-	st := checkpoint.Table{Rel: r.Rel, Member: r.Member, Former: slices.Clone(prev.Former)}
+	st := checkpoint.Table{Rel: r.Rel, Member: r.Member, Former: slices.Clone(prev.Former), Floor: r.Floor, Files: r.Files}
 	if r.Old != 0 && r.Old != r.Rel && !slices.Contains(st.Former, r.Old) {
 		st.Former = append(st.Former, r.Old)
 	}
@@ -165,6 +202,9 @@ func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id str
 // for room. It returns the rows read and sent, and closes the snapshot.
 func (w *Watch) Rows(ctx context.Context, r *Repair, commit pglogrepl.LSN, at time.Time, blocking func(func() error) error,
 	send func(*decode.Message) error, chunkSent func() error) (read, sent int, err error) {
+	if r.Snap == nil {
+		return 0, 0, nil // a new Floor (checkFiles): nothing to send
+	}
 	defer r.Snap.Close(ctx)
 	dec, seen := r.Snap.Decoder(), w.Fresh(r.Table)
 	for final := false; !final; {

@@ -302,9 +302,11 @@ func (w *Watch) checkTable(ctx context.Context, conn *pgx.Conn, cat setup.Catalo
 			return filtered(w.deps, t)
 		}
 		if cur.Partitioned {
-			return w.noteLeaves(ctx, conn, t, cur.OID)
+			if err := w.noteLeaves(ctx, conn, t, cur.OID); err != nil {
+				return err
+			}
 		}
-		return nil
+		return w.checkFiles(ctx, conn, t, prev)
 	}
 	return w.newRelation(ctx, conn, cat, t, st, old)
 }
