@@ -98,7 +98,7 @@ func TestExpressionsEndToEnd(t *testing.T) {
 	for _, mode := range []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			k := testenv.NewFakeKafka(t)
+			k := testenv.NewKafka(t)
 			e := newEnv(t, k)
 			testenv.Exec(t, e.db, seed000Schema)
 			e.cfg.Delivery = mode
@@ -296,7 +296,7 @@ func insertPayload(t *testing.T, conn *pgx.Conn, payloadSQL string) string {
 // sends that one to the partition its expression pinned.
 func TestExpressionFailuresGoThroughOnInvalid(t *testing.T) {
 	t.Run("dead-letter", func(t *testing.T) {
-		k := testenv.NewFakeKafka(t)
+		k := testenv.NewKafka(t)
 		e := newEnv(t, k)
 		tbl := failingOutbox(e, outbox.OnInvalidDeadLetter)
 		r := e.start(t)
@@ -354,7 +354,7 @@ func TestExpressionFailuresGoThroughOnInvalid(t *testing.T) {
 	})
 
 	t.Run("fail", func(t *testing.T) {
-		e := newEnv(t, testenv.NewFakeKafka(t))
+		e := newEnv(t, testenv.NewKafka(t))
 		failingOutbox(e, outbox.OnInvalidFail)
 		r := e.start(t)
 		before := testenv.CurrentWAL(t, e.db)
@@ -370,7 +370,7 @@ func TestExpressionFailuresGoThroughOnInvalid(t *testing.T) {
 	})
 
 	t.Run("park", func(t *testing.T) {
-		k := testenv.NewFakeKafka(t)
+		k := testenv.NewKafka(t)
 		e := newEnv(t, k)
 		tbl := failingOutbox(e, outbox.OnInvalidPark)
 		tbl.ParkedTopic = k.Prefix + "outbox.parked"

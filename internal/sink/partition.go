@@ -112,14 +112,21 @@ func (k *Kafka) Partitions(ctx context.Context, topic string, p int32) (int32, e
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	listed, err := kadm.NewClient(k.cl).ListTopics(ctx, topic)
-	if err != nil {
-		return 0, fmt.Errorf("look up the partitions of topic %q: %w", topic, err)
+	for {
+		listed, err := kadm.NewClient(k.cl).ListTopics(ctx, topic)
+		if err != nil {
+			return 0, fmt.Errorf("look up the partitions of topic %q: %w", topic, err)
+		}
+		// A topic just created is in the brokers' metadata a moment after
+		// CreateTopics answered (docs/design.md, "New topics"): wait for it.
+		if d := listed[topic]; d.Err == nil && len(d.Partitions) > 0 {
+			k.partitions[topic] = partitionCount{n: int32(len(d.Partitions)), at: time.Now()}
+			return int32(len(d.Partitions)), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("look up the partitions of topic %q: the brokers list none yet (%v)", topic, listed[topic].Err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	d, ok := listed[topic]
-	if !ok || d.Err != nil || len(d.Partitions) == 0 {
-		return 0, fmt.Errorf("look up the partitions of topic %q: the brokers list none yet (%v)", topic, d.Err)
-	}
-	k.partitions[topic] = partitionCount{n: int32(len(d.Partitions)), at: time.Now()}
-	return int32(len(d.Partitions)), nil
 }
