@@ -14,4 +14,8 @@
 //   - Identifiers are stored as Postgres stores them (unquoted names are
 //     folded to lower case on parse), so they compare equal to the names
 //     pgoutput sends in Relation messages.
+//   - What a source's templates, filter and expressions read of a row is
+//     known once Validate has run: the columns join Extra, and the filter
+//     and expressions are compiled (Programs, package expr), so a bad
+//     expression stops the start, never an event.
 package outbox
