@@ -17,21 +17,35 @@ func TableDest(table string) string { return "table:" + table }
 // Set is the keys a session holds back. It is not safe for concurrent
 // use: the stream's goroutine owns it.
 type Set struct {
-	max     int
-	entries map[key]*checkpoint.Parked
+	max, maxBytes, bytes int
+	entries              map[key]*checkpoint.Parked
 }
 
 type key struct{ dest, key string }
 
 // New returns the set of parked keys saved (the checkpoint's), holding at
-// most max.
-func New(saved []checkpoint.Parked, max int) *Set {
-	s := &Set{max: max, entries: map[key]*checkpoint.Parked{}}
+// most max, whose entries take at most maxBytes of the checkpoint record
+// (0: no bound). The set is part of every checkpoint record, which must
+// fit the checkpoint topic: past maxBytes a park stops the connector as
+// one past max does, rather than the checkpoint's write failing.
+func New(saved []checkpoint.Parked, max, maxBytes int) *Set {
+	s := &Set{max: max, maxBytes: maxBytes, entries: map[key]*checkpoint.Parked{}}
 	for _, p := range saved {
 		p := p
 		s.entries[key{p.Dest, p.Key}] = &p
+		s.bytes += size(&p)
 	}
 	return s
+}
+
+// MaxReason bounds a parking's reason as the checkpoint keeps it: the
+// whole reason is in the parked record's headers and the log.
+const MaxReason = 256
+
+// size is about what p takes of the checkpoint record in JSON: its
+// strings and the names and punctuation around them.
+func size(p *checkpoint.Parked) int {
+	return len(p.Table) + len(p.Dest) + len(p.Key) + len(p.Reason) + len(p.First) + len(p.Episode) + len(p.Topic) + 160
 }
 
 // Len is how many keys are parked.
@@ -55,12 +69,17 @@ func (s *Set) Parked(topic, table, k string) *checkpoint.Parked {
 	return s.entries[key{TableDest(table), k}]
 }
 
-// ErrFull is a park past max_parked_keys.
-var ErrFull = errors.New("max_parked_keys keys are parked already")
+// ErrFull is a park past max_parked_keys, ErrFullBytes one whose
+// entries would take more of the checkpoint record than their share.
+var (
+	ErrFull      = errors.New("max_parked_keys keys are parked already")
+	ErrFullBytes = errors.New("the parked keys fill their share of the checkpoint record")
+)
 
 // Park parks key k of dest behind first, which is invalid for reason, in
-// parked topic topic; episode names this parking. It returns ErrFull past
-// the bound, parking nothing.
+// parked topic topic; episode names this parking. It returns ErrFull or
+// ErrFullBytes past a bound, parking nothing. The reason is kept cut to
+// MaxReason bytes.
 func (s *Set) Park(table, dest, k, reason, first, episode, topic string, since time.Time) (*checkpoint.Parked, error) {
 	if p := s.entries[key{dest, k}]; p != nil {
 		return p, nil
@@ -68,13 +87,25 @@ func (s *Set) Park(table, dest, k, reason, first, episode, topic string, since t
 	if len(s.entries) >= s.max {
 		return nil, ErrFull
 	}
+	if len(reason) > MaxReason {
+		reason = strings.ToValidUTF8(reason[:MaxReason-3], "") + "..."
+	}
 	p := &checkpoint.Parked{Table: table, Dest: dest, Key: k, Reason: reason, First: first, Episode: episode, Since: since, Topic: topic}
+	if n := size(p); s.maxBytes > 0 && s.bytes+n > s.maxBytes {
+		return nil, ErrFullBytes
+	}
 	s.entries[key{dest, k}] = p
+	s.bytes += size(p)
 	return p, nil
 }
 
 // Unpark forgets p's parking: its events were redriven.
-func (s *Set) Unpark(p *checkpoint.Parked) { delete(s.entries, key{p.Dest, p.Key}) }
+func (s *Set) Unpark(p *checkpoint.Parked) {
+	if _, ok := s.entries[key{p.Dest, p.Key}]; ok {
+		delete(s.entries, key{p.Dest, p.Key})
+		s.bytes -= size(p)
+	}
+}
 
 // List is the parked keys, for the checkpoint: a copy, in a stable order.
 func (s *Set) List() []checkpoint.Parked {

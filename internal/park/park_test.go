@@ -1,12 +1,16 @@
 package park
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
 
@@ -15,7 +19,7 @@ import (
 // copy in a stable order that a new set starts from.
 func TestSet(t *testing.T) {
 	at := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
-	s := New(nil, 2)
+	s := New(nil, 2, 0)
 	if s.Parked("orders", "public.outbox", "a") != nil || (*Set)(nil).Parked("orders", "public.outbox", "a") != nil {
 		t.Fatal("an empty set parks nothing")
 	}
@@ -43,7 +47,7 @@ func TestSet(t *testing.T) {
 	if p.Events == 99 {
 		t.Fatal("the list is not a copy")
 	}
-	if got := New(s.List(), 2).List(); !reflect.DeepEqual(got, s.List()) {
+	if got := New(s.List(), 2, 0).List(); !reflect.DeepEqual(got, s.List()) {
 		t.Fatalf("a set from the list: %+v", got)
 	}
 	if sel := s.Select(Selector{Table: "public.outbox"}); len(sel) != 2 {
@@ -52,6 +56,36 @@ func TestSet(t *testing.T) {
 	s.Unpark(p)
 	if s.Len() != 1 || s.Parked("orders", "public.outbox", "a") != nil {
 		t.Fatal("unparked a is still parked")
+	}
+}
+
+// TestSetFitsTheCheckpoint: the parked keys are part of every checkpoint
+// record, which must fit the checkpoint topic: a park whose entry would
+// take the set past its share is refused (ErrFullBytes), and a long
+// reason is kept cut, so the share holds about as many keys as it says.
+func TestSetFitsTheCheckpoint(t *testing.T) {
+	at := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	s := New(nil, 1000, 2048)
+	long := strings.Repeat("é", 10_000)
+	var err error
+	n := 0
+	for ; err == nil; n++ {
+		var p *checkpoint.Parked
+		p, err = s.Park("public.outbox", "orders", fmt.Sprintf("key-%d", n), long, "id", "episode", "parked", at)
+		if err == nil && (len(p.Reason) > MaxReason || !utf8.ValidString(p.Reason)) {
+			t.Fatalf("reason kept as %d bytes (valid UTF-8 %v), want at most %d", len(p.Reason), utf8.ValidString(p.Reason), MaxReason)
+		}
+	}
+	if !errors.Is(err, ErrFullBytes) || n-1 != 4 {
+		t.Fatalf("parked %d keys of a 2048-byte share, then %v; want 4, then ErrFullBytes", n-1, err)
+	}
+	b, jerr := json.Marshal(s.List())
+	if jerr != nil || len(b) > 2048 {
+		t.Fatalf("the set's JSON is %d bytes (%v), more than its 2048-byte share", len(b), jerr)
+	}
+	s.Unpark(s.Select(Selector{All: true})[0])
+	if _, err := s.Park("public.outbox", "orders", "again", long, "id", "episode", "parked", at); err != nil {
+		t.Fatalf("a key parked once another was redriven: %v", err)
 	}
 }
 
@@ -99,7 +133,7 @@ func TestRequestSignature(t *testing.T) {
 func BenchmarkParkedLookup(b *testing.B) {
 	for _, n := range []int{0, 100} {
 		b.Run(fmt.Sprintf("parked=%d", n), func(b *testing.B) {
-			s := New(nil, 1000)
+			s := New(nil, 1000, 0)
 			for i := 0; i < n; i++ {
 				s.Park("public.outbox", "outbox.event.order", fmt.Sprintf("agg-%d", i), "r", "id", "e", "parked", time.Time{})
 			}

@@ -115,7 +115,7 @@ func (p *Pipeline) openSession(ctx context.Context, k *sink.Kafka, o opened) (s 
 		ctx:     ctx,
 		skipTo:  saved.CommitLSN,
 		tables:  tablewatch.New(p.tableDeps(), saved, o.cat),
-		parked:  park.New(saved.Parked, p.cfg.MaxParkedKeys),
+		parked:  park.New(saved.Parked, p.cfg.MaxParkedKeys, int(p.cfg.Kafka.MaxMessageBytesOf(p.cfg.Checkpoint.Topic))/2),
 	}
 	p.m.ParkedKeys.Set(float64(s.parked.Len()))
 	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}

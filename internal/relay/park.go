@@ -32,9 +32,13 @@ import (
 type FullError struct {
 	Cause *outbox.EventError
 	Max   int
+	Bytes bool // the keys fill their share of the checkpoint record (park.ErrFullBytes)
 }
 
 func (e *FullError) Error() string {
+	if e.Bytes {
+		return fmt.Sprintf("%s; the %d parked keys fill their share of the checkpoint record (half of kafka.max_message_bytes, or of the checkpoint topic's), so this one stops the connector instead: redrive parked keys (cdc parked, cdc redrive) or raise kafka.max_message_bytes, and start it again", e.Cause.Brief(), e.Max)
+	}
 	return fmt.Sprintf("%s; max_parked_keys (%d) keys are parked already, so this one stops the connector instead: redrive parked keys (cdc parked, cdc redrive) or raise max_parked_keys, and start it again", e.Cause.Brief(), e.Max)
 }
 func (e *FullError) Unwrap() error { return e.Cause }
@@ -71,6 +75,9 @@ func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, c
 	p, err := s.Parked.Park(ev.Source.String(), dest, string(key), reason, ev.ID(), park.NewEpisode(), ev.Source.ParkedTopic, ev.CommitTime)
 	if errors.Is(err, park.ErrFull) && ee != nil {
 		return &FullError{Cause: ee, Max: s.MaxParkedKeys}
+	}
+	if errors.Is(err, park.ErrFullBytes) && ee != nil {
+		return &FullError{Cause: ee, Max: s.Parked.Len(), Bytes: true}
 	}
 	if err != nil {
 		return err

@@ -198,6 +198,14 @@ type Kafka struct {
 	batch      batcher
 }
 
+// MaxMessageBytesOf is the largest record the producer sends to topic.
+func (c Config) MaxMessageBytesOf(topic string) int32 {
+	if n, ok := c.TopicMaxMessageBytes[topic]; ok {
+		return n
+	}
+	return c.MaxMessageBytes
+}
+
 // New creates the producer from a validated cfg. It does not connect until
 // the first record or Ping. extra options are appended last (tests use them
 // for short timeouts).
@@ -208,12 +216,7 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 		kgo.StopProducerOnDataLossDetected(),
 		// A batch never exceeds its topic's limit: the broker checks
 		// max.message.bytes against whole batches.
-		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
-			if n, ok := cfg.TopicMaxMessageBytes[topic]; ok {
-				return n
-			}
-			return cfg.MaxMessageBytes
-		}),
+		kgo.ProducerBatchMaxBytesFn(cfg.MaxMessageBytesOf),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		// franz-go's default, except for a record a table's expression
 		// pinned to a partition (Pin).
