@@ -498,6 +498,9 @@ func drain(b *testing.B, per int, top string) drained {
 type backlog struct {
 	events, per, size int
 	set               settings
+	// pre is SQL run before the backlog is written, after the warm-up:
+	// rows the drain starts with.
+	pre string
 }
 
 func (bl backlog) fill(b *testing.B, db string, n int) {
@@ -526,6 +529,9 @@ func drainBacklog(b *testing.B, bl backlog) drained {
 	testenv.Exec(b, db,
 		`SELECT pg_create_logical_replication_slot('ref_before', 'pgoutput')`,
 		`SELECT pg_create_logical_replication_slot('ref_after', 'pgoutput')`)
+	if bl.pre != "" {
+		testenv.Exec(b, db, bl.pre)
+	}
 	bl.fill(b, db, bl.events-bl.per)
 	beforeLast := testenv.CurrentWAL(b, db)
 	bl.fill(b, db, bl.per)
@@ -556,7 +562,13 @@ func drainBacklog(b *testing.B, bl backlog) drained {
 	b.StopTimer()
 	d.cpu, d.rss = c.stop(b)
 	d.ref = (d.refBefore + d.refAfter) / 2
-	// Slot names are the cluster's: free them for the next drain.
+	// Slot names are the cluster's: free them for the next drain, once
+	// the walsenders of the processes that exited have noticed.
+	testenv.Eventually(b, time.Minute, "the drain's slots released", func() bool {
+		var active int
+		testenv.QueryRow(b, db, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND active`, nil, &active)
+		return active == 0
+	})
 	testenv.Exec(b, db, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
 	return d
 }
