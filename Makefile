@@ -154,7 +154,7 @@ fuzz:             ## fuzz the pgoutput decoder for about a minute (2,000,000 inp
 # draws the plots there. CI runs a short version into a scratch directory.
 BENCH_DIR   ?= docs/bench
 BENCH_COUNT ?= 3
-BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency|BenchmarkSweep|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce|BenchmarkSchema|BenchmarkExpressions
+BENCH_ONLY  ?= BenchmarkStartup|BenchmarkDrain|BenchmarkPayload|BenchmarkLatency|BenchmarkSweep|BenchmarkReplay|BenchmarkBackfill|BenchmarkExactlyOnce|BenchmarkSchema|BenchmarkExpressions|BenchmarkParked
 
 bench: setup     ## start-up, drain, payload sizes, latency, a rate sweep, replay and backfill on a real broker vs pg_recvlogical (3 paired runs); plots in docs/bench
 	./scripts/kafka.sh fetch
