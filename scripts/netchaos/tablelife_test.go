@@ -37,8 +37,9 @@ import (
 // the table removed from the publication and added back (the connector
 // stops, loudly; the operator sends the rows of the gap with cdc backfill
 // and starts it again), a partition attached with rows in it, a partition
-// detached and attached again, publish_via_partition_root turned off, and
-// a kill -9 of the holder; recreates and swaps come with a transaction
+// detached and attached again, publish_via_partition_root turned off, a
+// kill -9 of the holder, and a rewrite of a table (ALTER COLUMN ... TYPE);
+// recreates and swaps come with a transaction
 // left open across the change. With CDC_TABLELIFE_EACH=all, each change
 // once in turn: CI's short run.
 //
@@ -117,6 +118,7 @@ type life struct {
 	// were read; swaps counts them.
 	leftovers []string
 	swaps     int
+	rewrites  int // the "rewritten" changes made: each alternates the type column's type
 
 	// Guarded by track: the rows the test itself removed with a table
 	// (exempt), the rows attached with a partition (prefilled), every row
@@ -370,6 +372,7 @@ func (l *life) openTx(t *testing.T, family string, hold time.Duration) {
 var changes = []string{
 	"rename and back", "swap", "drop and create again", "removed from the publication and added back",
 	"partition attached with rows", "partition detached and attached again", "publish_via_partition_root off", "kill -9 holder",
+	"rewritten",
 }
 
 // nemesis makes one change every 4-10 s, picked at random, until the run's
@@ -461,6 +464,17 @@ func (l *life) change(t *testing.T, kind int) {
 		l.procs[h] = launch(t, l.config, l.outs[h])
 		l.expect[h] = false
 		detail = fmt.Sprintf("replica %d", h)
+	case 8:
+		// A migration that rewrites the table: every row gets a new
+		// file and the rewrite's xid (retention's floor no longer tells
+		// the rows, docs/design.md, "Retention"). USING forces the
+		// rewrite both ways.
+		family := []string{"outbox", "outbox_p"}[rand.N(2)]
+		l.openTx(t, other(family), 2*time.Second) // open across the rewrite, on the other table
+		to := []string{"varchar(200)", "text"}[l.rewrites%2]
+		l.rewrites++
+		l.must(t, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN type TYPE %s USING type::%s`, family, to, to))
+		detail = family + ", type " + to
 	}
 	l.waitHolder(t, 3*time.Minute)
 	l.checkStops(t)
