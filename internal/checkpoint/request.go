@@ -55,12 +55,19 @@ func (r *Request) Sign(secret []byte, key string) {
 // Verify reports whether r.MAC was made by one of secrets for the pipeline
 // with checkpoint key key (several: a key being rotated in).
 func (r Request) Verify(secrets [][]byte, key string) bool {
-	got, err := hex.DecodeString(r.MAC)
+	return VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
+}
+
+// VerifyMAC reports whether mac, hex, is what sum gives with one of
+// secrets: the check of every signed request (a backfill's, a redrive's),
+// in constant time.
+func VerifyMAC(mac string, secrets [][]byte, sum func(secret []byte) []byte) bool {
+	got, err := hex.DecodeString(mac)
 	if err != nil || len(got) != sha256.Size {
 		return false
 	}
 	for _, s := range secrets {
-		if hmac.Equal(got, r.mac(s, key)) {
+		if hmac.Equal(got, sum(s)) {
 			return true
 		}
 	}

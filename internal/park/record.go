@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
 )
 
@@ -152,14 +153,5 @@ func (r *Request) Sign(secret []byte, key string) { r.MAC = hex.EncodeToString(r
 // Verify reports whether r.MAC was made by one of secrets for the pipeline
 // with checkpoint key key.
 func (r Request) Verify(secrets [][]byte, key string) bool {
-	got, err := hex.DecodeString(r.MAC)
-	if err != nil || len(got) != sha256.Size {
-		return false
-	}
-	for _, s := range secrets {
-		if hmac.Equal(got, r.mac(s, key)) {
-			return true
-		}
-	}
-	return false
+	return checkpoint.VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
 }
