@@ -592,3 +592,28 @@ func TestRewrittenOutboxKeepsUnsentRows(t *testing.T) {
 		t.Errorf("events by aggregate %v, want 5 each of early, late and later", got)
 	}
 }
+
+// TestUnloggedPartition: a partitioned outbox gets an unlogged partition
+// (CREATE UNLOGGED TABLE ... PARTITION OF, which any publication allows)
+// while the connector streams, with retention on: its inserts write no
+// WAL. The connector streamed on, lost its 10 events and retention
+// deleted their rows. The watch stops naming it, and its rows stay.
+func TestUnloggedPartition(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	testenv.Exec(t, e.db, `DROP TABLE outbox`, partitionedByTime,
+		`CREATE TABLE outbox_2026 PARTITION OF outbox FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	e.cfg.Tables[0].Retention = &outbox.Retention{After: time.Second}
+	e.retentionInterval = 100 * time.Millisecond
+	r := e.start(t)
+	testenv.Exec(t, e.db, `CREATE UNLOGGED TABLE outbox_2025 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+		`INSERT INTO outbox (created_at, aggregatetype, aggregateid, type, payload) SELECT '2025-06-01', 'order', 'unlogged', 'E', '{}' FROM generate_series(1, 10)`)
+	if err := waitFatal(t, r); err == nil || !strings.Contains(err.Error(), "is unlogged") {
+		t.Fatalf("the watch stopped with %v, want the unlogged partition named", err)
+	}
+	var left int
+	testenv.QueryRow(t, e.db, `SELECT count(*) FROM outbox_2025`, nil, &left)
+	if left != 10 {
+		t.Fatalf("%d of the unlogged partition's 10 rows left", left)
+	}
+}

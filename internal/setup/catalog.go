@@ -55,9 +55,11 @@ type RelState struct {
 	// Published: its inserts reach the publication, as its own or
 	// through an ancestor's membership, FOR ALL TABLES, or its schema's.
 	Published bool
-	// Unlogged: ALTER TABLE ... SET UNLOGGED (which a FOR ALL TABLES or
-	// schema publication allows): its inserts are not written to the WAL,
-	// so it is not published whatever the publication says.
+	// Unlogged: it, or one of its partitions, is unlogged (ALTER TABLE
+	// ... SET UNLOGGED, which a FOR ALL TABLES or schema publication
+	// allows, and CREATE UNLOGGED TABLE ... PARTITION OF, which any
+	// does): those inserts are not written to the WAL, so it is not
+	// published whatever the publication says.
 	Unlogged bool
 	// Member names the membership that publishes it: "rel:<oid>" (a
 	// pg_publication_rel row, its own or an ancestor's), "schema:<oid>"
@@ -183,13 +185,15 @@ func relQuery(ctx context.Context, conn Querier, where string) (string, error) {
 	}
 	return `WITH pub AS (SELECT * FROM pg_publication p WHERE p.pubname = $1)
 		SELECT c.oid, n.nspname, c.relname, c.relkind = 'p', pg_has_role(current_user, c.relowner, 'USAGE'),
-			CASE WHEN c.relpersistence = 'p' THEN coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), '') ELSE '' END,
-			coalesce(r.filtered, false), c.relpersistence <> 'p'
+			CASE WHEN NOT u.unlogged THEN coalesce(r.member, (SELECT coalesce(CASE WHEN p.puballtables THEN 'all:' || p.oid END, ` + bySchema + `) FROM pub p), '') ELSE '' END,
+			coalesce(r.filtered, false), u.unlogged
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		LEFT JOIN LATERAL (SELECT 'rel:' || pr.oid AS member, ` + filtered + ` AS filtered
 			FROM pub p JOIN pg_publication_rel pr ON pr.prpubid = p.oid
 			WHERE pr.prrelid = c.oid OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors(c.oid))
 			ORDER BY pr.prrelid = c.oid DESC, pr.oid LIMIT 1) r ON true
+		CROSS JOIN LATERAL (SELECT c.relpersistence <> 'p' OR EXISTS (SELECT FROM pg_partition_tree(c.oid) l
+			JOIN pg_class lc ON lc.oid = l.relid WHERE lc.relpersistence <> 'p') AS unlogged) u
 		WHERE ` + where + ` AND c.relkind IN ('r', 'p')`, nil
 }
 

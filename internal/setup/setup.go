@@ -386,7 +386,7 @@ func viaRootProblem(cat Catalog) string {
 // inserts are not written to the WAL, so none reaches the connector
 // whatever the publication says. configFile is for the backfill's command.
 func UnloggedTable(t fmt.Stringer, configFile string) error {
-	return errtext.Fatalf("outbox table %s is unlogged (someone ran ALTER TABLE ... SET UNLOGGED), so its inserts are not written to the WAL and never reach the connector; as its owner run: ALTER TABLE %s SET LOGGED; then send the rows it received while unlogged with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
+	return errtext.Fatalf("outbox table %s, or a partition of it, is unlogged (ALTER TABLE ... SET UNLOGGED, or CREATE UNLOGGED TABLE ... PARTITION OF), so its inserts are not written to the WAL and never reach the connector; as its owner run ALTER TABLE ... SET LOGGED on it (SELECT relname FROM pg_partition_tree('%s') JOIN pg_class ON oid = relid WHERE relpersistence = 'u' names them); then send the rows it received while unlogged with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
 		t, t, configFile, t)
 }
 
