@@ -153,6 +153,24 @@ type Table struct {
 	Files map[uint32]uint32
 }
 
+// NoteTables returns the tables a session noted (noted: its watch's
+// view, Record.Tables as of a position) as the record with tables saved
+// takes them. A table whose relation saved already records as every row
+// delivered (Floor 0: a first start's backfill finished, SetBackfill)
+// stays so: within a relation the Floor never goes back up in a note,
+// and the watch's view of the other tables may predate the backfill's
+// end (a repair's note carries every table).
+func NoteTables(saved, noted map[string]Table) map[string]Table {
+	out := make(map[string]Table, len(noted))
+	for name, st := range noted {
+		if old, ok := saved[name]; ok && old.Rel == st.Rel && old.Floor == 0 {
+			st.Floor, st.Files = 0, nil
+		}
+		out[name] = st
+	}
+	return out
+}
+
 // NoFloor is Table.Floor where nothing is known of what was delivered:
 // retention deletes none of the table's rows until a start sets it.
 const NoFloor = ^uint64(0)

@@ -235,3 +235,36 @@ func TestTablesJSON(t *testing.T) {
 		t.Fatalf("after ForgetCoverage: %+v %+v (the original: %+v)", back.Tables, back.RetentionMarks, r.Tables)
 	}
 }
+
+// TestNoteTablesKeepsFloorZero: a first start's backfill lowers a table's
+// Floor to 0 in the record (SetBackfill) while the watch's view, which
+// every repair's note carries for all tables, still has the Floor of the
+// session's start; applied as it was, the note put the Floor back up, and
+// retention kept every row below it for ever. A relation's Floor 0 stays;
+// another relation's record, or a Floor above 0 in both, is the note's.
+func TestNoteTablesKeepsFloorZero(t *testing.T) {
+	saved := map[string]Table{
+		"public.a": {Rel: 1, Floor: 0},
+		"public.b": {Rel: 2, Floor: 0},
+		"public.c": {Rel: 3, Floor: 50, Files: map[uint32]uint32{3: 30}},
+	}
+	noted := map[string]Table{
+		"public.a": {Rel: 1, Floor: 40, Files: map[uint32]uint32{1: 10}}, // stale
+		"public.b": {Rel: 9, Member: "rel:9", Floor: 0},                  // repaired: another relation
+		"public.c": {Rel: 3, Floor: 60, Files: map[uint32]uint32{3: 31}}, // a new Floor
+		"public.d": {Rel: 4, Floor: 70},
+	}
+	got := NoteTables(saved, noted)
+	want := map[string]Table{
+		"public.a": {Rel: 1, Floor: 0},
+		"public.b": {Rel: 9, Member: "rel:9", Floor: 0},
+		"public.c": {Rel: 3, Floor: 60, Files: map[uint32]uint32{3: 31}},
+		"public.d": {Rel: 4, Floor: 70},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+	if noted["public.a"].Floor != 40 {
+		t.Fatal("the note was changed in place: it is shared with the tracker")
+	}
+}

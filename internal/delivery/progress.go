@@ -111,7 +111,7 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 		r.Backfills = *pos.Backfills
 	}
 	if pos.Tables != nil {
-		r.Tables = pos.Tables
+		r.Tables = checkpoint.NoteTables(r.Tables, pos.Tables)
 	}
 	if pos.Parked != nil {
 		r.Parked = *pos.Parked

@@ -145,8 +145,13 @@ func (w *Watch) drop(ctx context.Context, r *Repair) {
 // and returns the tables' state for the checkpoint note. The stream's
 // goroutine calls it.
 func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
-	delete(w.fresh, r.Table)
-	delete(w.overflow, r.Table)
+	if r.Snap != nil {
+		// Sent by the repair, or in its snapshot: none to tell apart
+		// any more. A new Floor alone sent nothing: a repair still to
+		// come needs them.
+		delete(w.fresh, r.Table)
+		delete(w.overflow, r.Table)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	prev := w.streamed[r.Table]
