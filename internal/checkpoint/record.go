@@ -425,6 +425,14 @@ type jsonRecord struct {
 
 // jsonStream is a Table but its relation id, which "tables" holds (as
 // records written before streams were kept do).
+// ParkedSize is what p takes of a checkpoint record: its JSON, as the
+// record writes it (a key of '<' is six bytes a character there), and a
+// comma.
+func ParkedSize(p Parked) int {
+	b, _ := json.Marshal(jsonParked(p))
+	return len(b) + 1
+}
+
 type jsonParked struct {
 	Table   string    `json:"table"`
 	Dest    string    `json:"dest"`

@@ -42,11 +42,8 @@ func New(saved []checkpoint.Parked, max, maxBytes int) *Set {
 // whole reason is in the parked record's headers and the log.
 const MaxReason = 256
 
-// size is about what p takes of the checkpoint record in JSON: its
-// strings and the names and punctuation around them.
-func size(p *checkpoint.Parked) int {
-	return len(p.Table) + len(p.Dest) + len(p.Key) + len(p.Reason) + len(p.First) + len(p.Episode) + len(p.Topic) + 160
-}
+// size is what p takes of the checkpoint record.
+func size(p *checkpoint.Parked) int { return checkpoint.ParkedSize(*p) }
 
 // Len is how many keys are parked.
 func (s *Set) Len() int {
