@@ -617,3 +617,73 @@ func TestUnloggedPartition(t *testing.T) {
 		t.Fatalf("%d of the unlogged partition's 10 rows left", left)
 	}
 }
+
+// TestNameTakenWhileStopped: two configured tables; while the connector
+// is stopped the second is dropped, the first renamed to its name, and a
+// new table created under the first's name. The relation streamed as the
+// first is now named as the second: it resumes as the second's (a
+// relation is matched by its id first), and the new table under the
+// first's name is repaired as a recreated table. The first's record kept
+// naming that relation too, and its repair made it the first's former
+// relation: inserts into the second went to the first's topic. Every
+// event arrives once, in the topic its table now says.
+func TestNameTakenWhileStopped(t *testing.T) {
+	e := newEnv(t, testenv.NewKafka(t))
+	e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+	testenv.Exec(t, e.db, `CREATE TABLE outbox2 (LIKE outbox INCLUDING ALL)`)
+	e.cfg.Tables[0].Topic = e.kafka.Prefix + "first"
+	second := *e.cfg.Tables[0]
+	second.Name.Name, second.Topic = "outbox2", e.kafka.Prefix+"second"
+	e.cfg.Tables = append(e.cfg.Tables, &second)
+	r := e.start(t)
+	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
+	insert := func(table, agg string, n int) {
+		testenv.Exec(t, e.db, fmt.Sprintf(`INSERT INTO %s (aggregatetype, aggregateid, type, payload) SELECT 'order', '%s', 'Created', '{}' FROM generate_series(1, %d)`, table, agg, n))
+	}
+	insert("outbox", "a-before", 3)
+	insert("outbox2", "b-before", 3)
+	c.WaitCount(t, time.Minute, 6)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Exec(t, e.db, `BEGIN; DROP TABLE outbox2; ALTER TABLE outbox RENAME TO outbox2; CREATE TABLE outbox (LIKE outbox2 INCLUDING ALL); COMMIT`)
+	insert("outbox2", "renamed-stopped", 4)
+	insert("outbox", "new-stopped", 4)
+	e.start(t)
+	insert("outbox2", "renamed-after", 5)
+	insert("outbox", "new-after", 5)
+	want := map[string]string{} // id -> topic/key
+	for id, agg := range rowsOf(t, e.db, "outbox2") {
+		want[id] = e.cfg.Tables[1].Topic + "/" + agg
+		if agg == "a-before" { // streamed as the first's, before the rename
+			want[id] = e.cfg.Tables[0].Topic + "/" + agg
+		}
+	}
+	for id, agg := range rowsOf(t, e.db, "outbox") {
+		want[id] = e.cfg.Tables[0].Topic + "/" + agg
+	}
+	if len(want) != 21 {
+		t.Fatalf("%d rows, want 21", len(want))
+	}
+	c.WaitFor(t, 2*time.Minute, "every row's event", func(recs []*kgo.Record) bool {
+		got := ids(recs)
+		for id := range want {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	c.Settle(500 * time.Millisecond)
+	for id, n := range ids(c.Records) {
+		if n != 1 {
+			t.Errorf("event %s arrived %d times", id, n)
+		}
+	}
+	for _, rec := range c.Records {
+		id := testenv.Header(rec, route.HeaderID)
+		if w, ok := want[id]; ok && rec.Topic+"/"+string(rec.Key) != w {
+			t.Errorf("event %s in %s/%s, want %s", id, rec.Topic, rec.Key, w)
+		}
+	}
+}

@@ -32,6 +32,7 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 	defer b.close(ctx)
 	old := rec.Tables == nil && !first // a checkpoint written before ids were kept
 	tables := map[string]checkpoint.Table{}
+	claimed := map[uint32]string{} // relations resumed, by the table now streaming each
 	for _, st := range cat.Tables {
 		name := st.Table.String()
 		prev, known := rec.Tables[name]
@@ -69,6 +70,7 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 				return err
 			}
 			tables[name] = prev
+			claimed[st.OID] = name
 			continue
 		}
 		published := st.Published
@@ -96,8 +98,31 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 			tables[name] = checkpoint.Table{Rel: st.OID, Member: st.Member, Floor: floor, Files: files}
 		}
 	}
+	disown(tables, claimed)
 	rec.Tables = tables
 	return nil
+}
+
+// disown takes from each table's record the relations another table now
+// resumes (claimed): a table whose name another took (DROP b; ALTER TABLE
+// a RENAME TO b; CREATE TABLE a, with both configured) kept a record of
+// the relation b now streams, and its repair made it a's former relation:
+// b's inserts went to a's topic. Its record then names no relation (a
+// recreated table with nothing left of the old one).
+func disown(tables map[string]checkpoint.Table, claimed map[uint32]string) {
+	for name, st := range tables {
+		if owner, ok := claimed[st.Rel]; ok && owner != name {
+			st.Rel, st.Member = 0, ""
+		}
+		st.Former = slices.DeleteFunc(slices.Clone(st.Former), func(id uint32) bool {
+			owner, ok := claimed[id]
+			return ok && owner != name
+		})
+		if len(st.Former) == 0 {
+			st.Former = nil
+		}
+		tables[name] = st
+	}
 }
 
 // resume checks, on a resumed start, table st whose relation is the one
