@@ -112,11 +112,19 @@ func (k *Kafka) Partitions(ctx context.Context, topic string, p int32) (int32, e
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	for {
+	var missing error // why the brokers did not list the topic, once they answered
+	for looked := false; ; looked = true {
 		listed, err := kadm.NewClient(k.cl).ListTopics(ctx, topic)
+		if err != nil && looked && ctx.Err() != nil {
+			// The wait ran out during a look, after the brokers had
+			// answered without the topic: that, not the cut look, is
+			// what went wrong.
+			return 0, fmt.Errorf("look up the partitions of topic %q: the brokers list none yet (%v)", topic, missing)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("look up the partitions of topic %q: %w", topic, err)
 		}
+		missing = listed[topic].Err
 		// A topic just created is in the brokers' metadata a moment after
 		// CreateTopics answered (docs/design.md, "New topics"): wait for it.
 		if d := listed[topic]; d.Err == nil && len(d.Partitions) > 0 {
@@ -125,7 +133,7 @@ func (k *Kafka) Partitions(ctx context.Context, topic string, p int32) (int32, e
 		}
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("look up the partitions of topic %q: the brokers list none yet (%v)", topic, listed[topic].Err)
+			return 0, fmt.Errorf("look up the partitions of topic %q: the brokers list none yet (%v)", topic, missing)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

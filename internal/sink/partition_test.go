@@ -87,7 +87,7 @@ func TestPartitionsLooksAgain(t *testing.T) {
 	}
 	// A topic not listed yet is waited for (one just created is listed a
 	// moment later), within ctx.
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if _, err := k.Partitions(short, "no-such-topic", 0); err == nil || !strings.Contains(err.Error(), "the brokers list none yet") {
 		t.Fatalf("Partitions of a topic that does not exist: %v", err)
