@@ -115,7 +115,7 @@ func (c *Cleaner) partitionKept(ctx context.Context, conn *pgx.Conn, t *outbox.S
 		return true, false, err
 	}
 	if uncovered > 0 {
-		c.once("uncovered "+p.name, fmt.Sprintf("retention keeps partition %s of %s: %d of its rows were written before the stream covered them (before the connector's first start, or before the partition was attached to the table), so Kafka may not hold their events; send them with cdc backfill if they are events, then drop the partition yourself", p.name, t, uncovered))
+		c.once("uncovered "+p.name, fmt.Sprintf("retention keeps partition %s of %s: %d of its rows were written before the stream covered them (before the connector's first start, or before the partition was attached to the table, or rewritten after it was attached with rows), so Kafka may not hold their events; send them with cdc backfill if they are events, then drop the partition yourself", p.name, t, uncovered))
 	}
 	return true, young > 0 || uncovered > 0, nil
 }

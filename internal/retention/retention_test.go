@@ -310,3 +310,60 @@ func TestRewriteKeepsRowsBelowFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestRewriteKeepsAttachedRows: a table with 20 rows in it (never events)
+// is attached as a partition of the outbox, and then rewritten. ALTER
+// TABLE ... TYPE gives the attached rows the rewrite's xid, above the
+// attach's, and retention deleted all 20 as streamed rows (drop_partitions
+// dropped the partition with them). Whatever the rewrite, and however
+// deep the partition, the attached rows stay; the rows the partition took
+// as one are kept with them only when the rewrite could have carried
+// attached rows, and a partition created in the table loses its streamed
+// rows as before.
+func TestRewriteKeepsAttachedRows(t *testing.T) {
+	attach := []string{`CREATE TABLE outbox_old (LIKE outbox INCLUDING DEFAULTS)`, `INSERT INTO outbox_old (created_at, aggregatetype, aggregateid, type) SELECT '2025-06-01', 'order', 'attached', 'E' FROM generate_series(1, 20)`,
+		`ALTER TABLE outbox ATTACH PARTITION outbox_old FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`}
+	nested := []string{`CREATE TABLE outbox_old (LIKE outbox INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)`,
+		`CREATE TABLE outbox_old_h1 PARTITION OF outbox_old FOR VALUES FROM ('2025-01-01') TO ('2025-07-01')`,
+		`CREATE TABLE outbox_old_h2 PARTITION OF outbox_old FOR VALUES FROM ('2025-07-01') TO ('2026-01-01')`,
+		`INSERT INTO outbox_old (created_at, aggregatetype, aggregateid, type) SELECT '2025-06-01', 'order', 'attached', 'E' FROM generate_series(1, 20)`,
+		`ALTER TABLE outbox ATTACH PARTITION outbox_old FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`}
+	for _, tt := range []struct {
+		name, mode, sql string
+		attach          []string
+		keepsStreamed   bool // the rows the attached partition took as one stay too
+	}{
+		{"alter type", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true},
+		{"volatile default", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN seen timestamptz DEFAULT clock_timestamp()`, attach, true},
+		{"alter type, a partition of a partition", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, nested, true},
+		{"vacuum full of the partition", outbox.RetentionDelete, `VACUUM FULL outbox_old`, attach, true},
+		{"no rewrite", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN note text`, attach, false},
+		{"drop_partitions, alter type", outbox.RetentionDropPartitions, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable(t, time.Minute, tt.mode, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
+				aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`,
+				`CREATE TABLE outbox_new PARTITION OF outbox FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+			testenv.Exec(t, tb.db, tt.attach...)
+			testenv.Exec(t, tb.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type) SELECT '2025-07-01', 'order', 'streamed-old', 'E' FROM generate_series(1, 5)`,
+				`INSERT INTO outbox (created_at, aggregatetype, aggregateid, type) SELECT '2026-06-01', 'order', 'streamed-new', 'E' FROM generate_series(1, 5)`)
+			testenv.Exec(t, tb.db, tt.sql)
+			tb.sweep(t)
+			tb.ack(t)
+			tb.now = tb.now.Add(2 * time.Minute)
+			tb.sweep(t)
+			if n := tb.count(t, "outbox", "aggregateid = 'attached'"); n != 20 {
+				t.Errorf("%d of the 20 attached rows (never streamed) left", n)
+			}
+			old := tb.count(t, "outbox", "aggregateid = 'streamed-old'")
+			if want := map[bool]int{true: 5, false: 0}[tt.keepsStreamed]; old != want {
+				t.Errorf("%d of the 5 streamed rows of the attached partition left, want %d", old, want)
+			}
+			if tt.mode == outbox.RetentionDelete {
+				if n := tb.count(t, "outbox", "aggregateid = 'streamed-new'"); n != 0 {
+					t.Errorf("%d of the 5 streamed rows of the partition created in the table left, want 0", n)
+				}
+			}
+		})
+	}
+}

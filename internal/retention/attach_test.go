@@ -1,0 +1,121 @@
+package retention
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// TestAttachedRowsNeverDeleted is a generator of the partition's life
+// around retention: random sequences of tables attached with rows (plain,
+// or partitioned themselves), partitions created in the table, streamed
+// inserts, partitions detached, written to and attached again, and the
+// migrations that rewrite leaves (ALTER TABLE ... TYPE, a volatile
+// default, VACUUM FULL) or only touch the catalog (a plain column), with
+// sweeps after marks Kafka acknowledged. No row that was never streamed
+// is ever deleted; and streamed rows do go, or the test proves nothing.
+// CDC_RETENTION_SEED replays one sequence.
+func TestAttachedRowsNeverDeleted(t *testing.T) {
+	seeds := []uint64{uint64(time.Now().UnixNano()), 1, 2}
+	if s, err := strconv.ParseUint(os.Getenv("CDC_RETENTION_SEED"), 10, 64); err == nil {
+		seeds = []uint64{s}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { attachedLife(t, seed, 40) })
+	}
+}
+
+func attachedLife(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	tb := newTable(t, time.Minute, outbox.RetentionDelete, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL,
+		aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`)
+	type part struct {
+		name string
+		year int
+	}
+	var parts []part // the table's partitions, each a year's range
+	insert := func(into string, year, n int, kind string) {
+		testenv.Exec(t, tb.db, fmt.Sprintf(`INSERT INTO %s (created_at, aggregatetype, aggregateid, type) SELECT '%d-03-01', 'order', '%s', 'E' FROM generate_series(1, %d)`, into, year, kind, n))
+	}
+	attach := func(p part) {
+		testenv.Exec(t, tb.db, fmt.Sprintf(`ALTER TABLE outbox ATTACH PARTITION %s FOR VALUES FROM ('%d-01-01') TO ('%d-01-01')`, p.name, p.year, p.year+1))
+	}
+	unsent, deleted, rewrites := 0, 0, 0
+	for step := 0; step < steps; step++ {
+		var did string
+		switch k := rng.IntN(8); {
+		case k == 0 || len(parts) == 0: // a table with rows attached
+			p := part{fmt.Sprintf("outbox_%d", step), 2000 + step}
+			if rng.IntN(2) == 0 {
+				testenv.Exec(t, tb.db, fmt.Sprintf(`CREATE TABLE %s (LIKE outbox INCLUDING DEFAULTS)`, p.name))
+			} else {
+				testenv.Exec(t, tb.db, fmt.Sprintf(`CREATE TABLE %s (LIKE outbox INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)`, p.name),
+					fmt.Sprintf(`CREATE TABLE %s_a PARTITION OF %s FOR VALUES FROM ('%d-01-01') TO ('%d-01-01')`, p.name, p.name, p.year, p.year+1))
+			}
+			insert(p.name, p.year, 5, "unsent")
+			unsent += 5
+			attach(p)
+			parts = append(parts, p)
+			did = "attached with rows " + p.name
+		case k == 1: // a partition created in the table
+			p := part{fmt.Sprintf("outbox_%d", step), 2000 + step}
+			testenv.Exec(t, tb.db, fmt.Sprintf(`CREATE TABLE %s PARTITION OF outbox FOR VALUES FROM ('%d-01-01') TO ('%d-01-01')`, p.name, p.year, p.year+1))
+			parts = append(parts, p)
+			did = "created " + p.name
+		case k == 2:
+			to := []string{"varchar(200)", "text"}[rewrites%2]
+			rewrites++
+			testenv.Exec(t, tb.db, fmt.Sprintf(`ALTER TABLE outbox ALTER COLUMN type TYPE %s USING type::%s`, to, to))
+			did = "alter type " + to
+		case k == 3:
+			testenv.Exec(t, tb.db, fmt.Sprintf(`ALTER TABLE outbox ADD COLUMN c%d timestamptz DEFAULT clock_timestamp()`, step))
+			did = "volatile default"
+		case k == 4:
+			testenv.Exec(t, tb.db, fmt.Sprintf(`ALTER TABLE outbox ADD COLUMN c%d text`, step))
+			did = "plain column"
+		case k == 5:
+			var leaf string
+			testenv.QueryRow(t, tb.db, `SELECT relid::regclass::text FROM pg_partition_tree('outbox') WHERE isleaf ORDER BY random() LIMIT 1`, nil, &leaf)
+			testenv.Exec(t, tb.db, `VACUUM FULL `+leaf)
+			did = "vacuum full " + leaf
+		case k == 6: // out of the table, written to, and back
+			p := parts[rng.IntN(len(parts))]
+			testenv.Exec(t, tb.db, `ALTER TABLE outbox DETACH PARTITION `+p.name)
+			insert(p.name, p.year, 3, "unsent")
+			unsent += 3
+			attach(p)
+			did = "detached, written to and attached again " + p.name
+		default:
+			p := parts[rng.IntN(len(parts))]
+			insert("outbox", p.year, 4, "streamed")
+			did = "streamed into " + p.name
+		}
+		if k := rng.IntN(3); k == 0 {
+			before := tb.count(t, "outbox", "aggregateid = 'streamed'")
+			tb.sweep(t)
+			tb.ack(t)
+			tb.now = tb.now.Add(2 * time.Minute)
+			tb.sweep(t)
+			deleted += before - tb.count(t, "outbox", "aggregateid = 'streamed'")
+		}
+		if n := tb.count(t, "outbox", "aggregateid = 'unsent'"); n != unsent {
+			t.Fatalf("seed %d, step %d (%s): %d of the %d rows never streamed left", seed, step, did, n, unsent)
+		}
+	}
+	tb.sweep(t)
+	tb.ack(t)
+	tb.now = tb.now.Add(2 * time.Minute)
+	tb.sweep(t)
+	if n := tb.count(t, "outbox", "aggregateid = 'unsent'"); n != unsent {
+		t.Fatalf("seed %d, at the end: %d of the %d rows never streamed left", seed, n, unsent)
+	}
+	if left := tb.count(t, "outbox", "aggregateid = 'streamed'"); deleted == 0 && left > 0 {
+		t.Fatalf("seed %d: none of the streamed rows deleted (%d left): retention never ran", seed, left)
+	}
+}
