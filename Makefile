@@ -27,6 +27,7 @@ test: setup-base vet ## unit and integration tests (real Postgres, in-process Ka
 	@# A count, not a duration: Go 1.26's fuzz coordinator can report its own
 	@# -fuzztime deadline as a failure (go.dev/issue/75804, fixed in 1.27).
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 500000x ./internal/decode
+	$(GO) test -run '^$$' -fuzz FuzzReadJSON -fuzztime 100000x ./internal/expr
 
 # The whole suite against a real Apache Kafka broker (scripts/kafka.sh), plus
 # the tests only a real broker can answer (-tags realkafka).
@@ -144,8 +145,10 @@ kafka-stop:
 test-short:       ## unit tests only
 	$(GO) test -short -count=1 ./...
 
-fuzz:             ## fuzz the pgoutput decoder for about a minute (2,000,000 inputs)
+fuzz:             ## fuzz what reads hostile input: the pgoutput decoder (2,000,000 inputs), the expressions' payload reader and the backfill's --where check
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 2000000x ./internal/decode
+	$(GO) test -run '^$$' -fuzz FuzzReadJSON -fuzztime 1000000x ./internal/expr
+	$(GO) test -run '^$$' -fuzz FuzzCheck -fuzztime 1000000x ./internal/sqlwhere
 
 # make bench: what users see, on a real Apache Kafka broker, next to
 # pg_recvlogical on the same backlog (docs/benchmarks.md). Each run appends
