@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -477,6 +478,14 @@ func TestChartSeedExamples(t *testing.T) {
 			}
 			if err := want.Validate(); err != nil {
 				t.Fatal(err)
+			}
+			// The filter and expressions are compared as written; what
+			// Validate compiled from them holds functions, which
+			// DeepEqual never finds equal.
+			for _, tables := range [][]*outbox.Source{got.Tables, want.Tables} {
+				for _, tbl := range tables {
+					tbl.Programs = nil
+				}
 			}
 			if !reflect.DeepEqual(got.Tables, want.Tables) || got.Delivery != want.Delivery || got.Replay != want.Replay {
 				t.Errorf("the chart's config differs from %s:\n%s", path, r.configMap.Data["cdc.yaml"])

@@ -216,7 +216,13 @@ func issuesError(text string, iss *cel.Issues) error {
 		if multiline {
 			where = fmt.Sprintf("line %d, column %d", e.Location.Line(), e.Location.Column()+1)
 		}
-		msgs = append(msgs, where+": "+strings.ReplaceAll(e.Message, "\n", " "))
+		msg := strings.ReplaceAll(e.Message, "\n", " ")
+		// A typed value on one side of ?: and null on the other is the
+		// usual way to leave a header out, and CEL's checker refuses it.
+		if strings.Contains(msg, "'_?_:_'") && strings.Contains(msg, "null") {
+			msg += " (make the other side dyn: cond ? dyn(value) : null)"
+		}
+		msgs = append(msgs, where+": "+msg)
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }

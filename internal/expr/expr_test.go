@@ -46,6 +46,7 @@ func TestCompileErrors(t *testing.T) {
 		{"result type", `"3"`, WantInt, "it gives string; it must give an int"},
 		{"filter result", `payload.region + "x"`, WantBool, "it gives string; it must give a bool"},
 		{"null key", `null`, WantString, "it gives null_type; it must give a string"},
+		{"typed or null", `has(payload.region) ? payload.region.lowerAscii() : null`, WantHeader, "(make the other side dyn: cond ? dyn(value) : null)"},
 		{"row whole", `size(row) > 2`, WantBool, "column 6: read row one column at a time"},
 		{"row dynamic", `row[payload.column] == "x"`, WantBool, "column 1: read row one column at a time"},
 		{"shadowing", `payload.items.exists(row, row == "x")`, WantBool, "the iteration variable row hides the variable of that name"},
