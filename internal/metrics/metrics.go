@@ -117,7 +117,7 @@ func New(pipeline string) *Metrics {
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_dead_letters_total",
 		Help: "Invalid events written to a dead-letter topic, by source."}, []string{"source"})
 	m.backfillRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_backfill_rows_total",
-		Help: "Rows a backfill sent, by table."}, []string{"table"})
+		Help: "Rows a backfill read and handed to the stream (those a filter left out too), by table."}, []string{"table"})
 	m.InvalidEvents = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_invalid_events_total",
 		Help: "Events that could not be delivered as configured (dead-lettered, or stopping the connector)."})
 	m.LagBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "cdc_lag_bytes",
