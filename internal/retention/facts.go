@@ -65,18 +65,34 @@ var written = xid64("t.xmin")
 // they would pass for streamed ones: for a leaf that existed before it
 // joined (its creation, its system column ctid's pg_attribute row, is
 // not the joining transaction) and that is not in the file it was
-// created with (relfilenode is no longer its oid) while its pg_class row
-// changed since it joined, joined is that change's xid instead. Every row
-// the rewrite carried is kept, streamed or not; VACUUM FULL and CLUSTER,
-// which keep xids, are not told apart and keep them too (docs/design.md,
-// "Retention").
+// created with (relfilenode is no longer its oid) while its catalog rows
+// changed since it joined, joined is the newest xid among them instead.
+// Among them, not pg_class's alone: a rewrite in a subtransaction, or by
+// a transaction younger than one that touches the table's pg_class row
+// after it, leaves pg_class with an xid below the rows' own, but the
+// column it changed or added (pg_attribute, pg_attrdef) keeps the
+// rewrite's. Every row the rewrite carried is kept, streamed or not;
+// VACUUM FULL and CLUSTER, which keep xids, are not told apart and keep
+// them too (docs/design.md, "Retention").
 var coveredCTE = `x AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next),
 	tree AS (SELECT l.relid AS leaf, (SELECT max(` + xid64("i.xmin") + `) FROM pg_inherits i
 		WHERE i.inhrelid IN (SELECT relid FROM pg_partition_ancestors(l.relid))) AS joined
 		FROM pg_partition_tree($1::oid::regclass) l, x WHERE l.isleaf),
-	lf AS (SELECT tree.leaf, CASE WHEN c.relfilenode <> c.oid AND ` + xid64("a.xmin") + ` IS DISTINCT FROM tree.joined
-			AND ` + xid64("c.xmin") + ` > tree.joined THEN ` + xid64("c.xmin") + ` ELSE tree.joined END AS joined
-		FROM x CROSS JOIN tree JOIN pg_class c ON c.oid = tree.leaf LEFT JOIN pg_attribute a ON a.attrelid = tree.leaf AND a.attnum = -1)`
+	changed AS (SELECT tree.leaf, tree.joined, c.relfilenode <> c.oid AS moved, ` + xid64("a.xmin") + ` AS created,
+			greatest(` + xid64("c.xmin") + `, (SELECT max(` + xid64("ca.xmin") + `) FROM pg_attribute ca WHERE ca.attrelid = tree.leaf),
+				(SELECT max(` + xid64("d.xmin") + `) FROM pg_attrdef d WHERE d.adrelid = tree.leaf)) AS at
+		FROM x CROSS JOIN tree JOIN pg_class c ON c.oid = tree.leaf LEFT JOIN pg_attribute a ON a.attrelid = tree.leaf AND a.attnum = -1),
+	lf AS (SELECT leaf, CASE WHEN moved AND created IS DISTINCT FROM joined AND at > joined THEN at ELSE joined END AS joined FROM changed)`
+
+// rewrittenLeaves names the leaves of the relation st covers whose rows
+// retention keeps up to a change of their catalog rows rather than up to
+// their attach (coveredCTE): "" when none.
+func rewrittenLeaves(ctx context.Context, conn *pgx.Conn, st checkpoint.Table) (string, error) {
+	var names string
+	err := conn.QueryRow(ctx, `WITH `+coveredCTE+` SELECT coalesce(string_agg(leaf::regclass::text, ', ' ORDER BY leaf), '')
+		FROM changed WHERE moved AND created IS DISTINCT FROM joined AND at > joined`, st.Rel).Scan(&names)
+	return names, err
+}
 
 // deletable is the condition on row t (left-joined to lf on its
 // tableoid, with x) that a mark with xmin $2 and the table's floor $3

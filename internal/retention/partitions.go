@@ -137,6 +137,18 @@ func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, st checkpoi
 		if _, err := tx.Exec(ctx, "LOCK TABLE "+p.name+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 			return err
 		}
+		// A partition at or below p whose DETACH ... CONCURRENTLY did not
+		// finish is out of the table's scans and of the stream (its rows
+		// written since were never events), but DROP TABLE takes it along.
+		var pending string
+		if err := tx.QueryRow(ctx, `WITH RECURSIVE sub(rel) AS (SELECT $1::regclass::oid UNION SELECT i.inhrelid FROM pg_inherits i JOIN sub ON i.inhparent = sub.rel)
+			SELECT coalesce(string_agg(i.inhrelid::regclass::text, ', '), '') FROM pg_inherits i JOIN sub ON i.inhrelid = sub.rel WHERE i.inhdetachpending`, p.name).Scan(&pending); err != nil {
+			return err
+		}
+		if pending != "" {
+			c.once("pending "+p.name, fmt.Sprintf("retention keeps partition %s: %s is pending a detach (DETACH PARTITION ... CONCURRENTLY did not finish), so its rows are not streamed and a drop would take them; finish it with ALTER TABLE ... DETACH PARTITION ... FINALIZE, and send its rows with cdc backfill if they are events", p.name, pending))
+			return errKept
+		}
 		var young, uncovered int64
 		if err := tx.QueryRow(ctx, undeletable(p.name), st.Rel, int64(mark.XMin), int64(st.Floor)).Scan(&young, &uncovered); err != nil {
 			return err

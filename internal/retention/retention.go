@@ -240,7 +240,13 @@ func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, s
 	if !ok {
 		return nil
 	}
-	var err error
+	names, err := rewrittenLeaves(ctx, conn, st)
+	if err != nil {
+		return c.failed(t, "read its partitions", err)
+	}
+	if names != "" {
+		c.once("rewritten "+t.String()+names, fmt.Sprintf("retention keeps the rows partitions %s of %s held when they were last rewritten or altered after they were attached (ALTER TABLE ... TYPE, a volatile default, VACUUM FULL, CLUSTER, TRUNCATE, then any change of their columns or options): a table attached with rows never had them streamed, and a rewrite gives rows a new transaction id, so they cannot be told from streamed ones; send them with cdc backfill if they are events, then delete them, or drop the partition, yourself", names, t))
+	}
 	if t.Retention.Mode == outbox.RetentionDropPartitions {
 		err = c.dropPartitions(ctx, conn, t, st, mark, horizon)
 	} else {

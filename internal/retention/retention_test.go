@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,17 +329,38 @@ func TestRewriteKeepsAttachedRows(t *testing.T) {
 		`CREATE TABLE outbox_old_h2 PARTITION OF outbox_old FOR VALUES FROM ('2025-07-01') TO ('2026-01-01')`,
 		`INSERT INTO outbox_old (created_at, aggregatetype, aggregateid, type) SELECT '2025-06-01', 'order', 'attached', 'E' FROM generate_series(1, 20)`,
 		`ALTER TABLE outbox ATTACH PARTITION outbox_old FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`}
+	// A transaction older than the rewrite's touches the partition's
+	// pg_class row after it: the row's xid is then below the rewrite's.
+	olderAfter := func(t *testing.T, tb *table) {
+		ctx := context.Background()
+		older := testenv.Connect(t, tb.db)
+		if _, err := older.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Exec(t, tb.db, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`)
+		if _, err := older.Exec(ctx, `ALTER TABLE outbox_old SET (autovacuum_vacuum_scale_factor = 0.01); COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tt := range []struct {
 		name, mode, sql string
 		attach          []string
 		keepsStreamed   bool // the rows the attached partition took as one stay too
+		run             func(*testing.T, *table)
 	}{
-		{"alter type", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true},
-		{"volatile default", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN seen timestamptz DEFAULT clock_timestamp()`, attach, true},
-		{"alter type, a partition of a partition", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, nested, true},
-		{"vacuum full of the partition", outbox.RetentionDelete, `VACUUM FULL outbox_old`, attach, true},
-		{"no rewrite", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN note text`, attach, false},
-		{"drop_partitions, alter type", outbox.RetentionDropPartitions, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true},
+		{"alter type", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true, nil},
+		{"volatile default", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN seen timestamptz DEFAULT clock_timestamp()`, attach, true, nil},
+		{"alter type, a partition of a partition", outbox.RetentionDelete, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, nested, true, nil},
+		{"vacuum full of the partition", outbox.RetentionDelete, `VACUUM FULL outbox_old`, attach, true, nil},
+		{"no rewrite", outbox.RetentionDelete, `ALTER TABLE outbox ADD COLUMN note text`, attach, false, nil},
+		{"drop_partitions, alter type", outbox.RetentionDropPartitions, `ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64)`, attach, true, nil},
+		// The rewrite in a subtransaction, its parent's xid on pg_class.
+		{"alter type in a savepoint, then a column", outbox.RetentionDelete, `BEGIN; SAVEPOINT s; ALTER TABLE outbox ALTER COLUMN type TYPE varchar(64); RELEASE s;
+			ALTER TABLE outbox ADD COLUMN note text; COMMIT`, attach, true, nil},
+		{"volatile default in a plpgsql block", outbox.RetentionDelete, `DO $$ BEGIN
+			BEGIN ALTER TABLE outbox ADD COLUMN seen timestamptz DEFAULT clock_timestamp(); EXCEPTION WHEN others THEN RAISE NOTICE 'skipped'; END;
+			ALTER TABLE outbox ADD COLUMN note text; END $$`, attach, true, nil},
+		{"alter type, then an older transaction's reloptions", outbox.RetentionDelete, "", attach, true, olderAfter},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tb := newTable(t, time.Minute, tt.mode, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL DEFAULT now(),
@@ -347,7 +369,11 @@ func TestRewriteKeepsAttachedRows(t *testing.T) {
 			testenv.Exec(t, tb.db, tt.attach...)
 			testenv.Exec(t, tb.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type) SELECT '2025-07-01', 'order', 'streamed-old', 'E' FROM generate_series(1, 5)`,
 				`INSERT INTO outbox (created_at, aggregatetype, aggregateid, type) SELECT '2026-06-01', 'order', 'streamed-new', 'E' FROM generate_series(1, 5)`)
-			testenv.Exec(t, tb.db, tt.sql)
+			if tt.run != nil {
+				tt.run(t, tb)
+			} else {
+				testenv.Exec(t, tb.db, tt.sql)
+			}
 			tb.sweep(t)
 			tb.ack(t)
 			tb.now = tb.now.Add(2 * time.Minute)
@@ -359,10 +385,77 @@ func TestRewriteKeepsAttachedRows(t *testing.T) {
 			if want := map[bool]int{true: 5, false: 0}[tt.keepsStreamed]; old != want {
 				t.Errorf("%d of the 5 streamed rows of the attached partition left, want %d", old, want)
 			}
+			said := false
+			for key := range tb.clean.warned {
+				said = said || strings.HasPrefix(key, "rewritten ")
+			}
+			if said != tt.keepsStreamed {
+				t.Errorf("the log says the rewritten partition's rows are kept: %v, want %v", said, tt.keepsStreamed)
+			}
 			if tt.mode == outbox.RetentionDelete {
 				if n := tb.count(t, "outbox", "aggregateid = 'streamed-new'"); n != 0 {
 					t.Errorf("%d of the 5 streamed rows of the partition created in the table left, want 0", n)
 				}
+			}
+		})
+	}
+}
+
+// TestPendingDetachKeepsPartition: a DETACH PARTITION ... CONCURRENTLY
+// that did not finish (cancelled by statement_timeout while a reader held
+// the table) leaves the partition pending: out of the table's scans and of
+// the stream, so rows written into it then are never events. drop_partitions
+// dropped the old partition above it, and DROP TABLE took the pending one
+// and its 7 rows along. It stays, whether the pending partition is the
+// old one itself or one of its own partitions.
+func TestPendingDetachKeepsPartition(t *testing.T) {
+	for _, nested := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nested %v", nested), func(t *testing.T) {
+			tb := newTable(t, time.Minute, outbox.RetentionDropPartitions, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), created_at timestamptz NOT NULL,
+				aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`)
+			parent, leaf := "outbox", "outbox_2025"
+			if nested {
+				parent, leaf = "outbox_2025", "outbox_2025_h1"
+				testenv.Exec(t, tb.db, `CREATE TABLE outbox_2025 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2026-01-01') PARTITION BY RANGE (created_at)`,
+					`CREATE TABLE outbox_2025_h1 PARTITION OF outbox_2025 FOR VALUES FROM ('2025-01-01') TO ('2025-07-01')`,
+					`CREATE TABLE outbox_2025_h2 PARTITION OF outbox_2025 FOR VALUES FROM ('2025-07-01') TO ('2026-01-01')`)
+			} else {
+				testenv.Exec(t, tb.db, `CREATE TABLE outbox_2025 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`)
+			}
+			testenv.Exec(t, tb.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type) SELECT '2025-03-01', 'order', 'streamed', 'E' FROM generate_series(1, 5)`)
+			ctx := context.Background()
+			reader := testenv.Connect(t, tb.db)
+			if _, err := reader.Exec(ctx, `BEGIN; SELECT count(*) FROM outbox`); err != nil {
+				t.Fatal(err)
+			}
+			detach := testenv.Connect(t, tb.db)
+			if _, err := detach.Exec(ctx, `SET statement_timeout = '500ms'`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := detach.Exec(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+leaf+` CONCURRENTLY`); err == nil {
+				t.Fatal("the detach finished while a reader held the table")
+			}
+			if _, err := reader.Exec(ctx, `COMMIT`); err != nil {
+				t.Fatal(err)
+			}
+			var pending bool
+			testenv.QueryRow(t, tb.db, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = $1::regclass`, []any{leaf}, &pending)
+			if !pending {
+				t.Fatalf("%s is not pending a detach", leaf)
+			}
+			testenv.Exec(t, tb.db, `INSERT INTO `+leaf+` (created_at, aggregatetype, aggregateid, type) SELECT '2025-03-01', 'order', 'pending', 'E' FROM generate_series(1, 7)`)
+			for i := 0; i < 3; i++ {
+				tb.sweep(t)
+				tb.ack(t)
+				tb.now = tb.now.Add(2 * time.Minute)
+			}
+			var exists int
+			testenv.QueryRow(t, tb.db, `SELECT count(*) FROM pg_class WHERE relname = $1`, []any{leaf}, &exists)
+			if exists == 0 {
+				t.Fatalf("%s and its 7 rows written while it was pending a detach (never streamed) were dropped", leaf)
+			}
+			if n := tb.count(t, leaf, "aggregateid = 'pending'"); n != 7 {
+				t.Fatalf("%d of the 7 rows written into %s while it was pending a detach left", n, leaf)
 			}
 		})
 	}
