@@ -39,8 +39,11 @@ import (
 // xid64 is the 64-bit xid of a 32-bit xid column col, in the epoch of the
 // server's next xid (x.next), or the one before when col is above that
 // xid's low half. An xid older than 2^32 transactions may be placed an
-// epoch late: it then compares newer than it is. As a row's writer, the
-// row waits; as a floor, more rows are kept: never a delete too early.
+// epoch late: it then compares newer than it is. As a floor, more rows
+// are kept; as the writer of a row above its floor, the row waits. But a
+// row kept for good (below its floor, or attached with its partition)
+// reads as above its floor then and may go: docs/design.md, "What the
+// watch cannot see".
 func xid64(col string) string {
 	return `((CASE WHEN ` + col + `::text::bigint <= (x.next & 4294967295) THEN x.next >> 32 ELSE (x.next >> 32) - 1 END) << 32 | ` + col + `::text::bigint)`
 }
