@@ -94,10 +94,14 @@ type soak struct {
 	hist   *bufio.Writer
 
 	faults []faultRun
-	// allowed is the duplicates the faults so far may cause
-	// (docs/operations.md, "Soak"); backfilled, the rows backfills re-sent.
+	// allowed is the duplicates the faults so far may cause outside any
+	// window (docs/operations.md, "Soak"): the rows backfills re-sent
+	// (backfilled) and 100 a Postgres crash.
 	allowed, backfilled int
-	replayed            int // events cdc replay reported sending
+	// windows are what the session-ending faults so far may send again in
+	// at-least-once mode, by commit LSN.
+	windows  []window
+	replayed int // events cdc replay reported sending
 
 	mu         sync.Mutex
 	rolledBack map[string]bool
@@ -305,16 +309,63 @@ func (s *soak) waitHolder(t *testing.T, within time.Duration) int {
 	return h
 }
 
-// sessionEnding is what a fault that ends a session without a clean stop
-// may re-send in at-least-once mode: what was in flight and acknowledged
-// since the last confirm, bounded here by two seconds of events
-// (docs/operations.md, "Soak"). Exactly-once mode re-sends nothing a
-// read_committed consumer sees.
-func (s *soak) sessionEnding() int {
-	if s.mode == "exactly-once" {
-		return 0
+// window is the commit LSNs a fault that ends a session without a clean
+// stop may send again in at-least-once mode: what was read and
+// acknowledged but not yet confirmed (docs/operations.md, "Soak"). from is
+// the slot's confirmed position when the fault began, which no later
+// session starts below; to is the server's WAL position once, after the
+// fault, the slot was confirmed past where the WAL then stood: a session
+// that confirms past that point is through, and anything a session that
+// ended earlier had read was committed before it. Exactly-once mode
+// re-sends nothing a read_committed consumer sees, and keeps no windows.
+type window struct{ from, to pglogrepl.LSN }
+
+// covering is how many windows hold the commit LSN.
+func (s *soak) covering(commit pglogrepl.LSN) int {
+	n := 0
+	for _, w := range s.windows {
+		if w.from <= commit && commit <= w.to {
+			n++
+		}
 	}
-	return 2 * s.rate
+	return n
+}
+
+// slotAt reads the slot's confirmed position and the server's WAL position,
+// straight from Postgres (not through the proxy the fault may black-hole).
+func (s *soak) slotAt(t *testing.T) (confirmed, current pglogrepl.LSN) {
+	t.Helper()
+	testenv.Eventually(t, 2*time.Minute, "the slot's position", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, s.n.db)
+		if err != nil {
+			return false // Postgres restarting
+		}
+		defer conn.Close(ctx)
+		var c, w string
+		if conn.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn, '0/0')::text, pg_current_wal_lsn()::text FROM pg_replication_slots WHERE slot_name = 'outbox_cdc'`).Scan(&c, &w) != nil {
+			return false
+		}
+		confirmed, _ = pglogrepl.ParseLSN(c)
+		current, _ = pglogrepl.ParseLSN(w)
+		return true
+	})
+	return confirmed, current
+}
+
+// through waits for the slot to be confirmed past where the WAL stands now,
+// and returns the WAL position then: the end of a fault's window.
+func (s *soak) through(t *testing.T) pglogrepl.LSN {
+	t.Helper()
+	_, want := s.slotAt(t)
+	var end pglogrepl.LSN
+	testenv.Eventually(t, 3*time.Minute, "the slot to be confirmed past "+want.String(), func() bool {
+		var c pglogrepl.LSN
+		c, end = s.slotAt(t)
+		return c >= want
+	})
+	return end
 }
 
 // faultKinds is how many kinds of fault fault knows.
@@ -327,6 +378,9 @@ func (s *soak) fault(t *testing.T, kind int) {
 	start := time.Now()
 	at := s.since()
 	name, detail := "", ""
+	// ending: the fault may end a session without a clean stop.
+	ending := false
+	from, _ := s.slotAt(t)
 	switch kind {
 	case 0:
 		name = "kill -9 holder"
@@ -334,7 +388,7 @@ func (s *soak) fault(t *testing.T, kind int) {
 		s.procs[h].cmd.Process.Signal(syscall.SIGKILL)
 		<-s.procs[h].exited
 		s.procs[h] = launch(t, s.config, s.outs[h])
-		s.allowed += s.sessionEnding()
+		ending = true
 		detail = fmt.Sprintf("replica %d", h)
 	case 1:
 		name = "SIGSTOP holder until takeover"
@@ -344,7 +398,7 @@ func (s *soak) fault(t *testing.T, kind int) {
 		testenv.Eventually(t, 2*time.Minute, "the standby to take over", func() bool { return s.procs[other].probe("/readyz") == http.StatusOK })
 		detail = fmt.Sprintf("replica %d frozen; replica %d took over in %s", h, other, time.Since(start).Round(100*time.Millisecond))
 		s.procs[h].cmd.Process.Signal(syscall.SIGCONT)
-		s.allowed += s.sessionEnding()
+		ending = true
 	case 2:
 		name = "Postgres crash"
 		if err := pg.Crash(); err != nil {
@@ -357,12 +411,12 @@ func (s *soak) fault(t *testing.T, kind int) {
 		n.broker.Signal(t, syscall.SIGSTOP)
 		time.Sleep(d) // the stall: the fault
 		n.broker.Signal(t, syscall.SIGCONT)
-		s.allowed += s.sessionEnding()
+		ending = true
 	case 4:
 		name = "broker restart"
 		n.broker.Stop(t)
 		n.broker.Start(t)
-		s.allowed += s.sessionEnding()
+		ending = true
 	case 5, 6:
 		px, link := n.pgProxy, "Postgres"
 		if kind == 6 {
@@ -373,7 +427,7 @@ func (s *soak) fault(t *testing.T, kind int) {
 		heal := toxic(t, px, "timeout", `{"timeout": 0}`)
 		time.Sleep(d) // the black hole: the fault
 		heal()
-		s.allowed += s.sessionEnding()
+		ending = true
 	case 7:
 		name = "20 ms latency on both links"
 		var heal []func()
@@ -416,6 +470,11 @@ func (s *soak) fault(t *testing.T, kind int) {
 	}
 	// The next fault finds the connector streaming.
 	s.waitHolder(t, 3*time.Minute)
+	if ending && s.mode != "exactly-once" {
+		w := window{from, s.through(t)}
+		s.windows = append(s.windows, w)
+		detail = strings.TrimSpace(detail + fmt.Sprintf(" window %s-%s", w.from, w.to))
+	}
 	fr := faultRun{At: at, Kind: "fault", Fault: name, Seconds: time.Since(start).Seconds(), Detail: detail}
 	s.faults = append(s.faults, fr)
 	s.record(fr)
@@ -674,9 +733,19 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 			lost++
 		}
 	}
+	// Each copy after the first is the fault windows' (one per window
+	// holding the event's commit) or, past that, counts against allowed.
+	inWindows, outside, windowEvents := 0, 0, 0
 	s.mu.Lock()
 	for id, c := range r.seen {
 		dups += c.count - 1
+		cover := s.covering(c.commit)
+		if cover > 0 {
+			windowEvents++
+		}
+		w := min(c.count-1, cover)
+		inWindows += w
+		outside += c.count - 1 - w
 		if _, ok := rows[id]; !ok {
 			if s.rolledBack[id] {
 				rolledBack++
@@ -698,10 +767,10 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 	fmt.Fprintf(&b, "# Soak, %s\n\n", s.mode)
 	fmt.Fprintf(&b, "%s in %s: 8 writers at %d events/s in 1-3 row transactions (one in 20 rolled back), two replicas, %d faults. Apache Kafka and Postgres on the same box, each behind a toxiproxy.\n\n",
 		time.Now().UTC().Format("2006-01-02"), s.length, s.rate, len(s.faults))
-	fmt.Fprintf(&b, "| committed events | read | lost | reordered | rolled-back rows seen | unknown | duplicates | allowed | of which backfills | confirms sampled | ahead of Kafka | replayed (side topic) | replayed, not rows |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |\n\n",
-		len(rows), len(r.seen), lost, len(r.reordered), rolledBack, unknown, dups, s.allowed, s.backfilled, points, ahead, len(r.replayed), replayUnknown)
+	fmt.Fprintf(&b, "| committed events | read | lost | reordered | rolled-back rows seen | unknown | duplicates | in fault windows (events there) | outside them (allowed) | of which backfills | confirms sampled | ahead of Kafka | replayed (side topic) | replayed, not rows |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d (%d) | %d (%d) | %d | %d | %d | %d | %d |\n\n",
+		len(rows), len(r.seen), lost, len(r.reordered), rolledBack, unknown, dups, inWindows, windowEvents, outside, s.allowed, s.backfilled, points, ahead, len(r.replayed), replayUnknown)
 	fmt.Fprintf(&b, "| at (s) | fault | took (s) | |\n|---|---|---|---|\n")
 	count := map[string]int{}
 	for _, f := range s.faults {
@@ -723,8 +792,8 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 	if r.unparsed > 0 {
 		t.Errorf("%d records without a sequence number in their value", r.unparsed)
 	}
-	if dups > s.allowed {
-		t.Errorf("%d duplicates; the faults allow %d (%d of them backfilled rows)", dups, s.allowed, s.backfilled)
+	if outside > s.allowed {
+		t.Errorf("%d duplicates outside the session-ending faults' windows; the faults allow %d there (%d of them backfilled rows)", outside, s.allowed, s.backfilled)
 	}
 	if points == 0 {
 		t.Errorf("no confirm was sampled")
