@@ -1,6 +1,7 @@
 package localpg
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -87,6 +88,10 @@ func version(dir string) int {
 	return v
 }
 
+// firstPort is the port StartWith tries first: FreePort, or a taken one in
+// a test of start's retry.
+var firstPort = FreePort
+
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -144,7 +149,7 @@ func StartWith(o Options) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
-	port, err := FreePort()
+	port, err := firstPort()
 	if err != nil {
 		return nil, err
 	}
@@ -175,11 +180,9 @@ func StartWith(o Options) (*Server, error) {
 			os.Chown(f, int(uid), int(gid))
 		}
 	}
-	logFile := filepath.Join(dir, "postgres.log")
-	if out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", logFile); err != nil {
-		log, _ := os.ReadFile(logFile)
+	if port, err = p.start(data, port, settings); err != nil {
 		p.Stop()
-		return nil, fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
+		return nil, err
 	}
 	p.Port = port
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
@@ -193,6 +196,32 @@ func StartWith(o Options) (*Server, error) {
 			Path: "/postgres", RawQuery: "sslmode=disable"}).String()
 	}
 	return p, nil
+}
+
+// start runs pg_ctl start. A port taken between FreePort and the bind (by
+// another server or a client's ephemeral port, as when two suites run side
+// by side) is picked again, twice at most; it returns the port it listens
+// on.
+func (p *Server) start(data string, port int, settings []string) (int, error) {
+	logFile := filepath.Join(p.dir, "postgres.log")
+	for attempt := 1; ; attempt++ {
+		out, err := p.run("pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", logFile)
+		if err == nil {
+			return port, nil
+		}
+		log, _ := os.ReadFile(logFile)
+		if attempt == 3 || !bytes.Contains(log, []byte("could not bind")) {
+			return 0, fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
+		}
+		if port, err = FreePort(); err != nil {
+			return 0, err
+		}
+		// WriteFile keeps the file's owner, the server's user.
+		if err := writeConf(data, p.dir, port, settings); err != nil {
+			return 0, err
+		}
+		os.Truncate(logFile, 0)
+	}
 }
 
 // writeConf writes the server's settings: the test defaults, its port and
@@ -273,10 +302,9 @@ func (p *Server) CloneStandby(settings ...string) (*Server, error) {
 			os.Chown(filepath.Join(data, f), int(p.cred.Credential.Uid), int(p.cred.Credential.Gid))
 		}
 	}
-	if err := s.StartAgain(); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
+	if port, err = s.start(data, port, settings); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("%v\n%s", err, log)
+		return nil, err
 	}
 	s.Port = port
 	s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
