@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
@@ -108,10 +109,12 @@ func (o *Object) ReadJSON(b []byte) error {
 }
 
 // jsonValue parses one JSON value: a string without escapes, a number and
-// a literal directly, anything else with parseJSON.
+// a literal directly, anything else with parseJSON. A string that is not
+// valid UTF-8 goes to parseJSON too, which puts U+FFFD for each bad byte,
+// as it does in the whole parse (FuzzReadJSON found the difference).
 func jsonValue(v []byte) (ref.Val, error) {
 	switch {
-	case len(v) >= 2 && v[0] == '"' && bytes.IndexByte(v[1:len(v)-1], '\\') < 0:
+	case len(v) >= 2 && v[0] == '"' && plain(v[1:len(v)-1]):
 		return types.String(v[1 : len(v)-1]), nil
 	case string(v) == "true":
 		return types.True, nil
@@ -134,7 +137,7 @@ func jsonValue(v []byte) (ref.Val, error) {
 // it lies, with no copy.
 func (o *Object) named(s []byte) (int, error) {
 	raw := s[1 : len(s)-1]
-	if bytes.IndexByte(raw, '\\') >= 0 {
+	if !plain(raw) {
 		var name string
 		if err := json.Unmarshal(s, &name); err != nil {
 			return -1, err
@@ -147,6 +150,12 @@ func (o *Object) named(s []byte) (int, error) {
 		}
 	}
 	return -1, nil
+}
+
+// plain reports whether the inside of a JSON string reads as its bytes: no
+// escape, and valid UTF-8.
+func plain(raw []byte) bool {
+	return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)
 }
 
 func skipSpace(b []byte, i int) int {

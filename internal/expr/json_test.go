@@ -102,7 +102,7 @@ func jsonText(v any) string {
 // FuzzReadJSON: on any input encoding/json takes for an object, an Object
 // finds each member it names as the whole parse has it.
 func FuzzReadJSON(f *testing.F) {
-	for _, s := range []string{`{"a": 1, "b": "x"}`, `{"a": {"b": [1, {"c": "}"}]}, "b": null}`, `{"a\"": "\\", "b": -0.5e3}`, `{}`} {
+	for _, s := range []string{`{"a": 1, "b": "x"}`, `{"a": {"b": [1, {"c": "}"}]}, "b": null}`, `{"a\"": "\\", "b": -0.5e3}`, `{}`, "{\"a\": \"\x95\", \"\xffb\": 1}"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
