@@ -142,10 +142,11 @@ func (s *soak) run(t *testing.T) {
 	s.n = newNet(t, s.mode)
 	n := s.n
 	testenv.Exec(t, n.db, `ALTER TABLE outbox ADD COLUMN created_at timestamptz NOT NULL DEFAULT clock_timestamp()`)
-	s.config = n.config(t, `
+	s.config = n.config(t, fmt.Sprintf(`
+max_in_flight: %d
 standby: {takeover_after: 10s}
 replay: {window: 1h}
-`)
+`, maxInFlight))
 	f, err := os.Create(filepath.Join(s.out, "history-"+s.mode+".jsonl"))
 	if err != nil {
 		t.Fatal(err)
@@ -318,17 +319,41 @@ func (s *soak) waitHolder(t *testing.T, within time.Duration) int {
 // that confirms past that point is through, and anything a session that
 // ended earlier had read was committed before it. Exactly-once mode
 // re-sends nothing a read_committed consumer sees, and keeps no windows.
-type window struct{ from, to pglogrepl.LSN }
+//
+// A window may hold many more events than that (a 30 s black hole); what
+// one session's end may send again is bounded by what the connector holds
+// unacknowledged (max_in_flight) and what Kafka acknowledged that the
+// confirm, every confirm_interval, has not yet reached: windowCap copies.
+type window struct {
+	from, to pglogrepl.LSN
+	at       float64 // when its fault began, seconds into the soak
+	copies   int     // extra copies of its events, counted by check
+}
 
-// covering is how many windows hold the commit LSN.
-func (s *soak) covering(commit pglogrepl.LSN) int {
-	n := 0
-	for _, w := range s.windows {
+// maxInFlight is the soak's max_in_flight: how many events the connector
+// may hold unacknowledged.
+const maxInFlight = 4096
+
+// windowCap is the most copies one window may hold: max_in_flight, and 2 s
+// of events for the confirm to follow Kafka's acks (docs/operations.md,
+// "Soak").
+func (s *soak) windowCap() int { return maxInFlight + 2*s.rate }
+
+// attribute gives the extra copies of an event committed at commit to the
+// windows holding it, one to each, and returns how many it gave and
+// whether any window holds the event.
+func (s *soak) attribute(commit pglogrepl.LSN, extra int) (given int, held bool) {
+	for i := range s.windows {
+		w := &s.windows[i]
 		if w.from <= commit && commit <= w.to {
-			n++
+			held = true
+			if given < extra {
+				w.copies++
+				given++
+			}
 		}
 	}
-	return n
+	return given, held
 }
 
 // slotAt reads the slot's confirmed position and the server's WAL position,
@@ -471,7 +496,7 @@ func (s *soak) fault(t *testing.T, kind int) {
 	// The next fault finds the connector streaming.
 	s.waitHolder(t, 3*time.Minute)
 	if ending && s.mode != "exactly-once" {
-		w := window{from, s.through(t)}
+		w := window{from: from, to: s.through(t), at: at}
 		s.windows = append(s.windows, w)
 		detail = strings.TrimSpace(detail + fmt.Sprintf(" window %s-%s", w.from, w.to))
 	}
@@ -739,13 +764,12 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 	s.mu.Lock()
 	for id, c := range r.seen {
 		dups += c.count - 1
-		cover := s.covering(c.commit)
-		if cover > 0 {
+		given, held := s.attribute(c.commit, c.count-1)
+		if held {
 			windowEvents++
 		}
-		w := min(c.count-1, cover)
-		inWindows += w
-		outside += c.count - 1 - w
+		inWindows += given
+		outside += c.count - 1 - given
 		if _, ok := rows[id]; !ok {
 			if s.rolledBack[id] {
 				rolledBack++
@@ -771,6 +795,9 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d | %d (%d) | %d (%d) | %d | %d | %d | %d | %d |\n\n",
 		len(rows), len(r.seen), lost, len(r.reordered), rolledBack, unknown, dups, inWindows, windowEvents, outside, s.allowed, s.backfilled, points, ahead, len(r.replayed), replayUnknown)
+	for _, w := range s.windows {
+		fmt.Fprintf(&b, "Window of the fault at %.0f s, %s-%s: %d copies (at most %d).\n\n", w.at, w.from, w.to, w.copies, s.windowCap())
+	}
 	fmt.Fprintf(&b, "| at (s) | fault | took (s) | |\n|---|---|---|---|\n")
 	count := map[string]int{}
 	for _, f := range s.faults {
@@ -791,6 +818,11 @@ func (s *soak) check(t *testing.T, rows map[string]row) {
 	}
 	if r.unparsed > 0 {
 		t.Errorf("%d records without a sequence number in their value", r.unparsed)
+	}
+	for _, w := range s.windows {
+		if w.copies > s.windowCap() {
+			t.Errorf("the fault at %.0f s sent %d events again; one session's end may send at most %d (max_in_flight and 2 s of events)", w.at, w.copies, s.windowCap())
+		}
 	}
 	if outside > s.allowed {
 		t.Errorf("%d duplicates outside the session-ending faults' windows; the faults allow %d there (%d of them backfilled rows)", outside, s.allowed, s.backfilled)
