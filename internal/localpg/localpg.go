@@ -287,7 +287,11 @@ func (p *Server) CloneStandby(settings ...string) (*Server, error) {
 	if out, err := cp.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("copy the data directory: %v\n%s", err, out)
 	}
+	// Not p's port, free while p is stopped: p starts again on it.
 	port, err := FreePort()
+	for err == nil && port == p.Port {
+		port, err = FreePort()
+	}
 	if err != nil {
 		return nil, err
 	}
