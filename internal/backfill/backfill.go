@@ -379,6 +379,34 @@ func (p *Plan) condition() string {
 // from is the table, as a statement names it: always quoted.
 func (p *Plan) from() string { return pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name) }
 
+// holdFiles, in a repeatable-read transaction whose snapshot is taken,
+// locks the table and its leaves with a read of no row, so that no rewrite
+// commits until the transaction ends, and then fails when the table or a
+// leaf was rewritten (ALTER TABLE ... TYPE, a volatile default, VACUUM
+// FULL, CLUSTER) after the snapshot was taken. Rewrites are not MVCC-safe:
+// such a snapshot reads a table rewritten since as empty, and the backfill
+// would send none of its rows without a word. The snapshot's pg_class
+// holds each leaf's file as it was; pg_relation_filenode, the file now
+// (pg_partition_tree lists no row for a table that is not partitioned).
+// The error is not an Error: the next try takes a snapshot anew.
+func (p *Plan) holdFiles(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "SELECT FROM "+p.from()+" LIMIT 0"); err != nil {
+		return fmt.Errorf("backfill: lock %s: %w", p.Table, err)
+	}
+	var moved []string
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1), '{}')
+		FROM (SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass)) t
+		JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, p.from()).Scan(&moved)
+	if err != nil {
+		return fmt.Errorf("backfill: check the files of %s: %w", p.Table, err)
+	}
+	if len(moved) > 0 {
+		return fmt.Errorf("backfill of %s: %s was rewritten (ALTER TABLE ... TYPE, a volatile default, VACUUM FULL or CLUSTER) after the snapshot the backfill reads was taken, and Postgres shows such a snapshot a rewritten table as empty; nothing of it was sent, and the next try reads it in a snapshot of its own", p.Table, strings.Join(moved, ", "))
+	}
+	return nil
+}
+
 // ChunkSize is how many rows a full chunk holds at most.
 func (p *Plan) ChunkSize() int { return p.chunk }
 

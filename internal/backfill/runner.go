@@ -175,6 +175,11 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 	if err != nil {
 		return err
 	}
+	// The slot's snapshot is older than this transaction: a rewrite since
+	// would read as an empty table.
+	if err := plan.holdFiles(ctx, conn); err != nil {
+		return err
+	}
 	if job.Total, err = plan.Count(ctx, conn); err != nil {
 		return err
 	}

@@ -45,7 +45,12 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 		s.Close(ctx)
 		return nil, err
 	}
-	// The first query takes the transaction's snapshot.
+	// The plan's first query took the transaction's snapshot: a rewrite
+	// since would read as an empty table.
+	if err := s.plan.holdFiles(ctx, conn); err != nil {
+		s.Close(ctx)
+		return nil, err
+	}
 	if s.Total, err = s.plan.Count(ctx, conn); err != nil {
 		s.Close(ctx)
 		return nil, err
