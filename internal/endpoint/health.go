@@ -28,7 +28,7 @@ type Health struct {
 	Gauge prometheus.Gauge
 
 	state atomic.Pointer[State]
-	beat  atomic.Pointer[func() time.Time]
+	beat  atomic.Pointer[beating]
 	// idleSince is when the pipeline last streamed or made progress (unix
 	// nanoseconds).
 	idleSince atomic.Int64
@@ -59,6 +59,14 @@ func (h *Health) Set(streaming bool, detail, reason string) {
 	}
 }
 
+// beating is a streaming session's loop: its last round, told by last,
+// and when the session began streaming, which stands for a last round
+// until the loop's first.
+type beating struct {
+	last  func() time.Time
+	since time.Time
+}
+
 // Streaming says a session streams, its loop's last round told by beat;
 // nil says the session ended, which counts as progress.
 func (h *Health) Streaming(beat func() time.Time) {
@@ -67,7 +75,7 @@ func (h *Health) Streaming(beat func() time.Time) {
 		h.Busy()
 		return
 	}
-	h.beat.Store(&beat)
+	h.beat.Store(&beating{last: beat, since: time.Now()})
 }
 
 // Busy notes progress outside a session: the pipeline started, a
@@ -110,7 +118,13 @@ func (h *Health) Healthy() error {
 		}
 		return nil
 	}
-	if d := time.Since((*beat)()); d > h.LoopSilence {
+	// A loop that has not run its first round yet (its beat is zero)
+	// is as old as the session's streaming, not 56 years.
+	last := beat.last()
+	if last.IsZero() {
+		last = beat.since
+	}
+	if d := time.Since(last); d > h.LoopSilence {
 		return fmt.Errorf("the replication loop has not run for %s", d.Round(time.Second))
 	}
 	return nil

@@ -33,8 +33,15 @@ func TestHealthMeansNotStuck(t *testing.T) {
 		t.Fatalf("Ready() = %v, %q", ready, detail)
 	}
 
-	beat := time.Now()
+	// The session streams, and its loop has not run a round yet: its beat
+	// is zero (pipeline tests caught /healthz failing right then, "not run
+	// for 498820h").
+	var beat time.Time
 	h.Streaming(func() time.Time { return beat })
+	if err := h.Healthy(); err != nil {
+		t.Fatalf("a session that just began streaming, before its loop's first round: %v", err)
+	}
+	beat = time.Now()
 	h.Set(true, "streaming", "")
 	if err := h.Healthy(); err != nil || value(g) != 1 {
 		t.Fatalf("a streaming loop that beats: %v, gauge %v", err, value(g))

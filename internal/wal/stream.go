@@ -109,8 +109,14 @@ func (s *Stream) Wake() {
 }
 
 // Beat returns when Run's loop last went round: at least every
-// StatusInterval while it runs.
-func (s *Stream) Beat() time.Time { return time.Unix(0, s.beat.Load()) }
+// StatusInterval while it runs; the zero time before its first round (not
+// 1970, which /healthz read as a loop silent for 56 years).
+func (s *Stream) Beat() time.Time {
+	if b := s.beat.Load(); b != 0 {
+		return time.Unix(0, b)
+	}
+	return time.Time{}
+}
 
 // Open connects in replication mode and starts streaming cfg.Slot from its
 // confirmed position, from (setup.Prepare's SlotState).
