@@ -47,7 +47,7 @@ test-kafka: setup ## integration tests against a real Apache Kafka broker
 PG ?= 18
 test-pg: setup     ## the suite on PostgreSQL $(PG) (14 to 18), e.g. make test-pg PG=14
 	@bin=$$(./scripts/pgbin.sh $(PG)) || exit 1; \
-	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy|TestMovedIntoSchema)$$'; fi; \
+	skip=""; if [ $(PG) -lt 15 ]; then skip='^(TestPartitionFaultHoldsConfirmedPosition|TestPoisonEventStops|TestDeadLetterPolicy|TestMovedIntoSchema|TestExpressionFailureStops|TestSchemaRegistryDown|TestRegistryWaitExactlyOnce)$$'; fi; \
 	echo "test-pg: PostgreSQL $(PG) from $$bin"; \
 	CDC_PG_BIN=$$bin GO=$(GO) ./scripts/gotest.sh -count=1 -timeout 20m -skip "$$skip" ./...
 

@@ -168,16 +168,17 @@ func TestSchemaRegistryDown(t *testing.T) {
 
 	reg.Stop()
 	before := testenv.CurrentWAL(t, e.db)
-	insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
+	_, xid := insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
 	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 2}'`)
+	waiting := testenv.CommitLSN(t, e.db, xid, before)
 	deadline := time.Now().Add(registryOutage)
 	for time.Now().Before(deadline) {
 		c.Settle(time.Second)
 		if len(c.Records) != 1 {
 			t.Fatalf("%d records while the registry is down, want only the first event's", len(c.Records))
 		}
-		if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
-			t.Fatalf("slot confirmed %s, past the event waiting for its schema (%s)", pos, before)
+		if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > waiting {
+			t.Fatalf("slot confirmed %s, past the commit record of the event waiting for its schema (%s)", pos, waiting)
 		}
 	}
 	if n := counterValue(r.p.Metrics().SchemaLookups.WithLabelValues("error")); n < 2 {
@@ -455,11 +456,12 @@ func TestRegistryWaitExactlyOnce(t *testing.T) {
 	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 1}'`)
 	c.WaitCount(t, time.Minute, 1)
 	reg.Stop()
-	waiting, _ := insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
-	before := testenv.CurrentWAL(t, e.db)
+	from := testenv.CurrentWAL(t, e.db)
+	waiting, xid := insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
+	before := testenv.CommitLSN(t, e.db, xid, from)
 	testenv.Eventually(t, time.Minute, "sessions ended by the wait, and started again", func() bool { return counterValue(r.p.Metrics().Restarts) >= 2 })
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > before {
-		t.Fatalf("slot confirmed %s past the waiting event (%s)", pos, before)
+		t.Fatalf("slot confirmed %s past the commit record of the waiting event (%s)", pos, before)
 	}
 	if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event.payment-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 		t.Fatal(err)
