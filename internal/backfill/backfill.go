@@ -394,7 +394,7 @@ func (p *Plan) holdFiles(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("backfill: lock %s: %w", p.Table, err)
 	}
 	var moved []string
-	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY 1), '{}')
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
 		FROM (SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass)) t
 		JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, p.from()).Scan(&moved)
