@@ -6,14 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
-	"github.com/outboxcdc/cdc/internal/metrics"
-	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -38,36 +34,24 @@ func (s *session) Working()                                   {}
 // Plain and partitioned; VACUUM FULL too, which keeps the rows' xids but
 // cannot be told apart by the files.
 func TestRewriteAfterTheSnapshot(t *testing.T) {
-	for _, tc := range []struct{ name, create, rewrite string }{
-		{"volatile default", "", "ALTER TABLE outbox ADD COLUMN r float8 DEFAULT random()"},
-		{"type", "", "ALTER TABLE outbox ALTER COLUMN payload TYPE text"},
-		{"vacuum full", "", "VACUUM FULL outbox"},
-		{"partitioned", "PARTITION BY HASH (id)", "ALTER TABLE outbox ADD COLUMN r float8 DEFAULT random()"},
-		{"one leaf", "PARTITION BY HASH (id)", "VACUUM FULL outbox_1"},
-		{"none", "", ""},
+	for _, tc := range []struct {
+		name        string
+		partitioned bool
+		rewrite     string
+	}{
+		{"volatile default", false, "ALTER TABLE outbox ADD COLUMN r float8 DEFAULT random()"},
+		{"type", false, "ALTER TABLE outbox ALTER COLUMN payload TYPE text"},
+		{"vacuum full", false, "VACUUM FULL outbox"},
+		{"partitioned", true, "ALTER TABLE outbox ADD COLUMN r float8 DEFAULT random()"},
+		{"one leaf", true, "VACUUM FULL outbox_1"},
+		{"none", false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := pg.NewDatabase(t)
-			testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
-				aggregateid text NOT NULL, type text NOT NULL, payload jsonb) `+tc.create)
-			if tc.create != "" {
-				testenv.Exec(t, db, `CREATE TABLE outbox_0 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0)`,
-					`CREATE TABLE outbox_1 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1)`)
-			}
-			testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`)
-			r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{testTable()}, MaxInFlight: 1000, StatusInterval: time.Second, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+			db, r := outboxWith20(t, tc.partitioned)
 			ctx := context.Background()
-
 			// The slot's snapshot, exported before the rewrite, as a first
 			// start's is before its backfill reads.
-			exporter := testenv.Connect(t, db)
-			var snap string
-			if _, err := exporter.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
-				t.Fatal(err)
-			}
-			if err := exporter.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snap); err != nil {
-				t.Fatal(err)
-			}
+			snap := exportSnapshot(t, db)
 			if tc.rewrite != "" {
 				testenv.Exec(t, db, tc.rewrite)
 			}

@@ -171,13 +171,15 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 }
 
 func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
+	// The slot's snapshot is older than this transaction: a rewrite or a
+	// partition change since would read as fewer rows.
+	if t := Table(r.Tables, job.Table); t != nil {
+		if err := holdFiles(ctx, conn, t); err != nil {
+			return err
+		}
+	}
 	plan, dec, err := r.plan(ctx, conn, job)
 	if err != nil {
-		return err
-	}
-	// The slot's snapshot is older than this transaction: a rewrite since
-	// would read as an empty table.
-	if err := plan.holdFiles(ctx, conn); err != nil {
 		return err
 	}
 	if job.Total, err = plan.Count(ctx, conn); err != nil {

@@ -37,17 +37,17 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 		s.Close(ctx)
 		return nil, fmt.Errorf("open a snapshot of %s: %w", t, err)
 	}
-	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String()}); err != nil {
-		s.Close(ctx)
-		return nil, err
-	}
 	if err := setRole(ctx, conn, r.ReaderRole); err != nil {
 		s.Close(ctx)
 		return nil, err
 	}
-	// The plan's first query took the transaction's snapshot: a rewrite
-	// since would read as an empty table.
-	if err := s.plan.holdFiles(ctx, conn); err != nil {
+	// The lock's read takes the transaction's snapshot, and may then wait
+	// for a rewrite or a partition change that would read as fewer rows.
+	if err := holdFiles(ctx, conn, t); err != nil {
+		s.Close(ctx)
+		return nil, err
+	}
+	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String()}); err != nil {
 		s.Close(ctx)
 		return nil, err
 	}
