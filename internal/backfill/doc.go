@@ -34,6 +34,15 @@
 //     is sent before the stream's first transaction, in transactions that end
 //     at the slot's consistent point (docs/design.md, "Backfill consistency").
 //
+//   - A read in an older snapshot (the first start's, a repair's) first
+//     locks the table and fails, to be tried again, when the table was
+//     rewritten, created again or had a partition attached or detached
+//     since the snapshot: none of these is MVCC-safe, and such a snapshot
+//     would read fewer rows without a word (TestRewriteAfterTheSnapshot,
+//     TestPartitionsChangedAfterTheSnapshot). A chunk beside the stream
+//     runs in READ COMMITTED, so that one that waited behind a rewrite
+//     reads the rewritten table (TestChunkAfterARewrite).
+//
 //   - Any other job reads each chunk between a low and a high watermark,
 //     logical decoding messages it writes (the DBLog approach). The chunk is
 //     sent at the high watermark, in its transaction, less the rows the stream
