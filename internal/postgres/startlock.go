@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -23,6 +24,7 @@ import (
 // mid-start frees it.
 type StartLock struct {
 	conn *pgx.Conn
+	slot string
 }
 
 // ErrStarting is the SlotInUseError.Err of a start lock another replica
@@ -48,7 +50,7 @@ func LockStart(ctx context.Context, cfg Config, slot string) (*StartLock, error)
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, &SlotInUseError{Slot: slot, Err: ErrStarting}
 	}
-	return &StartLock{conn: conn}, nil
+	return &StartLock{conn: conn, slot: slot}, nil
 }
 
 // Release gives the lock up; it may be called more than once.
@@ -56,7 +58,16 @@ func (l *StartLock) Release(ctx context.Context) {
 	if l == nil || l.conn == nil {
 		return
 	}
-	// Closing the connection ends the session and, with it, the lock.
+	// Unlock first, and wait for it: closing the connection ends the
+	// session, and with it the lock, only once the server has noticed.
+	// Until then the lock is still held, and this replica's own next try
+	// (at once, after it ended a frozen holder's walsender) found it taken,
+	// "another replica is starting", and waited a whole retry backoff
+	// (TestReleaseFreesTheLockAtOnce). If the unlock fails, the close
+	// still frees it.
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_, _ = l.conn.Exec(uctx, `SELECT pg_advisory_unlock(hashtextextended('outbox-cdc start ' || $1, 0))`, l.slot)
+	cancel()
 	l.conn.Close(context.WithoutCancel(ctx))
 	l.conn = nil
 }
