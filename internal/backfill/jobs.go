@@ -18,6 +18,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/request"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // Control is one of the connector's own logical decoding messages (with
@@ -89,11 +91,16 @@ type liveChunk struct {
 	seen map[string]struct{}
 	low  pglogrepl.LSN
 	// Set by the runner before it writes the high watermark.
-	rows  *Chunk
+	rows  *tableread.Chunk
 	dec   *decode.RowDecoder
 	total int64
 	until []string
-	done  chan struct{} // closed once the stream handled the high watermark
+	// order and horizon are the job's once its first chunk is sent
+	// (checkpoint.Job.Order, Horizon), for one read from a
+	// tableread.Cursor.
+	order   tableread.Order
+	horizon uint64
+	done    chan struct{} // closed once the stream handled the high watermark
 	// Set by High, for Sent.
 	high pglogrepl.LSN
 }
@@ -186,7 +193,7 @@ func (b *Jobs) setChunk(ch *liveChunk) {
 }
 
 // setRows gives the chunk its rows, before its high watermark is written.
-func (b *Jobs) setRows(ch *liveChunk, c *Chunk) {
+func (b *Jobs) setRows(ch *liveChunk, c *tableread.Chunk) {
 	b.mu.Lock()
 	ch.rows = c
 	b.mu.Unlock()
@@ -270,6 +277,9 @@ func (b *Jobs) Sent(sent int) ([]checkpoint.Job, ChunkSent) {
 		if j.Until == nil {
 			j.Until = ch.until
 		}
+		if j.Order == "" && j.Horizon == 0 {
+			j.Order, j.Horizon = string(ch.order), ch.horizon
+		}
 		if read.Final {
 			j.Finished = time.Now()
 		}
@@ -295,38 +305,13 @@ func (b *Jobs) Fail(c Control) ([]checkpoint.Job, bool) {
 	}), true
 }
 
-// Refused is why a backfill request is not run. The stream logs it and
-// goes on: a request is the operator's, and a bad one loses nothing.
-type Refused struct {
-	Msg    string
-	Forged bool // its signature does not verify
-}
-
-func (r *Refused) Error() string { return r.Msg }
-
-// Admit checks backfill request req, announced in the stream by a message
-// committed at at, against the signing keys (the first signs, all verify;
-// none: every request is refused), its age and the configured tables, and
-// adds it as a job that starts at this point of the stream. key is the
-// checkpoint's key the request is signed for; found is false when cdc
-// backfill did not write it to the checkpoint topic. A request announced
-// more than checkpoint.RequestMaxAge away from its requested_at is one
-// announced again (any role may write the message): refused, as is one
-// whose job the checkpoint still holds (finished jobs are kept that long).
-// It returns the jobs, for the checkpoint note, or a *Refused.
-func (b *Jobs) Admit(req checkpoint.Request, found bool, keys [][]byte, key string, tables []*outbox.Source, at time.Time) ([]checkpoint.Job, error) {
-	age := at.Sub(req.RequestedAt)
-	switch {
-	case !found:
-		return nil, &Refused{Msg: "ignored a backfill request that cdc backfill did not write to the checkpoint topic"}
-	case len(keys) == 0:
-		return nil, &Refused{Msg: "ignored a backfill request: cdc run has no checkpoint.signing_key_file to check it was cdc backfill's; set the same file for both"}
-	case !req.Verify(keys, key):
-		return nil, &Refused{Msg: "ignored a backfill request whose signature does not verify: written by someone without checkpoint.signing_key_file's key, or with another key", Forged: true}
-	case age > checkpoint.RequestMaxAge || -age > checkpoint.RequestMaxAge:
-		return nil, &Refused{Msg: fmt.Sprintf("ignored a backfill request announced %s after it was made: an old request announced again, or clocks more than %s apart; run cdc backfill again", age.Round(time.Second), checkpoint.RequestMaxAge), Forged: true}
-	case Table(tables, req.Table) == nil:
-		return nil, &Refused{Msg: "ignored a backfill request for a table that is not configured"}
+// Admit adds backfill request req, which package request admitted
+// (signed, fresh, not taken before), as a job that starts at this point of
+// the stream, when its table is configured. It returns the jobs, for the
+// checkpoint note, or a *request.Refused.
+func (b *Jobs) Admit(req checkpoint.Request, tables []*outbox.Source) ([]checkpoint.Job, error) {
+	if Table(tables, req.Table) == nil {
+		return nil, &request.Refused{Msg: "ignored a backfill request for a table that is not configured"}
 	}
 	jobs := b.update(req.ID, func(j *checkpoint.Job) {
 		*j = checkpoint.Job{ID: req.ID, Table: req.Table, Where: req.Where, Started: time.Now(), RequestedAt: req.RequestedAt, MAC: req.MAC}
@@ -337,6 +322,9 @@ func (b *Jobs) Admit(req checkpoint.Request, found bool, keys [][]byte, key stri
 	}
 	return jobs, nil
 }
+
+// RequestKind is how package request reads a backfill request.
+var RequestKind = request.Kind[checkpoint.Request]{Name: "backfill", Parse: checkpoint.ParseRequest}
 
 // Trusted splits the jobs of a checkpoint read back from the topic into
 // those that may run and those refused: anyone who may produce to the
@@ -378,11 +366,12 @@ const firstStartPrefix = "first-start:"
 
 // InitialJobs are the first start's backfills: one per table with
 // backfill set.
-func InitialJobs(tables []*outbox.Source, initial bool) []checkpoint.Job {
+func InitialJobs(tables []*outbox.Source, initial bool, streamed map[string]checkpoint.Table) []checkpoint.Job {
 	var jobs []checkpoint.Job
 	for _, t := range tables {
 		if t.Backfill != nil {
-			jobs = append(jobs, checkpoint.Job{ID: firstStartPrefix + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now()})
+			jobs = append(jobs, checkpoint.Job{ID: firstStartPrefix + t.String(), Table: t.String(), Where: t.Backfill.Where, Initial: initial, Started: time.Now(),
+				Rel: streamed[t.String()].Rel})
 		}
 	}
 	return jobs
@@ -410,7 +399,7 @@ func jobEnding(err error) bool {
 func storedError(err error) string {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
-		var bad *Error
+		var bad *tableread.Error
 		if errors.As(err, &bad) {
 			return errtext.OneLine(err) // the plan's: names and the condition, no rows
 		}

@@ -9,6 +9,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/request"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // The watermark state machine without Postgres: what a chunk sends at its
@@ -64,7 +66,7 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 	other.Fields[outbox.FieldID] = outbox.Value{B: []byte("3")}
 	b.Seen(&other)
 
-	b.setRows(ch, &Chunk{Rows: [][][]byte{row("1"), row("2"), row("3")}, Last: []string{"3"}, Final: true})
+	b.setRows(ch, &tableread.Chunk{Rows: [][][]byte{row("1"), row("2"), row("3")}, Last: []string{"3"}, Final: true})
 	high := Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 0}
 	if _, ok, err := b.High(Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 1}, 120, time.Now()); ok || err != nil {
 		t.Fatalf("another chunk's high watermark was taken: ok %v, err %v", ok, err)
@@ -136,7 +138,7 @@ func TestTrustedJobs(t *testing.T) {
 	req := checkpoint.Request{ID: "a1", Table: tbl.String(), Where: "true", RequestedAt: time.Now()}
 	req.Sign(key, "slot/1")
 	signedJob := checkpoint.Job{ID: req.ID, Table: req.Table, Where: req.Where, RequestedAt: req.RequestedAt, MAC: req.MAC}
-	first := InitialJobs([]*outbox.Source{tbl}, true)[0]
+	first := InitialJobs([]*outbox.Source{tbl}, true, nil)[0]
 	tampered := signedJob
 	tampered.Where = "public.seen()"
 	forgedFirst := first
@@ -164,53 +166,29 @@ func TestTrustedJobs(t *testing.T) {
 	}
 }
 
-func TestAdmitChecksTheSignature(t *testing.T) {
+// TestAdmit: a request package request admitted becomes a job for a
+// configured table only, keeps its signature (so that read back from the
+// checkpoint it still verifies) and wakes the runner. Its signature, age
+// and announcement are request.Admit's (TestAdmitRefuses there).
+func TestAdmit(t *testing.T) {
 	tbl := testTable()
 	key := []byte("0123456789abcdef0123456789abcdef")
-	signed := func(table string, k []byte) checkpoint.Request {
+	signed := func(table string) checkpoint.Request {
 		r := checkpoint.Request{ID: "r-" + table, Table: table, Where: "true", RequestedAt: time.Now()}
-		r.Sign(k, "slot/1")
-		return r
-	}
-	old := func(r checkpoint.Request) checkpoint.Request {
-		r.RequestedAt = r.RequestedAt.Add(-checkpoint.RequestMaxAge - time.Minute)
 		r.Sign(key, "slot/1")
 		return r
 	}
-	for _, tc := range []struct {
-		name   string
-		req    checkpoint.Request
-		found  bool
-		keys   [][]byte
-		forged bool
-	}{
-		{"not in the checkpoint topic", signed(tbl.String(), key), false, [][]byte{key}, false},
-		{"no key to check with", signed(tbl.String(), key), true, nil, false},
-		{"another key", signed(tbl.String(), []byte("fedcba9876543210fedcba9876543210")), true, [][]byte{key}, true},
-		{"unsigned", checkpoint.Request{ID: "u", Table: tbl.String()}, true, [][]byte{key}, true},
-		{"a table not configured", signed("public.secrets", key), true, [][]byte{key}, false},
-		{"announced again later (replayed)", old(signed(tbl.String(), key)), true, [][]byte{key}, true},
-	} {
-		b := NewJobs()
-		b.Reset(nil)
-		_, err := b.Admit(tc.req, tc.found, tc.keys, "slot/1", []*outbox.Source{tbl}, time.Now())
-		var refused *Refused
-		if !errors.As(err, &refused) || refused.Forged != tc.forged {
-			t.Errorf("%s: Admit = %v; want refused, forged %v", tc.name, err, tc.forged)
-		}
-		if b.Has(tc.req.ID) {
-			t.Errorf("%s: the refused request became a job", tc.name)
-		}
-	}
-	// Signed with a key being rotated out: every key of the file verifies.
 	b := NewJobs()
 	b.Reset(nil)
-	jobs, err := b.Admit(signed(tbl.String(), key), true, [][]byte{[]byte("the new key, which signs from now on"), key}, "slot/1", []*outbox.Source{tbl}, time.Now())
+	_, err := b.Admit(signed("public.secrets"), []*outbox.Source{tbl})
+	var refused *request.Refused
+	if !errors.As(err, &refused) || b.Has("r-public.secrets") {
+		t.Fatalf("a table not configured: Admit = %v; want refused, and no job", err)
+	}
+	jobs, err := b.Admit(signed(tbl.String()), []*outbox.Source{tbl})
 	if err != nil || len(jobs) != 1 || jobs[0].Table != tbl.String() || jobs[0].Where != "true" {
 		t.Fatalf("Admit = %+v, %v", jobs, err)
 	}
-	// The job keeps its request's signature, so that read back from the
-	// checkpoint it still verifies (Trusted).
 	if kept, refused := Trusted(jobs, [][]byte{key}, "slot/1", []*outbox.Source{tbl}); len(kept) != 1 || len(refused) != 0 {
 		t.Fatalf("Trusted(the admitted job) = %v, %v", kept, refused)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/metrics"
@@ -105,16 +104,6 @@ func TestPartitionsChangedAfterTheSnapshot(t *testing.T) {
 	}
 }
 
-// waitForLock waits until a session waits for a lock on the outbox.
-func waitForLock(t *testing.T, db string) {
-	t.Helper()
-	testenv.Eventually(t, 30*time.Second, "a read to wait for its lock on the outbox", func() bool {
-		var n int
-		testenv.QueryRow(t, db, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'public.outbox'::regclass`, nil, &n)
-		return n > 0
-	})
-}
-
 // TestSnapshotWaitsForARewrite: a repair's snapshot is taken by its first
 // catalog query, before it locks the table; a rewrite that held the lock
 // and commits while the snapshot waits for it would read as an empty
@@ -138,65 +127,11 @@ func TestSnapshotWaitsForARewrite(t *testing.T) {
 		}
 		opened <- err
 	}()
-	waitForLock(t, db)
+	testenv.WaitForLock(t, db, "public.outbox")
 	if _, err := alter.Exec(ctx, "COMMIT"); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-opened; err == nil || !strings.Contains(err.Error(), "was rewritten") {
 		t.Fatalf("a snapshot that waited for a rewrite: %v; want an error naming the rewrite", err)
-	}
-}
-
-// TestChunkAfterARewrite: a chunk read beside the stream that waits behind
-// a rewrite reads the rewritten table, also where the database's
-// default_transaction_isolation is repeatable read: its snapshot would
-// otherwise be from before the rewrite, read the table as empty, and end
-// the job with none of its rows sent.
-func TestChunkAfterARewrite(t *testing.T) {
-	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
-		t.Run(iso, func(t *testing.T) {
-			db, _ := outboxWith20(t, false)
-			var name string
-			testenv.QueryRow(t, db, `SELECT current_database()`, nil, &name)
-			testenv.Exec(t, db, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET default_transaction_isolation = '`+iso+`'`)
-			ctx := context.Background()
-			conn, err := postgres.ConnectRows(ctx, postgres.Config{URL: db}, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
-			plan, err := NewPlan(ctx, conn, testTable(), "", nil, 1000)
-			if err != nil {
-				t.Fatal(err)
-			}
-			last, err := plan.Last(ctx, conn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			alter := testenv.Connect(t, db)
-			if _, err := alter.Exec(ctx, "BEGIN"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := alter.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN payload TYPE text"); err != nil {
-				t.Fatal(err)
-			}
-			type read struct {
-				c   Chunk
-				err error
-			}
-			done := make(chan read, 1)
-			go func() {
-				c, err := readChunk(ctx, conn, plan, nil, last)
-				done <- read{c, err}
-			}()
-			waitForLock(t, db)
-			if _, err := alter.Exec(ctx, "COMMIT"); err != nil {
-				t.Fatal(err)
-			}
-			got := <-done
-			if got.err != nil || len(got.c.Rows) != 20 || !got.c.Final {
-				t.Fatalf("a chunk that waited for a rewrite read %d rows (final %v), error %v; want all 20", len(got.c.Rows), got.c.Final, got.err)
-			}
-		})
 	}
 }

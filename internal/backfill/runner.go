@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -18,6 +19,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/retry"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // Runner runs the jobs: the first start's in the slot's snapshot
@@ -35,9 +37,10 @@ type Runner struct {
 	MaxInFlight      int
 	MaxInFlightBytes int64
 	StatusInterval   time.Duration
-	// ChunkBytes bounds the bytes of a chunk's rows (Plan.SetBudget): a
-	// chunk is read only once the events in flight leave room for it, so
-	// memory holds at most ChunkBytes of rows besides what waits for Kafka.
+	// ChunkBytes bounds the bytes of a chunk's rows
+	// (tableread.Plan.SetBudget): a chunk is read only once the events in
+	// flight leave room for it, so memory holds at most ChunkBytes of rows
+	// besides what waits for Kafka.
 	ChunkBytes int64
 	// Room, when set, waits until the events in flight beside the stream
 	// leave room for a chunk of ChunkBytes: the session's tracker.
@@ -55,28 +58,88 @@ type Runner struct {
 // (docs/kubernetes.md).
 func ChunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
 
-// plan works out job's queries on conn.
-func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*Plan, *decode.RowDecoder, error) {
+// plan works out job's queries on conn, in the order job is in: the one
+// its saved position is in, or, for a job that has none, the one the
+// configuration and the server give (tableread.OrderAuto).
+func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
 	t := Table(r.Tables, job.Table)
 	if t == nil {
-		return nil, nil, &Error{Msg: fmt.Sprintf("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)}
+		return nil, nil, &tableread.Error{Msg: fmt.Sprintf("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)}
+	}
+	// The plan reads the relation the job began on; its rows are the
+	// configured table's events (the decoder's source).
+	read, err := r.relation(ctx, conn, job, t)
+	if err != nil {
+		return nil, nil, err
 	}
 	var orderBy []string
 	chunk := outbox.DefaultChunkSize
 	if t.Backfill != nil {
 		orderBy, chunk = t.Backfill.OrderBy, t.Backfill.ChunkSize
 	}
-	plan, err := NewPlan(ctx, conn, t, job.Where, orderBy, chunk)
+	order := tableread.Order(job.Order)
+	if job.After == nil && order == tableread.OrderColumns {
+		order = tableread.OrderAuto
+	}
+	plan, err := tableread.NewPlan(ctx, conn, read, job.Where, orderBy, order, chunk)
 	if err != nil {
 		return nil, nil, err
 	}
-	plan.role = r.ReaderRole
+	plan.Role = r.ReaderRole
 	plan.SetBudget(r.ChunkBytes)
 	dec, err := decode.NewRowDecoder(t, plan.Columns)
 	if err != nil {
 		return nil, nil, err
 	}
 	return plan, dec, nil
+}
+
+// relation is table t as job reads it: a first start's job reads the
+// relation it began on (job.Rel), which holds the rows committed before
+// the slot, under whatever name it has now: a swap while the job was
+// unfinished (the table renamed away, another created under its name)
+// leaves them there, and the new table's rows are the stream's and its
+// repair's. A relation dropped before the job finished is an error that
+// ends it, saying so: its unsent rows are gone.
+func (r *Runner) relation(ctx context.Context, conn *pgx.Conn, job checkpoint.Job, t *outbox.Source) (*outbox.Source, error) {
+	if job.Rel == 0 {
+		return t, nil
+	}
+	var schema, name string
+	err := conn.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, job.Rel).Scan(&schema, &name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, &tableread.Error{Msg: fmt.Sprintf("backfill %s of %s: the table it began on (relation %d) was dropped before it finished: its %d rows not sent yet are gone (%d sent)", job.ID, job.Table, job.Rel, max(job.Total-job.Rows, 0), job.Rows)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backfill %s: look up its table: %w", job.ID, err)
+	}
+	if at := (outbox.TableName{Schema: schema, Name: name}); at != t.Name {
+		r.Log.Warn("backfill: the table it began on has another name now (a swap, or a rename); it goes on reading that table, which holds its rows", "job", job.ID, "table", job.Table, "now", at.String())
+		cp := *t
+		cp.Name = at
+		return &cp, nil
+	}
+	return t, nil
+}
+
+// logOrder says which order what (a job, a repair) reads plan's table in,
+// and why: once for each job's run and each repair. Rule 32 of
+// docs/design.md ("An aggregate keeps its order on every path"): where the
+// order may not be the commits', the log says so.
+func (r *Runner) logOrder(what string, plan *tableread.Plan) {
+	l := []any{"table", plan.Table.String(), "order", strings.Join(plan.Key, ", ")}
+	switch {
+	case plan.Order == tableread.OrderCommitTime:
+		r.Log.Info(what+" reads the rows in the order they were committed: their transactions' commit timestamps (track_commit_timestamp is on), then within each in the order the rows lie in the table; rows committed before the setting was on have none and come first, in the order of their transactions' ids", l...)
+	case plan.Order == tableread.OrderCommit:
+		r.Log.Warn(what+" reads the rows in the order of their transactions' ids, then within each in the order they lie in the table, since track_commit_timestamp is off: that is the commit order only for transactions that did not overlap; "+
+			"an aggregate's rows written by two transactions where the later one took its id before the earlier one committed, or inside a savepoint, may be sent out of the order they were committed in; "+
+			"turn track_commit_timestamp on (a restart of PostgreSQL) for the rows committed from then on, or set backfill.order_by to a column that orders the events", l...)
+	case plan.Table.Backfill == nil || len(plan.Table.Backfill.OrderBy) == 0:
+		r.Log.Warn(what+" resumes in the order of the primary key, the one its saved position is in (saved before commit order was the default): a primary key is no order of the events, and an aggregate's rows may be sent out of the order they were committed in; start the backfill again to send them in commit order", l...)
+	default:
+		r.Log.Info(what+" reads the rows in backfill.order_by's order", l...)
+	}
 }
 
 // Check has the server check each job's queries.
@@ -155,7 +218,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 	if _, err := conn.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", snapshot)); err != nil {
 		return fmt.Errorf("backfill: import the slot's snapshot %s: %w", snapshot, err)
 	}
-	if err := setRole(ctx, conn, r.ReaderRole); err != nil {
+	if err := tableread.SetRole(ctx, conn, r.ReaderRole); err != nil {
 		return err
 	}
 	for _, job := range jobs {
@@ -170,15 +233,11 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 	return err
 }
 
+// firstStartJob sends job's rows from conn's transaction, in the slot's
+// snapshot, a chunk at a time, each chunk one transaction of events at at,
+// and saves the job's progress once every status interval and at its end.
 func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
-	// The slot's snapshot is older than this transaction: a rewrite or a
-	// partition change since would read as fewer rows.
-	if t := Table(r.Tables, job.Table); t != nil {
-		if err := holdFiles(ctx, conn, t); err != nil {
-			return err
-		}
-	}
-	plan, dec, err := r.plan(ctx, conn, job)
+	plan, dec, err := r.firstStartPlan(ctx, conn, job)
 	if err != nil {
 		return err
 	}
@@ -186,6 +245,15 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 		return err
 	}
 	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
+	r.logOrder("the first start's backfill", plan)
+	read := func() (tableread.Chunk, error) { return plan.Read(ctx, conn, job.After, nil) }
+	if plan.InCommitOrder() {
+		cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+		if err != nil {
+			return err
+		}
+		job.Order, job.Horizon, read = string(plan.Order), cur.Horizon, func() (tableread.Chunk, error) { return cur.Next(ctx) }
+	}
 	started, saved, logged := time.Now(), time.Now(), time.Now()
 	rows0 := job.Rows
 	// Room for the next chunk: at most max_in_flight events, and
@@ -195,25 +263,13 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
 	}
 	for {
-		c, err := plan.Read(ctx, conn, job.After, nil)
+		c, err := read()
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		if err := s.Begin(now); err != nil {
+		if err := r.sendFirstStartChunk(s, dec, job.Table, c.Rows, at); err != nil {
 			return err
 		}
-		for _, row := range c.Rows {
-			m, err := dec.Row(row, at, now)
-			if err != nil {
-				return err
-			}
-			if err := s.Event(&m); err != nil {
-				return err
-			}
-		}
-		s.Commit(at, now)
-		r.Metrics.BackfillRows(job.Table).Add(float64(len(c.Rows)))
 		job.Rows += int64(len(c.Rows))
 		if c.Last != nil {
 			job.After = c.Last
@@ -228,10 +284,7 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 			return err
 		}
 		if c.Final || time.Since(saved) >= r.StatusInterval {
-			if err := s.WaitRoom(ctx, 0, -1); err != nil {
-				return err
-			}
-			if err := s.Save(ctx, job); err != nil {
+			if err := saveAcked(ctx, s, job); err != nil {
 				return err
 			}
 			saved = time.Now()
@@ -245,6 +298,50 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 			logged = time.Now()
 		}
 	}
+}
+
+// firstStartPlan plans job's read in the slot's snapshot, which is older
+// than conn's transaction: tableread.HoldFiles checks the table first,
+// before the plan reads its key and columns, since a rewrite or a
+// partition change after the snapshot would read as fewer rows.
+func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
+	if t := Table(r.Tables, job.Table); t != nil {
+		if err := tableread.HoldFiles(ctx, conn, t); err != nil {
+			return nil, nil, err
+		}
+	}
+	return r.plan(ctx, conn, job)
+}
+
+// sendFirstStartChunk sends a chunk's rows of table through s as one
+// transaction of events committed at at, the slot's consistent point.
+func (r *Runner) sendFirstStartChunk(s Session, dec *decode.RowDecoder, table string, rows [][][]byte, at pglogrepl.LSN) error {
+	now := time.Now()
+	if err := s.Begin(now); err != nil {
+		return err
+	}
+	for _, row := range rows {
+		m, err := dec.Row(row, at, now)
+		if err != nil {
+			return err
+		}
+		if err := s.Event(&m); err != nil {
+			return err
+		}
+	}
+	s.Commit(at, now)
+	r.Metrics.BackfillRows(table).Add(float64(len(rows)))
+	return nil
+}
+
+// saveAcked saves job's progress once every event sent is acknowledged:
+// the checkpoint never holds a position past a row Kafka may not have, so
+// a job resumed from it sends again every such row and skips none.
+func saveAcked(ctx context.Context, s Session, job checkpoint.Job) error {
+	if err := s.WaitRoom(ctx, 0, -1); err != nil {
+		return err
+	}
+	return s.Save(ctx, job)
 }
 
 // Run runs jobs' jobs beside the stream until ctx is done, one at a
@@ -280,7 +377,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 		if ctx.Err() != nil {
 			return
 		}
-		var bad *Error
+		var bad *tableread.Error
 		switch {
 		case errors.As(err, &bad), jobEnding(err):
 			// The job cannot run as asked: end it, in the stream's
@@ -334,6 +431,10 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 	} else {
 		r.Log.Info("backfill resuming", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "total", total)
 	}
+	r.logOrder("backfill "+job.ID, plan)
+	if plan.InCommitOrder() {
+		return r.runCursor(ctx, w, conn, jobs, run, job, plan, dec, total)
+	}
 	// Stop at the last row that matches now: the stream sends the rows
 	// committed from now on, and a backfill that chased them on a busy
 	// table would never end.
@@ -353,7 +454,7 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 				return err
 			}
 		}
-		ch := &liveChunk{run: run, job: job.ID, n: n, table: plan.Table, dec: dec, total: total, until: until, done: make(chan struct{})}
+		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, until: until, done: make(chan struct{})}
 		jobs.setChunk(ch)
 		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
@@ -387,19 +488,62 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 	}
 }
 
-// readChunk reads one chunk in a read-only transaction of its own, which
-// starts after the low watermark committed. Without an end (nothing
-// matched at the start) there is nothing to read.
-func readChunk(ctx context.Context, conn *pgx.Conn, plan *Plan, after, until []string) (Chunk, error) {
-	if until == nil {
-		return Chunk{Final: true}, nil
-	}
-	var c Chunk
-	err := plan.readOnly(ctx, conn, func() (err error) {
-		c, err = plan.Read(ctx, conn, after, until)
+// runCursor runs job's chunks, in commit order, from one
+// tableread.Cursor: its rows are read once, in one snapshot, and handed to
+// the stream a chunk at a time between watermarks, as runJob does. The job
+// ends with the cursor's rows: those committed since are the stream's.
+func (r *Runner) runCursor(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Job, plan *tableread.Plan, dec *decode.RowDecoder, total int64) error {
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	if err != nil {
 		return err
-	})
-	return c, err
+	}
+	defer cur.Close(ctx)
+	started, logged, rows0 := time.Now(), time.Now(), job.Rows
+	for n := 0; ; n++ {
+		if r.Room != nil {
+			if err := r.Room(ctx); err != nil {
+				return err
+			}
+		}
+		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, order: plan.Order, horizon: cur.Horizon, done: make(chan struct{})}
+		jobs.setChunk(ch)
+		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
+			return err
+		}
+		c, err := cur.Next(ctx)
+		if err != nil {
+			return err
+		}
+		jobs.setRows(ch, &c)
+		if err := emit(ctx, w, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch.done:
+		}
+		if j, ok := jobs.next(); c.Final || !ok || j.ID != job.ID {
+			cur := jobs.job(job.ID)
+			r.progressLog(cur, cur.Rows-rows0, started, true)
+			return nil
+		}
+		if time.Since(logged) >= progressEvery {
+			cur := jobs.job(job.ID)
+			r.progressLog(cur, cur.Rows-rows0, started, false)
+			logged = time.Now()
+		}
+	}
+}
+
+// readChunk reads one chunk in a read-only transaction of its own
+// (tableread.Plan.Read), which starts after the low watermark committed.
+// Without an end (nothing matched at the start) there is nothing to read.
+func readChunk(ctx context.Context, conn *pgx.Conn, plan *tableread.Plan, after, until []string) (tableread.Chunk, error) {
+	if until == nil {
+		return tableread.Chunk{Final: true}, nil
+	}
+	return plan.Read(ctx, conn, after, until)
 }
 
 // emit writes c as a transactional logical decoding message, in a

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // Snapshot reads every row of one table in a snapshot of its own, chunk by
@@ -18,12 +19,17 @@ import (
 // held, in a read-only repeatable read transaction, until Close.
 type Snapshot struct {
 	conn  *pgx.Conn
-	plan  *Plan
+	plan  *tableread.Plan
+	cur   *tableread.Cursor // in commit order
 	dec   *decode.RowDecoder
 	after []string
 	final bool
 	// Total is how many rows the snapshot holds.
 	Total int64
+	// Seen is what the snapshot shows of the transactions that
+	// committed: the stream passes over a repaired table's events of
+	// those, since the snapshot sent them.
+	Seen checkpoint.Seen
 }
 
 // OpenSnapshot opens a snapshot of table t's rows.
@@ -37,15 +43,22 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 		s.Close(ctx)
 		return nil, fmt.Errorf("open a snapshot of %s: %w", t, err)
 	}
-	if err := setRole(ctx, conn, r.ReaderRole); err != nil {
+	if err := tableread.SetRole(ctx, conn, r.ReaderRole); err != nil {
 		s.Close(ctx)
 		return nil, err
 	}
 	// The lock's read takes the transaction's snapshot, and may then wait
 	// for a rewrite or a partition change that would read as fewer rows.
-	if err := holdFiles(ctx, conn, t); err != nil {
+	if err := tableread.HoldFiles(ctx, conn, t); err != nil {
 		s.Close(ctx)
 		return nil, err
+	}
+	// The transaction's snapshot, which the lock's read took.
+	err = conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
+		array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x) FROM pg_current_snapshot() s`).Scan(&s.Seen.Xmin, &s.Seen.Xmax, &s.Seen.Xip)
+	if err != nil {
+		s.Close(ctx)
+		return nil, fmt.Errorf("open a snapshot of %s: read what it shows: %w", t, err)
 	}
 	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String()}); err != nil {
 		s.Close(ctx)
@@ -55,16 +68,28 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 		s.Close(ctx)
 		return nil, err
 	}
+	r.logOrder("the repair of a recreated table", s.plan)
+	if s.plan.InCommitOrder() {
+		if s.cur, err = s.plan.Open(ctx, conn, nil, 0); err != nil {
+			s.Close(ctx)
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
-// Next reads the next chunk of rows, in the plan's key order; final once
-// no row is left.
+// Next reads the next chunk of rows, in the plan's order (the order the
+// rows were committed in, unless backfill.order_by says otherwise); final
+// once no row is left.
 func (s *Snapshot) Next(ctx context.Context) (rows [][][]byte, final bool, err error) {
 	if s.final {
 		return nil, true, nil
 	}
-	c, err := s.plan.Read(ctx, s.conn, s.after, nil)
+	read := func() (tableread.Chunk, error) { return s.plan.Read(ctx, s.conn, s.after, nil) }
+	if s.cur != nil {
+		read = func() (tableread.Chunk, error) { return s.cur.Next(ctx) }
+	}
+	c, err := read()
 	if err != nil {
 		return nil, false, err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/setup"
 )
 
@@ -44,9 +45,7 @@ import (
 // row kept for good (below its floor, or attached with its partition)
 // reads as above its floor then and may go: docs/design.md, "What the
 // watch cannot see".
-func xid64(col string) string {
-	return `((CASE WHEN ` + col + `::text::bigint <= (x.next & 4294967295) THEN x.next >> 32 ELSE (x.next >> 32) - 1 END) << 32 | ` + col + `::text::bigint)`
-}
+func xid64(col string) string { return postgres.XID64(col, "x.next") }
 
 // written is the 64-bit xid of the transaction that wrote row t. A row
 // updated since its insert carries the updater's xid, which is newer: it

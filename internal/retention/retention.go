@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"slices"
 	"time"
 
@@ -158,11 +159,26 @@ func (c *Cleaner) Sweep(ctx context.Context) error {
 		}
 		c.Metrics.RetentionRan(t.String(), srv.Now)
 	}
-	c.Marks = prune(c.Marks, saved.Confirmed, notAfter)
+	c.Marks = prune(c.Marks, usableUpTo(saved), notAfter)
 	if c.SetMarks != nil {
 		c.SetMarks(append([]checkpoint.RetentionMark(nil), c.Marks...))
 	}
 	return errors.Join(errs...)
+}
+
+// usableUpTo is the position up to which retention may use a mark: the
+// saved checkpoint's confirmed position, and while any key is parked,
+// none. A parked event's row is kept until its key is redriven: its parked
+// copy is a claim a redrive checks (docs/operations.md, "Parked keys"),
+// and should it fail, the rows are what the key's events are recovered
+// from; a parked key holds events of every table with that key, and
+// events committed before its parking began (a backfill's) may be parked
+// behind it, so no row of any table is deleted meanwhile.
+func usableUpTo(saved checkpoint.Record) pglogrepl.LSN {
+	if len(saved.Parked) > 0 {
+		return 0
+	}
+	return saved.Confirmed
 }
 
 // connect opens a connection to the server that can write now: the one
@@ -236,7 +252,11 @@ func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, s
 		c.once("backfill "+t.String(), "retention of "+t.String()+" waits while a backfill of it runs: the job may still have to read its rows")
 		return nil
 	}
-	mark, ok := newest(c.Marks, notAfter, saved.Confirmed)
+	if len(saved.Parked) > 0 {
+		c.once("parked", "retention deletes nothing while keys are parked: their rows are kept until cdc redrive sends them on (cdc parked lists them)")
+		return nil
+	}
+	mark, ok := newest(c.Marks, notAfter, usableUpTo(saved))
 	if !ok {
 		return nil
 	}

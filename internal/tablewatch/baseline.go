@@ -249,7 +249,7 @@ func recordedAs(d Deps, rec *checkpoint.Record, name string, id uint32) (checkpo
 // Floor of each table Baseline left at NoFloor to the next xid now: every
 // transaction at or above it commits after the slot's consistent point, so
 // the stream carries it. A first start's backfill of every row lowers it
-// to 0 once done (the pipeline's session.Save). On a standby without a
+// to 0 once done (package session's Save). On a standby without a
 // primary_url nothing is known: they stay NoFloor, and the next start sets
 // them.
 func Floors(ctx context.Context, d Deps, rec *checkpoint.Record) error {

@@ -27,16 +27,24 @@
 //     the table; otherwise the session stops with the statement to run),
 //     and then repaired: once every transaction that was running when it
 //     joined the publication has ended (postgres.WaitForOlder), a snapshot
-//     of its rows is taken, a ControlRepair message written after the
-//     snapshot, and where the stream reaches the message the session sends
-//     the snapshot's rows less those it streamed itself (the fresh events
-//     noted since the session started, Fresh), and records the new
-//     relation in the checkpoint of that position (Done). Rows committed
-//     before the snapshot are in it; rows inserted after the table joined
-//     the publication are in the stream before the message (a transaction
-//     that inserted before it joined ended before the snapshot, so its
-//     rows are in the snapshot); the noted ids keep a row in both from
-//     going twice.
+//     of its rows is taken, and a ControlRepair message written after the
+//     snapshot. Rows committed before the snapshot are in it; rows
+//     inserted after the table joined the publication are in the stream
+//     (a transaction that inserted before it joined ended before the
+//     snapshot, so its rows are in the snapshot).
+//   - a repair's rows go before every event of its relation the stream
+//     carries, in the order they were committed (tableread.Order): at the
+//     first such event (a fresh one) the stream waits for the snapshot
+//     (Before), which it holds in the WAL, not in memory, and the session
+//     sends the snapshot's rows there, records the relation in that
+//     transaction's checkpoint note with what the snapshot showed (Done,
+//     checkpoint.Table.Seen), and passes over the relation's events of the
+//     transactions the snapshot shows, which it sent; the others began or
+//     committed after the snapshot, so after every row it sent (the event
+//     it waited at is among those passed over when the snapshot came after
+//     it). Where no fresh event comes first, the rows go at
+//     the message, less the fresh events of skipped transactions (Fresh:
+//     Kafka holds them). A row goes once, in its place.
 //   - the same relation gone from the publication, or published through
 //     another membership (removed and added back), stops the session: its
 //     rows inserted meanwhile cannot be told from the rows streamed

@@ -39,6 +39,10 @@ type Repair struct {
 	// (checkpoint.Table): 0 and nil once a snapshot sent its rows.
 	Floor uint64
 	Files map[uint32]uint32
+	// Early: its rows went where the stream met the first fresh event of
+	// its relation, before its message (Before), and Done recorded it
+	// there; the stream's goroutine sets it.
+	Early bool
 }
 
 // startRepair opens a repair of table t, whose relation is rs now and
@@ -76,6 +80,7 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 	w.mu.Lock()
 	w.pending[r.ID] = r
 	w.repairing[t] = true
+	w.changedLocked() // a stream waiting in Before takes it now
 	w.mu.Unlock()
 	if err := EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
 		w.drop(ctx, r)
@@ -118,13 +123,86 @@ func (w *Watch) checkFiles(ctx context.Context, conn *pgx.Conn, t *outbox.Source
 	return nil
 }
 
-// Take returns the pending repair id and forgets it, or nil.
+// Take returns the pending repair id and forgets it, or nil; one whose
+// rows went early (Before) too, with Early set.
 func (w *Watch) Take(id string) *Repair {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := w.pending[id]
+	if r == nil {
+		r = w.early[id]
+	}
 	delete(w.pending, id)
+	delete(w.early, id)
 	return r
+}
+
+// Before returns the repair whose rows must go before an event of table
+// t's relation rel that is fresh (decode.Message.Fresh): its snapshot,
+// taken once every transaction older than the relation's joining the
+// publication had ended, holds the rows the relation received before it
+// joined, which were committed before the event. Once Before returned
+// it, the repair is the stream's, which sends its rows there (Rows),
+// records it (Done, with what its snapshot showed) and passes over the
+// relation's events the snapshot holds (Snap.Seen).
+//
+// When no repair of rel is announced yet (the table was published and
+// the watch waits for an older transaction, or has not looked since),
+// Before asks for a look and waits, until one announces it, or until a
+// look that began after the call ends without one: then it returns nil,
+// and no repair of rel is coming (the relation is no longer the one
+// under t's name, or another of t's is repaired). It returns an error
+// when ctx ends, the watch stopped, or it waited limit (0: no limit) and
+// the repair is still not announced. The stream's goroutine calls it,
+// while the stream keeps its slot (wal.Stream.While): the stream reads
+// nothing past the event meanwhile, so the event, and every later one,
+// waits in the WAL, which holds them without a bound in memory.
+func (w *Watch) Before(ctx context.Context, t *outbox.Source, rel uint32, limit time.Duration) (*Repair, error) {
+	w.mu.Lock()
+	since := w.began
+	w.mu.Unlock()
+	start, told := time.Now(), time.Now()
+	for {
+		select {
+		case w.poke <- struct{}{}:
+		default:
+		}
+		w.mu.Lock()
+		var r *Repair
+		for _, p := range w.pending {
+			if p.Table == t && p.Rel == rel && p.Snap != nil {
+				r = p
+			}
+		}
+		if r != nil {
+			delete(w.pending, r.ID)
+			w.early[r.ID] = r
+		}
+		none, changed := w.looked > since, w.changed
+		w.mu.Unlock()
+		switch {
+		case r != nil:
+			return r, nil
+		case none:
+			return nil, nil
+		}
+		if limit > 0 && time.Since(start) >= limit {
+			return nil, fmt.Errorf("the stream waited %s, at an event of recreated table %s, for the repair's snapshot of the rows the table received before it was published, which go first; "+
+				"the repair waits for a transaction older than the table's joining the publication (the log names it every minute), and the open Kafka transaction cannot wait as long (exactly_once.transaction_timeout): the session ends, with nothing past the event confirmed, and the next one waits again", limit, t)
+		}
+		if time.Since(told) >= time.Minute {
+			told = time.Now()
+			w.log.Warn("the stream waits, at an event of a recreated table, for the repair's snapshot of the rows the table received before it was published, which go first", "table", t.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.ended:
+			return nil, fmt.Errorf("the repair of %s did not start: the tables' watch stopped", t)
+		case <-changed:
+		case <-time.After(time.Second): // a look that failed is tried again
+		}
+	}
 }
 
 // drop forgets repair r, which will not be sent, and lets the watch open
@@ -141,10 +219,13 @@ func (w *Watch) drop(ctx context.Context, r *Repair) {
 
 // Done records that r's table's relation is streamed from here on, every
 // row of it delivered (checkpoint.Table.Floor 0: the repair sent those the
-// stream did not carry; or r's Floor, set anew), forgets the fresh events the stream noted of it,
-// and returns the tables' state for the checkpoint note. The stream's
+// stream did not carry; or r's Floor, set anew), forgets the fresh events
+// the stream noted of it, and returns the tables' state for the checkpoint
+// note. seen, for a repair whose rows went at the first of its relation's
+// events (Before), is what its snapshot showed (checkpoint.Table.Seen),
+// until its message (Done again, with nil) or Uncover. The stream's
 // goroutine calls it.
-func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
+func (w *Watch) Done(r *Repair, seen *checkpoint.Seen) map[string]checkpoint.Table {
 	if r.Snap != nil {
 		// Sent by the repair, or in its snapshot: none to tell apart
 		// any more. A new Floor alone sent nothing: a repair still to
@@ -155,7 +236,7 @@ func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	prev := w.streamed[r.Table]
-	st := checkpoint.Table{Rel: r.Rel, Member: r.Member, Former: slices.Clone(prev.Former), Floor: r.Floor, Files: r.Files}
+	st := checkpoint.Table{Rel: r.Rel, Member: r.Member, Former: slices.Clone(prev.Former), Floor: r.Floor, Files: r.Files, Seen: seen}
 	if r.Old != 0 && r.Old != r.Rel && !slices.Contains(st.Former, r.Old) {
 		st.Former = append(st.Former, r.Old)
 	}
@@ -163,6 +244,39 @@ func (w *Watch) Done(r *Repair) map[string]checkpoint.Table {
 	w.knowLocked(r.Table, st)
 	delete(w.suspect, r.Table)
 	delete(w.repairing, r.Table)
+	return w.tablesLocked()
+}
+
+// Covered returns the tables whose checkpoint records a repair's snapshot
+// the stream passes over events of (checkpoint.Table.Seen), with their
+// relations: a session that starts after such a repair's rows went
+// passes over them as the one that sent them did.
+func (w *Watch) Covered() map[*outbox.Source]checkpoint.Table {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	covered := map[*outbox.Source]checkpoint.Table{}
+	for t, st := range w.streamed {
+		if st.Seen != nil {
+			covered[t] = st
+		}
+	}
+	return covered
+}
+
+// Uncover records that the stream is past every transaction table t's
+// repair's snapshot showed (checkpoint.Table.Seen) and returns the tables'
+// state for the checkpoint note. The stream's goroutine calls it.
+func (w *Watch) Uncover(t *outbox.Source) map[string]checkpoint.Table {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.streamed[t]
+	st.Seen = nil
+	w.streamed[t] = st
+	return w.tablesLocked()
+}
+
+// tablesLocked is the tables' state for a checkpoint note. w.mu is held.
+func (w *Watch) tablesLocked() map[string]checkpoint.Table {
 	tables := map[string]checkpoint.Table{}
 	for t, st := range w.streamed {
 		tables[t.String()] = st

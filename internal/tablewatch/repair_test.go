@@ -26,14 +26,14 @@ func TestNewFloorKeepsFreshEvents(t *testing.T) {
 	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte("e1")}
 	w.NoteFresh(ev)
 
-	tables := w.Done(&Repair{ID: "floor", Table: src, Rel: 10, Floor: 200, Files: map[uint32]uint32{10: 21}})
+	tables := w.Done(&Repair{ID: "floor", Table: src, Rel: 10, Floor: 200, Files: map[uint32]uint32{10: 21}}, nil)
 	if st := tables["public.outbox"]; st.Floor != 200 || st.Files[10] != 21 || st.Rel != 10 {
 		t.Fatalf("after a new Floor: %+v", st)
 	}
 	if _, ok := w.Fresh(src)["e1"]; !ok {
 		t.Fatal("a new Floor forgot the fresh events a repair still to come needs")
 	}
-	tables = w.Done(&Repair{ID: "repair", Table: src, Rel: 11, Snap: &backfill.Snapshot{}})
+	tables = w.Done(&Repair{ID: "repair", Table: src, Rel: 11, Snap: &backfill.Snapshot{}}, nil)
 	if st := tables["public.outbox"]; st.Floor != 0 || st.Files != nil || st.Rel != 11 {
 		t.Fatalf("after a repair: %+v", st)
 	}

@@ -40,6 +40,18 @@ type Watch struct {
 	// stream, by id; repairing, the tables they are for.
 	pending   map[string]*Repair
 	repairing map[*outbox.Source]bool
+	// early are the repairs whose rows the stream sent at the first
+	// fresh event of their relation, before their message (Before), by
+	// id: their snapshots are the stream's, closed once read.
+	early map[string]*Repair
+	// began and looked count the looks at the catalog (Run): begun, and
+	// the last one that ended without an error. changed is closed, and
+	// replaced, when a look ends or a repair is announced; poke asks Run
+	// for a look now; ended is closed when Run returns.
+	began, looked int
+	changed       chan struct{}
+	poke          chan struct{}
+	ended         chan struct{}
 
 	// The stream's goroutine alone uses these: the ids of fresh events
 	// it met, by table, and the relations it reported as unmapped.
@@ -75,7 +87,8 @@ func New(d Deps, rec checkpoint.Record, cat setup.Catalog) *Watch {
 	w := &Watch{
 		deps: d, log: d.Log.Named("tables"), byName: map[string]*outbox.Source{},
 		streamed: map[*outbox.Source]checkpoint.Table{}, suspect: map[*outbox.Source]uint32{}, rels: map[uint32]known{},
-		pending: map[string]*Repair{}, repairing: map[*outbox.Source]bool{},
+		pending: map[string]*Repair{}, repairing: map[*outbox.Source]bool{}, early: map[string]*Repair{},
+		changed: make(chan struct{}), poke: make(chan struct{}, 1), ended: make(chan struct{}),
 		fresh: map[*outbox.Source]map[string]struct{}{}, overflow: map[*outbox.Source]bool{}, unmapped: map[string]bool{},
 		missing: map[*outbox.Source]bool{}, renamed: map[*outbox.Source]string{}, warned: map[string]bool{},
 	}
@@ -141,16 +154,26 @@ func (w *Watch) Run(ctx context.Context, fail func(error)) {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 		w.closeRepairs(ctx)
+		close(w.ended)
 	}()
 	t := time.NewTicker(w.deps.Postgres.CatalogCheckInterval)
 	defer t.Stop()
 	for {
 		var err error
+		w.mu.Lock()
+		w.began++
+		w.mu.Unlock()
 		if conn == nil {
 			conn, err = postgres.ConnectSQL(ctx, w.deps.Postgres)
 		}
 		if err == nil {
 			err = w.check(ctx, conn)
+		}
+		if err == nil {
+			w.mu.Lock()
+			w.looked = w.began
+			w.changedLocked()
+			w.mu.Unlock()
 		}
 		var fatal *errtext.Fatal
 		switch {
@@ -174,8 +197,15 @@ func (w *Watch) Run(ctx context.Context, fail func(error)) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.poke:
 		}
 	}
+}
+
+// changedLocked wakes those waiting in Before. w.mu is held.
+func (w *Watch) changedLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
 }
 
 // check compares the catalog with what the session streams, once.

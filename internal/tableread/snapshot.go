@@ -1,0 +1,61 @@
+package tableread
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pgident"
+)
+
+// HoldFiles, in a repeatable-read transaction whose snapshot is taken,
+// locks the table and its leaves with a read of no row, so that no rewrite
+// or partition change commits until the transaction ends, and then fails
+// when what the snapshot shows of the table is not what a read of it
+// scans now. Neither a rewrite (ALTER TABLE ... TYPE, a volatile default,
+// VACUUM FULL, CLUSTER) nor a DETACH or ATTACH is MVCC-safe: a snapshot
+// from before one reads a rewritten table as empty, and a read plans its
+// leaves from the catalog as it is now, so a leaf detached since (its
+// rows in the snapshot's outbox) is not read, and one attached since is
+// read in a snapshot that does not hold its rows. The backfill would send
+// none of those rows without a word. The snapshot's pg_class and
+// pg_inherits show the table, its leaves and their files as they were;
+// the name, pg_partition_tree and pg_relation_filenode, as they are now
+// (pg_partition_tree lists no row for a table that is not partitioned).
+// It runs before the plan reads the table's key and columns, which the
+// snapshot would read from a table created again as none. The error is
+// not an Error: the next try takes a snapshot anew.
+func HoldFiles(ctx context.Context, conn *pgx.Conn, t *outbox.Source) error {
+	from := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
+	if _, err := conn.Exec(ctx, "SELECT FROM "+from+" LIMIT 0"); err != nil {
+		return fmt.Errorf("backfill: lock %s: %w", t, err)
+	}
+	var moved, changed []string
+	err := conn.QueryRow(ctx, `WITH RECURSIVE was(relid) AS (
+			SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3
+			UNION ALL
+			SELECT i.inhrelid FROM was JOIN pg_inherits i ON i.inhparent = was.relid JOIN pg_class c ON c.oid = i.inhrelid AND c.relispartition),
+		now(relid) AS (SELECT $1::regclass::oid UNION SELECT relid FROM pg_partition_tree($1::regclass)),
+		diff(relid) AS ((SELECT relid FROM was EXCEPT SELECT relid FROM now) UNION (SELECT relid FROM now EXCEPT SELECT relid FROM was)),
+		named AS (SELECT CASE WHEN c.oid IS NULL THEN d.relid::regclass::text ELSE format('%I.%I', n.nspname, c.relname) END AS name
+			FROM diff d LEFT JOIN pg_class c ON c.oid = d.relid LEFT JOIN pg_namespace n ON n.oid = c.relnamespace)
+		SELECT
+			(SELECT coalesce(array_agg(format('%I.%I', n.nspname, c.relname) ORDER BY n.nspname, c.relname), '{}')
+				FROM now t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+				WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)),
+			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM named)`,
+		from, t.Name.Schema, t.Name.Name).Scan(&moved, &changed)
+	if err != nil {
+		return fmt.Errorf("backfill: check the files of %s: %w", t, err)
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("backfill of %s: %s was created again, attached or detached after the snapshot the backfill reads was taken, and a read in such a snapshot would miss rows; nothing of it was sent, and the next try reads it in a snapshot of its own", t, strings.Join(changed, ", "))
+	}
+	if len(moved) > 0 {
+		return fmt.Errorf("backfill of %s: %s was rewritten (ALTER TABLE ... TYPE, a volatile default, VACUUM FULL or CLUSTER) after the snapshot the backfill reads was taken, and Postgres shows such a snapshot a rewritten table as empty; nothing of it was sent, and the next try reads it in a snapshot of its own", t, strings.Join(moved, ", "))
+	}
+	return nil
+}
