@@ -79,27 +79,102 @@ type Record struct {
 	// them parked. The list is never changed once in a record: a change
 	// makes a new one.
 	Parked []Parked
+	// Used are the operator's requests taken, newest last (at most
+	// MaxUsed).
+	Used []Used
 }
 
-// Parked is one parked key: the events of Key meant for Dest wait in the
-// parked topic Topic, in commit order, behind the invalid event First
-// (docs/operations.md, "Parked keys").
+// Parked is one parked key: the events of Key wait in the parked topic
+// Topic, on one partition, in commit order, behind the invalid event
+// First (docs/operations.md, "Parked keys"). A key is parked once per
+// pipeline, whatever the table or topic of its events: the parking is what
+// keeps them in order.
+//
+// What the checkpoint says is parked is a claim a redrive checks against
+// the topic (package redrive): every record of the parking is numbered
+// (1 to Events, by the Run that produced it) and sealed, so that one
+// missing, forged or left over from a session that did not get its
+// checkpoint written is told apart.
 type Parked struct {
 	Table string // the table of the first event, as SQL names it
-	// Dest is the topic the key's events are meant for, or "table:" and
-	// Table when the first's topic could not be worked out.
+	// Dest is the topic the first event was meant for, or "table:" and
+	// Table when its topic could not be worked out: what cdc parked shows.
 	Dest string
 	Key  string
 	// Reason is why First is invalid.
 	Reason string
 	First  string // the first event's id
+	// FirstLSN is the commit LSN of the first event's transaction: a
+	// rewind to it or before gives the parking up (the stream parks the
+	// key again), and retention keeps the rows committed since.
+	FirstLSN pglogrepl.LSN
 	// Episode tells this parking's records in Topic from those of an
 	// earlier parking of the same key, redriven since.
 	Episode string
 	Since   time.Time // the first event's commit time
-	Events  int64     // events parked, the first included
+	Events  int64     // records parked, the first included: numbered 1 to Events
 	Topic   string    // the parked topic
+	// Partition is the parked topic's partition every record of the
+	// parking is produced to, Start an offset of it at or before the
+	// first: a redrive reads from there by offset, never by time.
+	Partition int32
+	Start     int64
+	// Runs say which session produced each record number (RunOf). A
+	// record whose run is not the one its number belongs to was produced
+	// by a session whose checkpoint never said so (a crash, a rewind), and
+	// is not the parking's.
+	Runs []Run
+	// Released is how many of its records (1 to Released) a redrive that
+	// has not finished has sent on: exactly once, committed with them.
+	Released int64
 }
+
+// Run is one session's share of a parking's record numbers (Parked.Runs),
+// and the key that sealed them (signing.ID; "" in records written before
+// it was kept).
+type Run struct {
+	ID   string
+	From int64
+	Key  string
+}
+
+// RunOf is the run that owns record number n of p, or "": the last of
+// p.Runs to start at or before n. Runs are added in time, and a later one
+// takes the numbers from its From on from every earlier one (after a
+// rewind cut the parking, its numbers are given again).
+func (p Parked) RunOf(n int64) string {
+	id := ""
+	for _, r := range p.Runs {
+		if r.From <= n {
+			id = r.ID
+		}
+	}
+	return id
+}
+
+// Used is an operator's request (a backfill's, a redrive's) that a
+// pipeline has taken: the checkpoint remembers it, so that it runs once,
+// and what it did, for the command that follows it.
+type Used struct {
+	ID string
+	At time.Time // the commit time of the announcement it ran at
+	// Done: it did everything it was asked; Outcome says what it did,
+	// in one line.
+	Done    bool
+	Outcome string
+}
+
+// MaxUsed bounds the requests a checkpoint remembers: the newest are kept.
+// A request is taken only within RequestMaxAge of being made, and the
+// session's ledger (request.Ledger) drops only ones that can no longer be
+// taken, refusing a new request rather than forget a young one;
+// a rewind that reads an announcement again finds its request here if it
+// is among the newest, and otherwise runs it against what is parked now,
+// which a redrive's episodes bind.
+const MaxUsed = 64
+
+// MaxOutcome bounds an outcome as the checkpoint keeps it.
+const MaxOutcome = 512
 
 // RetentionMark is a snapshot's xmin (64-bit) and the WAL insert position
 // read after it, at a time: every transaction below XMin had ended, its
@@ -151,6 +226,13 @@ type Table struct {
 	// set, with the files it has then. Kept only with a Floor above 0; nil
 	// in a record written before they were kept.
 	Files map[uint32]uint32
+	// Seen, while set, is what the snapshot of the repair that made Rel
+	// the table's showed, where its rows went before its message (at the
+	// first of Rel's events the stream met): the stream passes over Rel's
+	// events of the transactions it shows, whose rows the repair sent,
+	// until it meets a transaction that began after the snapshot (Past)
+	// or the repair's message. nil otherwise.
+	Seen *Seen
 }
 
 // NoteTables returns the tables a session noted (noted: its watch's
@@ -181,7 +263,8 @@ type Skip struct {
 	ID        string
 }
 
-// ForgetCoverage drops what retention knows, at a gap accepted
+// ForgetCoverage drops what retention knows, and what a repair's snapshot
+// showed (Table.Seen), at a gap accepted
 // (docs/design.md, "Retention"): the marks were taken in a history the
 // server may not have (a restore reuses xids and positions), and the rows
 // of the gap were never streamed. The next start sets each table's floor
@@ -191,7 +274,10 @@ func (r *Record) ForgetCoverage() {
 	if r.Tables != nil {
 		tables := map[string]Table{}
 		for name, st := range r.Tables {
-			st.Floor = NoFloor
+			// A repair's snapshot's xids, too, belong to a history
+			// the server may not have: passed over there, another
+			// transaction's events would be lost.
+			st.Floor, st.Seen = NoFloor, nil
 			tables[name] = st
 		}
 		r.Tables = tables
@@ -217,9 +303,22 @@ type Job struct {
 	ID    string
 	Table string // the table, as SQL names it
 	Where string // the condition; "" for every row
-	// After is the key (order_by and primary key columns, as text) of the
-	// last row sent; nil before the first.
+	// After is the key (as text) of the last row sent, in the job's Order;
+	// nil before the first.
 	After []string
+	// Order is the order the job reads rows in (tableread.Order): "" for
+	// backfill.order_by's columns and the primary key (the primary key
+	// alone for a job saved before commit order was the default),
+	// "commit" or "commit-time" for the order the rows were committed in.
+	// It is kept so that a job resumes in the order its After is in.
+	Order string
+	// Horizon, for a job in commit order, is the 64-bit xid below which
+	// every transaction had ended when the job's rows were first read: a
+	// row changed since (an UPDATE gives it its transaction's xid, so its
+	// place in the order moved) has its xid at or above it, and a job
+	// resumed reads such rows again wherever they now sort, so none is
+	// skipped. 0 before the first read.
+	Horizon uint64
 	// Until is the key of the last row that matched when a backfill
 	// beside the stream started: it stops there, since the stream sends
 	// what committed after. nil for the first start's, which reads a
@@ -227,8 +326,12 @@ type Job struct {
 	Until []string
 	Rows  int64 // rows sent
 	Total int64 // rows that matched when it started (an estimate after)
-	// Initial: started in the snapshot of the first start.
+	// Initial: started in the snapshot of the first start. Rel is the
+	// relation a first start's job reads (0: the one its table's name
+	// has): a table swapped while the job is unfinished is read by the
+	// relation the job began on, which holds its rows, not by the name.
 	Initial  bool
+	Rel      uint32
 	Started  time.Time
 	Finished time.Time // zero while it runs
 	// Error says why a finished job stopped before its last row.
@@ -242,7 +345,7 @@ type Job struct {
 }
 
 func (b Job) toJSON() jsonBackfill {
-	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
 	if !b.RequestedAt.IsZero() {
 		t := b.RequestedAt.UTC()
 		jb.RequestedAt = &t
@@ -421,6 +524,7 @@ type jsonRecord struct {
 	Retention    []jsonRetention       `json:"retention_marks,omitempty"`
 	Seq          uint64                `json:"seq,omitempty"`
 	Parked       []jsonParked          `json:"parked,omitempty"`
+	Used         []jsonUsed            `json:"used_requests,omitempty"`
 }
 
 // jsonStream is a Table but its relation id, which "tables" holds (as
@@ -429,20 +533,73 @@ type jsonRecord struct {
 // record writes it (a key of '<' is six bytes a character there), and a
 // comma.
 func ParkedSize(p Parked) int {
-	b, _ := json.Marshal(jsonParked(p))
+	b, _ := json.Marshal(toJSONParked(p))
 	return len(b) + 1
 }
 
 type jsonParked struct {
-	Table   string    `json:"table"`
-	Dest    string    `json:"dest"`
-	Key     string    `json:"key"`
-	Reason  string    `json:"reason"`
-	First   string    `json:"first"`
-	Episode string    `json:"episode"`
-	Since   time.Time `json:"since"`
-	Events  int64     `json:"events"`
-	Topic   string    `json:"topic"`
+	Table     string    `json:"table"`
+	Dest      string    `json:"dest"`
+	Key       string    `json:"key"`
+	Reason    string    `json:"reason"`
+	First     string    `json:"first"`
+	FirstLSN  string    `json:"first_lsn"`
+	Episode   string    `json:"episode"`
+	Since     time.Time `json:"since"`
+	Events    int64     `json:"events"`
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Start     int64     `json:"start_offset"`
+	Runs      []jsonRun `json:"runs,omitempty"`
+	Released  int64     `json:"released,omitempty"`
+}
+
+type jsonRun struct {
+	ID   string `json:"id"`
+	From int64  `json:"from"`
+	Key  string `json:"key,omitempty"`
+}
+
+func toJSONParked(p Parked) jsonParked {
+	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
+		Since: p.Since.UTC(), Events: p.Events, Topic: p.Topic, Partition: p.Partition, Start: p.Start, Released: p.Released}
+	for _, r := range p.Runs {
+		j.Runs = append(j.Runs, jsonRun(r))
+	}
+	return j
+}
+
+func (j jsonParked) parked() (Parked, error) {
+	lsn, err := pglogrepl.ParseLSN(j.FirstLSN)
+	if err != nil {
+		return Parked{}, fmt.Errorf("checkpoint parked key %q: first_lsn %q: %w", j.Key, j.FirstLSN, err)
+	}
+	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstLSN: lsn, Episode: j.Episode,
+		Since: j.Since, Events: j.Events, Topic: j.Topic, Partition: j.Partition, Start: j.Start, Released: j.Released}
+	for _, r := range j.Runs {
+		p.Runs = append(p.Runs, Run(r))
+	}
+	return p, nil
+}
+
+// parked is j's parked keys.
+func (j jsonRecord) parked() ([]Parked, error) {
+	var out []Parked
+	for _, jp := range j.Parked {
+		p, err := jp.parked()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+type jsonUsed struct {
+	ID      string    `json:"id"`
+	At      time.Time `json:"at"`
+	Done    bool      `json:"done,omitempty"`
+	Outcome string    `json:"outcome,omitempty"`
 }
 
 type jsonStream struct {
@@ -450,6 +607,15 @@ type jsonStream struct {
 	Floor  *uint64           `json:"floor,omitempty"` // absent: NoFloor
 	Former []uint32          `json:"former,omitempty"`
 	Files  map[uint32]uint32 `json:"files,omitempty"`
+	Seen   *jsonSeen         `json:"seen,omitempty"`
+}
+
+type jsonSeen struct {
+	Xmin uint64   `json:"xmin"`
+	Xmax uint64   `json:"xmax"`
+	Xip  []uint64 `json:"xip,omitempty"`
+	IDs  []string `json:"ids,omitempty"`
+	All  bool     `json:"all_ids,omitempty"`
 }
 
 // tables are j's relation ids with their streams; a table without one
@@ -465,6 +631,13 @@ func (j jsonRecord) tables() map[string]Table {
 			t.Member, t.Former, t.Files = js.Member, js.Former, js.Files
 			if js.Floor != nil {
 				t.Floor = *js.Floor
+			}
+			// One that no snapshot could show is dropped: without it the
+			// stream passes over nothing (and may send a row twice).
+			if js.Seen != nil {
+				if seen := (&Seen{Xmin: js.Seen.Xmin, Xmax: js.Seen.Xmax, Xip: js.Seen.Xip, IDs: js.Seen.IDs, All: js.Seen.All}); seen.valid() {
+					t.Seen = seen
+				}
 			}
 		}
 		tables[name] = t
@@ -490,9 +663,12 @@ type jsonBackfill struct {
 	Where    string     `json:"where,omitempty"`
 	After    []string   `json:"after,omitempty"`
 	Until    []string   `json:"until,omitempty"`
+	Order    string     `json:"order,omitempty"`
+	Horizon  uint64     `json:"horizon,omitempty"`
 	Rows     int64      `json:"rows"`
 	Total    int64      `json:"total"`
 	Initial  bool       `json:"initial,omitempty"`
+	Rel      uint32     `json:"rel,omitempty"`
 	Started  time.Time  `json:"started_at"`
 	Finished *time.Time `json:"finished_at,omitempty"`
 	Error    string     `json:"error,omitempty"`
@@ -515,6 +691,9 @@ func (r Record) MarshalJSON() ([]byte, error) {
 			js := jsonStream{Member: t.Member, Former: t.Former, Files: t.Files}
 			if t.Floor != NoFloor {
 				js.Floor = &t.Floor
+			}
+			if t.Seen != nil {
+				js.Seen = &jsonSeen{Xmin: t.Seen.Xmin, Xmax: t.Seen.Xmax, Xip: t.Seen.Xip, IDs: t.Seen.IDs, All: t.Seen.All}
 			}
 			j.Streams[name] = js
 		}
@@ -539,7 +718,10 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.Skips = append(j.Skips, jsonSkip{CommitLSN: s.CommitLSN.String(), ID: s.ID})
 	}
 	for _, p := range r.Parked {
-		j.Parked = append(j.Parked, jsonParked(p))
+		j.Parked = append(j.Parked, toJSONParked(p))
+	}
+	for _, u := range r.Used {
+		j.Used = append(j.Used, jsonUsed{ID: u.ID, At: u.At.UTC(), Done: u.Done, Outcome: u.Outcome})
 	}
 	for _, m := range r.RetentionMarks {
 		j.Retention = append(j.Retention, jsonRetention{XMin: m.XMin, LSN: m.LSN.String(), Time: m.Time.UTC(), Timeline: m.Timeline})
@@ -602,8 +784,11 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		}
 		r.RetentionMarks = append(r.RetentionMarks, RetentionMark{XMin: m.XMin, LSN: l, Time: m.Time, Timeline: m.Timeline})
 	}
-	for _, p := range j.Parked {
-		r.Parked = append(r.Parked, Parked(p))
+	if r.Parked, err = j.parked(); err != nil {
+		return err
+	}
+	for _, u := range j.Used {
+		r.Used = append(r.Used, Used(u))
 	}
 	for _, s := range j.Skips {
 		l, err := lsn("skips", s.CommitLSN)
@@ -613,7 +798,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
-		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Started: b.Started, Error: b.Error, MAC: b.MAC}
 		if b.RequestedAt != nil {
 			rb.RequestedAt = *b.RequestedAt
 		}
@@ -661,4 +846,14 @@ func (ms Marks) Before(t time.Time) (Mark, bool) {
 		}
 	}
 	return Mark{}, false
+}
+
+// FindUsed returns the request id the record remembers as taken, or nil.
+func (r Record) FindUsed(id string) *Used {
+	for i := range r.Used {
+		if r.Used[i].ID == id {
+			return &r.Used[i]
+		}
+	}
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/outboxcdc/cdc/internal/signing"
 )
 
 // The backfill protocol's requests (docs/design.md, "Backfill"): cdc
@@ -55,23 +57,7 @@ func (r *Request) Sign(secret []byte, key string) {
 // Verify reports whether r.MAC was made by one of secrets for the pipeline
 // with checkpoint key key (several: a key being rotated in).
 func (r Request) Verify(secrets [][]byte, key string) bool {
-	return VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
-}
-
-// VerifyMAC reports whether mac, hex, is what sum gives with one of
-// secrets: the check of every signed request (a backfill's, a redrive's),
-// in constant time.
-func VerifyMAC(mac string, secrets [][]byte, sum func(secret []byte) []byte) bool {
-	got, err := hex.DecodeString(mac)
-	if err != nil || len(got) != sha256.Size {
-		return false
-	}
-	for _, s := range secrets {
-		if hmac.Equal(got, sum(s)) {
-			return true
-		}
-	}
-	return false
+	return signing.VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
 }
 
 // RequestMaxAge is how far apart a backfill request's requested_at and
@@ -99,15 +85,15 @@ func (s *Store) SaveRequest(ctx context.Context, key string, req Request) error 
 	return nil
 }
 
-// Request returns request id as the follower reads it (Get); ok is false
-// when the topic holds no such request.
-func (r *Requests) Request(ctx context.Context, id string) (req Request, ok bool, err error) {
-	v, found, err := r.Get(ctx, id)
-	if err != nil || !found {
-		return req, false, err
+// Made is when the request was made.
+func (r Request) Made() time.Time { return r.RequestedAt }
+
+// ParseRequest reads backfill request id's value from the checkpoint
+// topic.
+func ParseRequest(id string, v []byte) (Request, error) {
+	var req Request
+	if err := json.Unmarshal(v, &req); err != nil || req.ID != id {
+		return Request{}, fmt.Errorf("backfill request %s does not parse", id)
 	}
-	if err := json.Unmarshal(v, &req); err != nil {
-		return req, false, fmt.Errorf("backfill request %s: %w", id, err)
-	}
-	return req, req.ID == id, nil
+	return req, nil
 }

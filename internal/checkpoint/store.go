@@ -138,8 +138,17 @@ func (o *Opening) Wait() (*Store, error) {
 	return o.store, o.err
 }
 
+// Drop waits for an opening whose store was not taken to end (its
+// context cancelled first, by the caller): its goroutine logs, and must
+// not outlive the session, nor the Run, that started it.
+func (o *Opening) Drop() { <-o.done }
+
 // Topic returns the checkpoint topic's name.
 func (s *Store) Topic() string { return s.topic }
+
+// ClientOpts are the options s reaches the brokers with, for a client of
+// its topic of its own (the requests' follower, package request).
+func (s *Store) ClientOpts() []kgo.Opt { return s.opts }
 
 func (s *Store) ensureTopic(ctx context.Context, adm *kadm.Client) error {
 	// Small segments that roll hourly: compaction cleans only rolled

@@ -204,13 +204,15 @@ func TestLoadRefusesARecordThatGoesBack(t *testing.T) {
 }
 
 // TestTablesJSON: what the stream covered of each table survives the
-// checkpoint's JSON; a record written before it was kept (ids only) knows
-// nothing of a table's rows (NoFloor), and a gap accepted forgets it.
+// checkpoint's JSON, a repair's snapshot's view (Seen) included; a record
+// written before it was kept (ids only) knows nothing of a table's rows
+// (NoFloor), and a gap accepted forgets it.
 func TestTablesJSON(t *testing.T) {
 	r := Record{Slot: "a", SystemID: "1", Tables: map[string]Table{
 		"public.outbox": {Rel: 16385, Member: "rel:16400", Floor: 0, Former: []uint32{16300}},
 		"public.other":  {Rel: 16390, Member: "all:16401", Floor: 1 << 33, Files: map[uint32]uint32{16390: 16500, 16392: 16501}},
 		"public.new":    {Rel: 16391, Floor: NoFloor},
+		"public.seen":   {Rel: 16395, Member: "rel:16402", Seen: &Seen{Xmin: 1<<32 + 5, Xmax: 1<<32 + 9, Xip: []uint64{1<<32 + 5, 1<<32 + 7}}},
 	}, RetentionMarks: []RetentionMark{{XMin: 7, LSN: 9, Time: time.Unix(1, 0).UTC(), Timeline: 2}}}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -230,8 +232,18 @@ func TestTablesJSON(t *testing.T) {
 	if st := old.Tables["public.outbox"]; st.Rel != 16385 || st.Floor != NoFloor || st.Member != "" {
 		t.Fatalf("a record written before streams were kept: %+v", st)
 	}
+	// A snapshot's view no snapshot could have is dropped: the stream
+	// then passes over nothing.
+	var forged Record
+	if err := json.Unmarshal([]byte(`{"slot":"a","system_identifier":"1","confirmed_lsn":"0/1","commit_lsn":"0/0","tables":{"public.outbox":16385},
+		"streams":{"public.outbox":{"floor":0,"seen":{"xmin":9,"xmax":5}}}}`), &forged); err != nil {
+		t.Fatal(err)
+	}
+	if st := forged.Tables["public.outbox"]; st.Seen != nil || st.Floor != 0 {
+		t.Fatalf("a record with xmin past xmax: %+v", st)
+	}
 	back.ForgetCoverage()
-	if back.RetentionMarks != nil || back.Tables["public.outbox"].Floor != NoFloor || r.Tables["public.outbox"].Floor != 0 {
+	if back.RetentionMarks != nil || back.Tables["public.outbox"].Floor != NoFloor || r.Tables["public.outbox"].Floor != 0 || back.Tables["public.seen"].Seen != nil {
 		t.Fatalf("after ForgetCoverage: %+v %+v (the original: %+v)", back.Tables, back.RetentionMarks, r.Tables)
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package request
 
 import (
 	"fmt"
@@ -12,12 +12,12 @@ import (
 func TestAnnouncedIsBounded(t *testing.T) {
 	var a Announced
 	for i := 0; i < 3*MaxRefused; i++ {
-		a.Refuse(fmt.Sprint(i))
+		a.Refuse("backfill", fmt.Sprint(i))
 		if len(a.refused) > MaxRefused {
 			t.Fatalf("%d refused ids kept, more than %d", len(a.refused), MaxRefused)
 		}
 	}
-	if !a.Refused(fmt.Sprint(3*MaxRefused-1)) || a.Refused("never") {
+	if !a.Refused("backfill", fmt.Sprint(3*MaxRefused-1)) || a.Refused("backfill", "never") || a.Refused("redrive", fmt.Sprint(3*MaxRefused-1)) {
 		t.Fatal("Refused does not answer from the ids kept")
 	}
 

@@ -1,0 +1,158 @@
+package request
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRefusedIdsBoundedInBytes pins that the refused ids a Gate keeps for
+// the pipeline's life are bounded in bytes, not only in count: any role
+// may announce ids of any length, and 1,024 of 64 KiB must not keep 64
+// MiB (here: at most MaxKept, the follower's own bound).
+func TestRefusedIdsBoundedInBytes(t *testing.T) {
+	var a Announced
+	long := strings.Repeat("i", 64<<10)
+	for i := 0; i < MaxRefused; i++ {
+		a.Refuse("redrive", fmt.Sprintf("%d-%s", i, long))
+	}
+	kept := 0
+	for id := range a.refused {
+		kept += len(id)
+	}
+	if kept > MaxKept {
+		t.Fatalf("the gate keeps %d refused ids of %d bytes in all (%d MiB), for the pipeline's life: bounded in count, not in bytes", len(a.refused), kept, kept>>20)
+	}
+	// Ids of at most MaxIDBytes are kept, within MaxRefusedBytes.
+	id := func(i int) string { return fmt.Sprintf("%d-%s", i, strings.Repeat("i", MaxIDBytes))[:MaxIDBytes] }
+	for i := 0; i < 3*MaxRefused; i++ {
+		a.Refuse("redrive", id(i))
+		if a.bytes > MaxRefusedBytes {
+			t.Fatalf("%d bytes of refused ids kept, more than MaxRefusedBytes (%d)", a.bytes, MaxRefusedBytes)
+		}
+	}
+	if !a.Refused("redrive", id(3*MaxRefused-1)) {
+		t.Fatal("an id of MaxIDBytes refused last is not remembered")
+	}
+}
+
+// TestAdmitRefusesLongIDsQuietly pins that an announced id longer than
+// MaxIDBytes is refused quietly, before a look at the checkpoint topic and
+// without a place among the refused.
+func TestAdmitRefusesLongIDsQuietly(t *testing.T) {
+	var g Gate
+	f := lookups{}
+	kind := Kind[made]{Name: "redrive", Parse: func(string, []byte) (made, error) { return made{}, nil }}
+	_, err := Admit(context.Background(), &g, &f, kind, Admission{ID: "redrive-" + strings.Repeat("x", MaxIDBytes), At: time.Now(),
+		Blocking: func(fn func() error) error { return fn() }})
+	r, ok := err.(*Refused)
+	if !ok || !r.Quiet {
+		t.Fatalf("an id longer than MaxIDBytes: %v, want a quiet refusal", err)
+	}
+	if f.n != 0 || len(g.announced.refused) != 0 || g.Lookups != 0 {
+		t.Fatalf("an id longer than MaxIDBytes cost %d look-ups and %d refused ids kept, want none", f.n, len(g.announced.refused))
+	}
+}
+
+// lookups is a Follower that has read nothing and counts its looks.
+type lookups struct{ n int }
+
+func (f *lookups) Read(string) bool { return false }
+func (f *lookups) Get(context.Context, string) ([]byte, bool, error) {
+	f.n++
+	return nil, false, nil
+}
+
+// made is a Signed that verifies and was made now.
+type made struct{}
+
+func (made) Verify([][]byte, string) bool { return true }
+func (made) Made() time.Time              { return time.Now() }
+
+// TestFollowerMemoryBoundedInBytesWithEmptyValues pins that the follower's
+// bound counts the ids' bytes and a cost per entry, not only the values':
+// records with empty values under the pipeline's request prefix, which
+// anyone who may produce to the checkpoint topic can write, are forgotten
+// past MaxKept too.
+func TestFollowerMemoryBoundedInBytesWithEmptyValues(t *testing.T) {
+	r := &Requests{got: map[string][]byte{}, next: map[int32]int64{}}
+	long := strings.Repeat("x", 4096)
+	n := 2 * MaxKept / len(long) // ids of twice MaxKept's bytes
+	for i := 0; i < n; i++ {
+		r.keep(fmt.Sprintf("redrive-%d-%s", i, long), []byte{})
+	}
+	kept := 0
+	for id, v := range r.got {
+		kept += len(id) + len(v)
+	}
+	if kept > MaxKept {
+		t.Fatalf("the follower keeps %d requests of %d bytes (ids and values), more than MaxKept (%d): its bound counts only the values' bytes", len(r.got), kept, MaxKept)
+	}
+}
+
+// TestFollowerOrderBoundedForOneIdWrittenAgain pins that a value replaced
+// keeps its id's place: one id written again and again (by anyone with
+// produce rights on the checkpoint topic) does not grow the follower's
+// order, nor do ids written and tombstoned in turn.
+func TestFollowerOrderBoundedForOneIdWrittenAgain(t *testing.T) {
+	r := &Requests{got: map[string][]byte{}, next: map[int32]int64{}}
+	for i := 0; i < 100000; i++ {
+		r.keep("redrive-same", []byte("x"))
+	}
+	if len(r.order) > len(r.got) {
+		t.Fatalf("after one id written 100000 times the follower's order holds %d entries for %d requests kept: it grows with every record, not with what it keeps", len(r.order), len(r.got))
+	}
+	for i := 0; i < 100000; i++ {
+		r.keep("redrive-again", []byte("x"))
+		r.keep("redrive-again", nil)
+	}
+	if len(r.order) > 2*len(r.got)+64 {
+		t.Fatalf("after one id written and tombstoned 100000 times the follower's order holds %d entries for %d requests kept", len(r.order), len(r.got))
+	}
+	if _, ok := r.got["redrive-same"]; !ok || r.bytes != len("redrive-same")+1+keptOverhead {
+		t.Fatalf("the follower keeps %v, %d bytes; want redrive-same alone", r.got, r.bytes)
+	}
+}
+
+// TestLookupThatDoesNotAnswerInTimeIsARefusal pins that an announced id
+// the follower cannot look up within lookupTimeout (a checkpoint topic
+// slow to read, any role announcing an id nobody wrote) is refused, and
+// remembered, not an error that would end the session and meet the same
+// announcement again in the next.
+func TestLookupThatDoesNotAnswerInTimeIsARefusal(t *testing.T) {
+	var g Gate
+	kind := Kind[made]{Name: "redrive", Parse: func(string, []byte) (made, error) { return made{}, nil }}
+	a := Admission{ID: "redrive-nobody-wrote-this", At: time.Now(), Blocking: func(fn func() error) error { return fn() }}
+	start := time.Now()
+	_, err := Admit(context.Background(), &g, lagging{}, kind, a)
+	if r, ok := err.(*Refused); !ok || r.Quiet || !strings.Contains(r.Msg, "run the command again") {
+		t.Fatalf("a look-up that does not answer in time: %v, want a refusal that says to run the command again", err)
+	}
+	if d := time.Since(start); d > lookupTimeout+time.Second {
+		t.Fatalf("the look-up held the loop %s, more than lookupTimeout (%s)", d, lookupTimeout)
+	}
+	if _, err := Admit(context.Background(), &g, lagging{}, kind, a); err == nil || !err.(*Refused).Quiet {
+		t.Fatalf("the same id announced again: %v, want a quiet refusal at once", err)
+	}
+	// A session ending is still an error: the announcement is read again.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	a.ID = "redrive-other"
+	if _, err := Admit(ctx, &g, lagging{}, kind, a); err == nil {
+		t.Fatal("a look-up ended by the session's end: refused, want an error")
+	} else if _, ok := err.(*Refused); ok {
+		t.Fatalf("a look-up ended by the session's end: %v, want an error, not a refusal", err)
+	}
+}
+
+// lagging is a Follower that has read nothing and never reaches the
+// topic's end.
+type lagging struct{}
+
+func (lagging) Read(string) bool { return false }
+func (lagging) Get(ctx context.Context, _ string) ([]byte, bool, error) {
+	<-ctx.Done()
+	return nil, false, ctx.Err()
+}
