@@ -51,6 +51,9 @@ type Metrics struct {
 	// checkpoints the connector could read.
 	ForgedRequests prometheus.Counter
 	ForeignRecords prometheus.Counter
+	// RefusedRequests counts the operator requests (announcements) the one
+	// way in refused, by kind: forged, replayed, stale, unknown.
+	RefusedRequests *prometheus.CounterVec
 	// ProduceRequests counts produce requests written to brokers: events
 	// per request shows how well batching works.
 	ProduceRequests prometheus.Counter
@@ -150,6 +153,8 @@ func New(pipeline string) *Metrics {
 		Help: "Checkpoints written to the checkpoint topic and acknowledged."})
 	m.ForgedRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_backfill_requests_refused_total",
 		Help: "Backfill requests ignored because their signature did not verify (not written by cdc backfill with checkpoint.signing_key_file's key)."})
+	m.RefusedRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cdc_requests_refused_total",
+		Help: "Announced operator requests refused (not signed, too old, taken already, unknown), by kind (backfill, redrive); past a few a minute the log has a summary, not a line each."}, []string{"kind"})
 	m.ForeignRecords = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_checkpoint_foreign_records_total",
 		Help: "Records in the checkpoint topic the connector did not write (not a checkpoint it can read), skipped."})
 	m.ProduceRequests = prometheus.NewCounter(prometheus.CounterOpts{Name: "cdc_kafka_produce_requests_total",
@@ -171,7 +176,7 @@ func New(pipeline string) *Metrics {
 		Help: "Retention sweeps of the table that failed (the log says why; the next one tries again), by table."}, []string{"table"})
 	for _, c := range []prometheus.Collector{m.StandbyDelay, m.retentionDeleted, m.retentionDropped, m.retentionLastRun, m.retentionErrors, m.unmapped, m.tableRepairs, m.tableMissing, m.tableRenamed, m.CatalogChecked, m.ParkedKeys, m.parkedEvents, m.SchemaLookups, m.schemaInvalid, m.ProduceRequests, m.events, m.filtered, m.deadLetters, m.InvalidEvents, m.LagBytes, m.RetainedWAL, m.ReplayRetained,
 		m.slotWALStatus, m.ConfirmedLSN, m.CommitToAck, m.Behind, m.EventAge, m.InFlight, m.Restarts, m.ProduceErrors,
-		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.ForeignRecords,
+		m.Streaming, m.WindowsLost, m.Checkpoints, m.backfillRows, m.ForgedRequests, m.RefusedRequests, m.ForeignRecords,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

@@ -21,6 +21,7 @@ func names(t *testing.T) map[string]bool {
 	m.BackfillRows("t").Inc()
 	m.SchemaInvalid("s")
 	m.SchemaLookups.WithLabelValues("cached").Inc()
+	m.RefusedRequests.WithLabelValues("redrive").Inc()
 	m.Unmapped("r")
 	m.TableRepaired("t")
 	m.TableMissing("t", false)

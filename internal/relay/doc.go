@@ -11,15 +11,22 @@
 //     as configured (a bad routing field, a record too large, a topic the
 //     brokers refuse, a payload that does not match its schema) stops the
 //     session with an *outbox.EventError naming the source, the event id and
-//     the LSN; or, with its source's on_invalid: dead-letter, or an
-//     operator's cdc skip for that one event, becomes a dead-letter record,
+//     the LSN; or, with its source's on_invalid: park, parks its key; or,
+//     with on_invalid: dead-letter, or an operator's cdc skip for that one
+//     event (on a park table too), becomes a dead-letter record,
 //     which is counted and tracked like any other, so that its transaction
 //     is confirmed only once Kafka acknowledged the dead letter.
 //   - A registry that cannot answer is not the event's problem: the event
 //     waits (Sender.Blocking keeps the slot's lease) and is never
 //     dead-lettered for it.
-//   - No row reaches the checkpoint topic: a record routed there is the
-//     event's problem, as above.
+//   - One gate (gate.go): every record, whatever path made it, passes
+//     admit in produce, the only call of the producer here; no row reaches
+//     the checkpoint topic, and only parking's own records a parked topic;
+//     a record fits its topic's limit and names a partition it has. A
+//     refusal is the event's problem, as above, never the pipeline's.
+//   - A parked key's events, of any table and valid or not, go behind its
+//     parking, numbered and sealed (package park); the checkpoint of the
+//     transaction's end counts them (NoteParked).
 //   - An event its table's filter leaves out (route.ErrFiltered) is
 //     counted and neither produced nor tracked: its transaction resolves
 //     with the others. A record an expression pinned to a partition is

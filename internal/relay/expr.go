@@ -2,13 +2,12 @@ package relay
 
 import (
 	"context"
-	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/sink"
 )
 
 // What a table's expressions (package expr) ask of the relay: an event its
@@ -39,27 +38,15 @@ func (s *Sender) leaveOut(ev *outbox.Event) error {
 	return nil
 }
 
-// checkPartition makes sure rec, pinned to a partition by its table's
-// expression, names one its topic has: a partition past the end would fail
-// in the producer and stop the session, so it is the event's problem
-// instead, for on_invalid. The topic is made first, if new, to count its
-// partitions; a name the brokers refuse is the event's problem too.
+// checkPartition makes sure rec, pinned to a partition (by its table's
+// expression, or a parking), names one its topic has, which admit made: a
+// partition past the end would fail in the producer and stop the session,
+// so it is the event's problem instead, for on_invalid.
 func (s *Sender) checkPartition(ctx context.Context, rec *kgo.Record, ev *outbox.Event) error {
-	topic := rec.Topic + s.Suffix
-	if !s.Kafka.TopicKnown(topic) {
-		err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, topic) })
-		var refused *sink.TopicRefusedError
-		if errors.As(err, &refused) {
-			return outbox.Invalid(ev, "%v; fix the row's routing fields or the table's topic expression", err)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	n, ok := s.Kafka.KnownPartitions(topic, rec.Partition)
+	n, ok := s.Kafka.KnownPartitions(rec.Topic, rec.Partition)
 	if !ok {
 		err := s.Blocking(func() (err error) {
-			n, err = s.Kafka.Partitions(ctx, topic, rec.Partition)
+			n, err = s.Kafka.Partitions(ctx, rec.Topic, rec.Partition)
 			return err
 		})
 		if err != nil {
@@ -67,8 +54,12 @@ func (s *Sender) checkPartition(ctx context.Context, rec *kgo.Record, ev *outbox
 		}
 	}
 	if rec.Partition >= n {
-		return outbox.Invalid(ev, "its expressions.partition (%s) gave %d, but topic %q has %d partitions (0 to %d); fix the row, or the expression",
-			ev.Source.Programs.Partition.Text, rec.Partition, topic, n, n-1)
+		what := "a partition"
+		if x := ev.Source.Programs; x != nil && x.Partition != nil {
+			what = fmt.Sprintf("its expressions.partition (%s) gave", x.Partition.Text)
+		}
+		return outbox.Invalid(ev, "%s %d, but topic %q has %d partitions (0 to %d); fix the row, or the expression",
+			what, rec.Partition, rec.Topic, n, n-1)
 	}
 	return nil
 }

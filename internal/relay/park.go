@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
-
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
@@ -23,9 +25,10 @@ import (
 )
 
 // Parking (package park; docs/operations.md, "Parked keys"): an invalid
-// event of a table with on_invalid: park parks its key, and the key's
-// later events follow it to the parked topic, each tracked like any
-// event, in its transaction, whose checkpoint notes the parked keys.
+// event of a table with on_invalid: park parks its key, and every later
+// event of the key, of any table, valid or not, follows it to the parked
+// topic, numbered and sealed, each tracked like any event in its
+// transaction, whose checkpoint notes the parked keys (NoteParked).
 
 // FullError is an invalid event that would park one key more than
 // max_parked_keys: the connector stops on it, as on_invalid: fail does.
@@ -36,210 +39,342 @@ type FullError struct {
 }
 
 func (e *FullError) Error() string {
+	what := fmt.Sprintf("max_parked_keys (%d) keys are parked already, so this one stops the connector instead", e.Max)
+	raise := "raise max_parked_keys"
 	if e.Bytes {
-		return fmt.Sprintf("%s; the %d parked keys fill their share of the checkpoint record (half of kafka.max_message_bytes, or of the checkpoint topic's), so this one stops the connector instead: redrive parked keys (cdc parked, cdc redrive) or raise kafka.max_message_bytes, and start it again", e.Cause.Brief(), e.Max)
+		what = fmt.Sprintf("the %d parked keys fill their share of the checkpoint record (half of kafka.max_message_bytes, or of the checkpoint topic's), so this one stops the connector instead", e.Max)
+		raise = "raise kafka.max_message_bytes"
 	}
-	return fmt.Sprintf("%s; max_parked_keys (%d) keys are parked already, so this one stops the connector instead: redrive parked keys (cdc parked, cdc redrive) or raise max_parked_keys, and start it again", e.Cause.Brief(), e.Max)
+	return fmt.Sprintf("%s; %s: redrive parked keys (cdc parked lists them, cdc redrive sends them on; the connector takes the request as it starts again), %s, or send this event to the dead-letter topic (cdc skip)", e.Cause.Brief(), what, raise)
 }
 func (e *FullError) Unwrap() error { return e.Cause }
 
 // park applies on_invalid: park to ev, invalid for cause: its key is
-// parked and it goes to the parked topic, with the reason. An event
-// without a key cannot be parked: on_invalid_unkeyed decides.
-func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, cause error) error {
+// parked, and it goes to the parked topic first, with the reason. An
+// event without a key cannot be parked: on_invalid_unkeyed decides. An
+// event an operator chose to skip (cdc skip) goes to the dead-letter topic
+// instead, and parks nothing.
+func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, key []byte, cause error) error {
+	skipped := s.Skipped != nil && s.Skipped(ev)
+	switch {
+	case skipped:
+		return s.produceLetter(ctx, tx, ev, cause, " (sent here by cdc skip)")
+	case len(key) == 0 && ev.Source.OnInvalidUnkeyed == outbox.OnInvalidDeadLetter:
+		return s.produceLetter(ctx, tx, ev, cause, " (on_invalid_unkeyed: an event without a key cannot be parked)")
+	case len(key) == 0:
+		s.Metrics.InvalidEvents.Inc()
+		return cause
+	}
 	var ee *outbox.EventError
 	errors.As(cause, &ee)
-	key, err := s.Router.Key(ev)
-	if err != nil || len(key) == 0 || s.Parked == nil {
-		// No key to hold back (or a replay, which parks nothing).
-		if s.Parked != nil && ev.Source.OnInvalidUnkeyed == outbox.OnInvalidDeadLetter {
-			return s.produceDeadLetter(ctx, tx, ev, cause)
-		}
-		return cause
+	reason := errtext.OneLine(cause)
+	if ee != nil {
+		reason = ee.Brief()
 	}
 	dest, err := s.Router.Topic(ev)
 	if err != nil {
 		dest = park.TableDest(ev.Source.String())
 	}
-	reason := cause.Error()
-	if ee != nil {
-		reason = ee.Brief()
-	}
-	s.Metrics.InvalidEvents.Inc()
-	rec := s.Router.DeadLetter(ev, reason)
-	// The event, to be routed again at its redrive; its payload is the
-	// record's value.
-	saved := *ev
-	saved.Fields[outbox.FieldPayload] = outbox.Value{Kind: ev.Fields[outbox.FieldPayload].Kind}
-	saved.Raw = nil
-	p, err := s.Parked.Park(ev.Source.String(), dest, string(key), reason, ev.ID(), park.NewEpisode(), ev.Source.ParkedTopic, ev.CommitTime)
-	if errors.Is(err, park.ErrFull) && ee != nil {
-		return &FullError{Cause: ee, Max: s.MaxParkedKeys}
-	}
-	if errors.Is(err, park.ErrFullBytes) && ee != nil {
-		return &FullError{Cause: ee, Max: s.Parked.Len(), Bytes: true}
-	}
+	first := park.First{Table: ev.Source.String(), Dest: dest, Key: string(key), Reason: reason, ID: ev.ID(), LSN: ev.CommitLSN, Since: ev.CommitTime,
+		Topic: ev.Source.ParkedTopic}
+	// The parking's records go to one partition, from an offset the
+	// topic has reached now, so that its redrive reads them by offset.
+	err = s.Blocking(func() (err error) {
+		if err = s.Kafka.EnsureTopic(ctx, first.Topic); err != nil {
+			return err
+		}
+		n, err := s.Kafka.Partitions(ctx, first.Topic, 0)
+		if err != nil {
+			return err
+		}
+		h := fnv.New32a()
+		h.Write(key)
+		first.Partition = int32(h.Sum32() % uint32(n))
+		first.Start, err = s.Kafka.EndOffset(ctx, first.Topic, first.Partition)
+		return err
+	})
 	if err != nil {
+		return fmt.Errorf("the parked topic %q: %w", first.Topic, err)
+	}
+	p, err := s.Parked.Park(first)
+	switch {
+	case errors.Is(err, park.ErrFull) && ee != nil:
+		s.Metrics.InvalidEvents.Inc()
+		return &FullError{Cause: ee, Max: s.MaxParkedKeys}
+	case errors.Is(err, park.ErrFullBytes) && ee != nil:
+		s.Metrics.InvalidEvents.Inc()
+		return &FullError{Cause: ee, Max: s.Parked.Len(), Bytes: true}
+	case err != nil:
 		return err
 	}
-	rec.Topic = p.Topic
-	rec.Headers = append(rec.Headers,
-		kgo.RecordHeader{Key: park.HeaderEpisode, Value: []byte(p.Episode)},
-		kgo.RecordHeader{Key: park.HeaderEvent, Value: park.EncodeEvent(&saved)})
-	if n := sink.RecordSize(rec); n > s.DeadLetterMaxMessageBytes {
+	s.Metrics.InvalidEvents.Inc()
+	if err := s.parkEvent(ctx, tx, ev, cause, reason, p, true); err != nil {
 		s.Parked.Unpark(p)
-		return fmt.Errorf("%w; and it does not fit the parked topic either (%d bytes, more than kafka.dead_letter_max_message_bytes %d), so it cannot be parked: raise that, or send it to the dead-letter topic with cdc skip", cause, n, s.DeadLetterMaxMessageBytes)
+		return err
 	}
 	s.Log.Warn("parked a key: this event and the key's later events go to the parked topic until cdc redrive sends them on",
-		"source", ev.Source.String(), "key", string(key), "topic", dest, "id", ev.ID(), "lsn", ev.CommitLSN.String(), "parked_topic", p.Topic, "error", errtext.OneLine(errors.New(reason)))
-	return s.produceParked(ctx, tx, ev, rec, p)
+		"source", ev.Source.String(), "key", string(key), "topic", dest, "id", ev.ID(), "lsn", ev.CommitLSN.String(), "parked_topic", p.Topic, "error", reason)
+	if s.OnPark != nil {
+		s.OnPark()
+	}
+	return nil
 }
 
-// parkBehind sends rec, ev's record, to the parked topic of p, the
-// parking of its key, behind p's first event.
-func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, p *checkpoint.Parked) error {
-	parked := &kgo.Record{Topic: p.Topic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
-		Headers: append(append(make([]kgo.RecordHeader, 0, len(rec.Headers)+6), rec.Headers...),
+// parkEvent sends ev, invalid for reason, to p's parked topic in its
+// event form (HeaderEvent), which a redrive routes again: its key's
+// parking's first (first), or an invalid event behind it. It does not fit
+// the parked topic: an error, or with cdc skip, its dead letter.
+func (s *Sender) parkEvent(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, cause error, reason string, p *checkpoint.Parked, first bool) error {
+	rec := s.Router.DeadLetter(ev, reason)
+	// The event, to be routed again at its redrive; its payload is the
+	// record's value, unless the value is not the payload: a message's
+	// whole content, or a NULL payload (a value is never NULL).
+	saved := *ev
+	kept := ev.Raw != nil || ev.Fields[outbox.FieldPayload].Null()
+	if !kept {
+		saved.Fields[outbox.FieldPayload] = outbox.Value{Kind: ev.Fields[outbox.FieldPayload].Kind}
+	}
+	saved.Raw = nil
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: park.HeaderEvent, Value: park.EncodeEvent(&saved, kept)})
+	if !first {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: park.HeaderBehind, Value: []byte(p.First)})
+	}
+	return s.produceParked(ctx, tx, ev, rec, p, cause)
+}
+
+// parkBehind sends ev, whose key is parked in p, behind p's first event:
+// its record, rec, as it would have been, or, when it is invalid itself
+// (cause; rec nil), its event form.
+func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, cause error, p *checkpoint.Parked) error {
+	if rec == nil {
+		reason := errtext.OneLine(cause)
+		var ee *outbox.EventError
+		if errors.As(cause, &ee) {
+			reason = ee.Brief()
+		}
+		s.Metrics.InvalidEvents.Inc()
+		return s.parkEvent(ctx, tx, ev, cause, reason, p, false)
+	}
+	parked := &kgo.Record{Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
+		Headers: append(append(make([]kgo.RecordHeader, 0, len(rec.Headers)+10), rec.Headers...),
 			kgo.RecordHeader{Key: route.HeaderDeadLetterTopic, Value: []byte(rec.Topic)},
 			kgo.RecordHeader{Key: route.HeaderDeadLetterSource, Value: []byte(ev.Source.String())},
 			kgo.RecordHeader{Key: route.HeaderDeadLetterID, Value: []byte(ev.ID())},
-			kgo.RecordHeader{Key: park.HeaderBehind, Value: []byte(p.First)},
-			kgo.RecordHeader{Key: park.HeaderEpisode, Value: []byte(p.Episode)})}
+			kgo.RecordHeader{Key: park.HeaderBehind, Value: []byte(p.First)})}
 	if sink.Pinned(rec) {
 		parked.Headers = append(parked.Headers, kgo.RecordHeader{Key: park.HeaderPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)})
 	}
-	if n := sink.RecordSize(parked); n > s.DeadLetterMaxMessageBytes {
-		return outbox.Invalid(ev, "its key is parked, and the record does not fit the parked topic (%d bytes, more than kafka.dead_letter_max_message_bytes %d); raise it", n, s.DeadLetterMaxMessageBytes)
-	}
-	return s.produceParked(ctx, tx, ev, parked, p)
+	return s.produceParked(ctx, tx, ev, parked, p, nil)
 }
 
-// produceParked produces rec, one more event of parking p, to the parked
-// topic, and notes the parked keys in tx.
-func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, p *checkpoint.Parked) error {
-	if !s.Kafka.TopicKnown(rec.Topic) {
-		if err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) }); err != nil {
-			return fmt.Errorf("the parked topic %q: %w", rec.Topic, err)
+// produceParked produces rec, one more record of parking p, to p's topic
+// and partition, numbered and sealed, and counts it in p. cause is why ev
+// is invalid, or nil. A record that does not fit the parked topic cannot
+// be parked: ev is dead-lettered where an operator chose so with cdc skip,
+// and otherwise stops the connector.
+func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, p *checkpoint.Parked, cause error) error {
+	skipped := s.Skipped != nil && s.Skipped(ev)
+	if cause == nil {
+		cause = outbox.Invalid(ev, "its key is parked")
+	}
+	run, n, err := s.Parked.Number(p)
+	if errors.Is(err, park.ErrFullBytes) {
+		if skipped {
+			return s.produceLetter(ctx, tx, ev, cause, " (sent here by cdc skip)")
 		}
+		return outbox.Invalid(ev, "its key is parked, and the parked keys fill their share of the checkpoint record, so it cannot be parked; raise kafka.max_message_bytes, redrive parked keys (cdc redrive), or send it to the dead-letter topic (cdc skip)")
 	}
-	p.Events++
-	s.Tracker.NoteParked(tx, s.Parked.List())
-	s.Metrics.Parked(ev.Source.String(), s.Parked.Len())
-	s.produce(tx, rec, ev)
-	return nil
-}
-
-// produceDeadLetter sends ev, invalid for cause and without a key to
-// park, to its table's dead-letter topic (on_invalid_unkeyed).
-func (s *Sender) produceDeadLetter(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, cause error) error {
-	rec, err := s.letter(ev, cause, " (on_invalid_unkeyed: an event without a key cannot be parked)")
+	if gone, err := s.partitionGone(ctx, p); err != nil || gone {
+		if err == nil {
+			err = outbox.Invalid(ev, "its key %q is parked on partition %d of the parked topic %q, which the topic no longer has (it was made again?): the parking's records are gone, so no more can join it; send what is left and un-park the key with cdc redrive --key %s --accept-gap (a redrive asked while the connector is stopped runs as it starts again), or rewind to the parking's start (cdc rewind --to-lsn %s)",
+				p.Key, p.Partition, p.Topic, shellQuote(p.Key), p.FirstLSN)
+		}
+		return err
+	}
+	rec.Topic = p.Topic
+	sink.Pin(rec, p.Partition)
+	rec.Headers = append(rec.Headers,
+		kgo.RecordHeader{Key: park.HeaderEpisode, Value: []byte(p.Episode)},
+		kgo.RecordHeader{Key: park.HeaderSeq, Value: park.Seq(run, n)},
+		kgo.RecordHeader{Key: park.HeaderLSN, Value: []byte(ev.CommitLSN.String())})
+	park.Seal(rec, s.SealKey, s.PipelineKey)
+	err = s.produce(ctx, tx, rec, ev, KindParked)
+	if invalid(err) {
+		if skipped {
+			return s.produceLetter(ctx, tx, ev, cause, " (sent here by cdc skip)")
+		}
+		return fmt.Errorf("%w; and it cannot be parked: %v; raise kafka.dead_letter_max_message_bytes (the parked topic's limit), or send it to the dead-letter topic with cdc skip", cause, errtext.OneLine(err))
+	}
 	if err != nil {
 		return err
 	}
-	if !s.Kafka.TopicKnown(rec.Topic) {
-		if err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) }); err != nil {
-			return err
-		}
-	}
-	s.produce(tx, rec, ev)
+	s.Parked.Count(p, n)
+	s.parkedDirty = true
+	s.Metrics.Parked(ev.Source.String(), s.Parked.Len())
 	return nil
 }
 
-// Redrive sends parking p's records, recs (read from its parked topic, in
-// the order they were parked), on to the topics they were meant for, in
-// tx: the first routed again from its event (or, with dropFirst, to the
-// dead-letter topic), the others as the records they were, each once (a
-// record parked twice, by a restart, is sent once). still is the first's
-// error when it is invalid yet: nothing is sent then, and the key stays
-// parked.
-func (s *Sender) Redrive(ctx context.Context, tx *delivery.Txn, p *checkpoint.Parked, src *outbox.Source, recs []*kgo.Record, dropFirst bool) (sent int, still, err error) {
-	done := map[string]bool{}
-	for _, r := range recs {
-		id := header(r, route.HeaderDeadLetterID)
-		if done[id] {
-			continue
+// partitionGone reports whether p's parked topic no longer has the
+// partition its records go to: the topic was made again with fewer.
+func (s *Sender) partitionGone(ctx context.Context, p *checkpoint.Parked) (bool, error) {
+	if !s.Kafka.TopicKnown(p.Topic) {
+		if err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, p.Topic) }); err != nil {
+			return false, err
 		}
-		rec, ev, still, err := s.redriven(ctx, p, src, r, dropFirst)
-		if still != nil || err != nil {
-			return sent, still, err
-		}
-		if rec == nil { // its table's filter leaves it out now
-			done[id] = true
-			_ = s.leaveOut(ev)
-			continue
-		}
-		if !s.Kafka.TopicKnown(rec.Topic) {
-			if err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) }); err != nil {
-				return sent, nil, err
-			}
-		}
-		s.produce(tx, rec, ev)
-		done[id] = true
-		sent++
 	}
-	return sent, nil, nil
+	n, ok := s.Kafka.KnownPartitions(p.Topic, p.Partition)
+	if !ok {
+		if err := s.Blocking(func() (err error) { n, err = s.Kafka.Partitions(ctx, p.Topic, p.Partition); return err }); err != nil {
+			return false, err
+		}
+	}
+	return p.Partition >= n, nil
 }
 
-// redriven is the record parked record r becomes at its redrive, and its
-// event (as far as metrics need one).
-func (s *Sender) redriven(ctx context.Context, p *checkpoint.Parked, src *outbox.Source, r *kgo.Record, dropFirst bool) (*kgo.Record, *outbox.Event, error, error) {
+// shellQuote is k as a shell argument.
+func shellQuote(k string) string { return "'" + strings.ReplaceAll(k, "'", `'\''`) + "'" }
+
+// NoteParked attaches the parked keys to tx when a record was parked since
+// the last note: the session calls it before each transaction's commit,
+// so that the checkpoint of tx's end lists every record parked up to it.
+func (s *Sender) NoteParked(tx *delivery.Txn) {
+	if s.parkedDirty && s.Parked != nil && tx != nil {
+		s.Tracker.NoteParked(tx, s.Parked.List())
+		s.parkedDirty = false
+	}
+}
+
+// ParkedChanged tells the sender the parked keys changed (a redrive), for
+// the next NoteParked.
+func (s *Sender) ParkedChanged() { s.parkedDirty = true }
+
+// Redriven is what parked record r, of parking p, becomes at its redrive
+// (package redrive): the record to produce, its kind, and its event (as
+// far as the gate and the metrics need one); nil, with ev, when its
+// table's filter leaves it out now. still is why it is invalid yet (nil:
+// it may go): the gate's answer included. drop makes an event-form record
+// its dead letter instead (cdc redrive --drop-first).
+func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Record, tables []*outbox.Source, drop bool) (rec *kgo.Record, kind Kind, ev *outbox.Event, still, err error) {
+	name := header(r, route.HeaderDeadLetterSource)
+	var src *outbox.Source
+	for _, t := range tables {
+		if t.String() == name {
+			src = t
+		}
+	}
+	if src == nil {
+		return nil, 0, nil, nil, errtext.Fatalf("key %q is parked with an event of table %s, which the configuration no longer has; configure the table again to redrive it", p.Key, name)
+	}
 	saved := header(r, park.HeaderEvent)
 	if saved == "" {
 		// Behind the first: the record it would have been.
-		rec := &kgo.Record{Topic: header(r, route.HeaderDeadLetterTopic), Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
-		for _, h := range r.Headers {
-			switch h.Key {
-			case route.HeaderDeadLetterTopic, route.HeaderDeadLetterSource, route.HeaderDeadLetterID, park.HeaderBehind, park.HeaderEpisode:
-			case park.HeaderPartition:
+		rec = &kgo.Record{Topic: header(r, route.HeaderDeadLetterTopic), Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+		ours := park.Ours(r, route.HeaderDeadLetterTopic, route.HeaderDeadLetterSource, route.HeaderDeadLetterID, park.HeaderBehind,
+			park.HeaderEpisode, park.HeaderSeq, park.HeaderLSN, park.HeaderSeal, park.HeaderPartition)
+		for i, h := range r.Headers {
+			switch {
+			case !ours[i]:
+				rec.Headers = append(rec.Headers, h) // the record's own
+			case h.Key == park.HeaderPartition:
 				if n, err := strconv.ParseInt(string(h.Value), 10, 32); err == nil {
 					sink.Pin(rec, int32(n))
 				}
-			default:
-				rec.Headers = append(rec.Headers, h)
 			}
 		}
+		ev = &outbox.Event{Source: src, CommitTime: r.Timestamp}
+		ev.Fields[outbox.FieldID] = outbox.Value{B: []byte(header(r, route.HeaderDeadLetterID)), Kind: outbox.KindText}
+		if lsn, err := pglogrepl.ParseLSN(header(r, park.HeaderLSN)); err == nil {
+			ev.CommitLSN = lsn
+		}
 		if rec.Topic == "" {
-			return nil, nil, nil, fmt.Errorf("a record in parked topic %q (offset %d) names no topic; it was not written by the connector", r.Topic, r.Offset)
+			return nil, 0, ev, outbox.Invalid(ev, "its parked record (offset %d) names no topic", r.Offset), nil
 		}
-		return rec, &outbox.Event{Source: src, CommitTime: r.Timestamp}, nil, nil
+		if err := s.admit(ctx, rec, KindEvent, ev); err != nil {
+			if invalid(err) {
+				return nil, 0, ev, err, nil
+			}
+			return nil, 0, ev, nil, err
+		}
+		return rec, KindEvent, ev, nil, nil
 	}
-	ev, err := park.DecodeEvent([]byte(saved), src)
+	e, kept, err := park.DecodeEvent([]byte(saved), src)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, 0, nil, nil, errtext.Fatalf("%v", err)
 	}
-	ev.Fields[outbox.FieldPayload].B = r.Value
-	if ev.Fields[outbox.FieldPayload].B == nil {
-		ev.Fields[outbox.FieldPayload].B = []byte{}
-	}
-	if dropFirst {
-		rec, err := s.letter(&ev, errors.New(p.Reason), " (sent here by cdc redrive --drop-first)")
-		return rec, &ev, nil, err
-	}
-	rec, err := s.record(ctx, &decode.Message{Kind: decode.KindEvent, Event: ev})
-	if errors.Is(err, route.ErrFiltered) {
-		return nil, &ev, nil, nil
-	}
-	if errors.As(err, new(*outbox.EventError)) {
-		return nil, nil, err, nil
-	}
-	return rec, &ev, nil, err
-}
-
-// header is the value of r's header key, or "".
-func header(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
+	ev = &e
+	if !kept {
+		ev.Fields[outbox.FieldPayload].B = r.Value
+		if ev.Fields[outbox.FieldPayload].B == nil {
+			ev.Fields[outbox.FieldPayload].B = []byte{}
 		}
 	}
-	return ""
+	if drop {
+		rec = s.letter(ev, errors.New(header(r, route.HeaderDeadLetterError)), " (sent here by cdc redrive --drop-first)")
+		kind = KindDeadLetter
+	} else {
+		var m = decode.Message{Kind: decode.KindEvent, Event: *ev}
+		rec, _, err = s.record(ctx, &m)
+		if errors.Is(err, route.ErrFiltered) {
+			return nil, 0, ev, nil, nil
+		}
+		if err != nil {
+			if invalid(err) {
+				return nil, 0, ev, err, nil
+			}
+			return nil, 0, ev, nil, err
+		}
+		kind = KindEvent
+	}
+	if err := s.admit(ctx, rec, kind, ev); err != nil {
+		if invalid(err) {
+			return nil, 0, ev, err, nil
+		}
+		return nil, 0, ev, nil, err
+	}
+	return rec, kind, ev, nil, nil
 }
 
-// WarnTimedParked warns of the parked topics of tables that exist and
-// delete records after a time: a parked event lives in its topic until it
-// is redriven, and the connector creates its parked topics without a
-// retention (config.ParkedTopicConfigs).
-func WarnTimedParked(ctx context.Context, k *sink.Kafka, tables []*outbox.Source, log hclog.Logger) {
+// SendRedriven produces rec, of kind, a redriven record of ev (Redriven),
+// in tx; a nil rec is an event its filter leaves out now.
+func (s *Sender) SendRedriven(ctx context.Context, tx *delivery.Txn, rec *kgo.Record, kind Kind, ev *outbox.Event) error {
+	if rec == nil {
+		return s.leaveOut(ev)
+	}
+	return s.produce(ctx, tx, rec, ev, kind)
+}
+
+// header is the value of the connector's header key on parked record r
+// (park.Header).
+func header(r *kgo.Record, key string) string { return park.Header(r, key) }
+
+// CheckSquatted refuses to start when a topic only the connector writes
+// (the checkpoint topic, a parked or dead-letter topic) cannot be created
+// because another topic has its name to Kafka ('.' and '_' alike): made
+// by a row before the gate compared names so, or by hand. Records that
+// need it would otherwise fail one by one, or stop the connector later.
+func CheckSquatted(ctx context.Context, k *sink.Kafka, checkpointTopic string, parked, deadLetter map[string]bool) error {
+	what := map[string]string{checkpointTopic: "checkpoint.topic"}
+	for t := range deadLetter {
+		what[t] = "a table's dead_letter_topic"
+	}
+	for t := range parked {
+		what[t] = "a table's parked_topic"
+	}
+	squatted := k.Squatted(ctx, slices.Sorted(maps.Keys(what)))
+	if len(squatted) == 0 {
+		return nil
+	}
+	t := slices.Sorted(maps.Keys(squatted))[0] // one line, the same at every start
+	return &errtext.Fatal{Msg: fmt.Sprintf("kafka topic %q (%s) cannot be created: the topic %q exists, and Kafka takes '.' and '_' for the same character in topic names; delete %q once nothing needs it, or configure another name", t, what[t], squatted[t], squatted[t])}
+}
+
+// WarnParkedTopics warns of the parked topics of tables that exist and
+// may lose records: one that deletes records after a time or a size, or
+// compacts them; a parked event lives in its topic until it is redriven,
+// and the connector creates its parked topics without either
+// (config.ParkedTopicConfigs). A redrive that finds records missing
+// refuses, and keeps the key parked.
+func WarnParkedTopics(ctx context.Context, k *sink.Kafka, tables []*outbox.Source, log hclog.Logger) {
 	topics := map[string]bool{}
 	for _, t := range tables {
 		if t.OnInvalid == outbox.OnInvalidPark {
@@ -247,7 +382,7 @@ func WarnTimedParked(ctx context.Context, k *sink.Kafka, tables []*outbox.Source
 		}
 	}
 	for _, w := range k.Timed(ctx, slices.Sorted(maps.Keys(topics))) {
-		log.Warn("the parked topic deletes records after a time: a parked event lives there until it is redriven, so set retention.ms=-1 on it (kafka-configs.sh --alter --add-config retention.ms=-1)",
+		log.Warn("the parked topic deletes records after a time: a parked event lives there until it is redriven, so set retention.ms=-1 on it (kafka-configs.sh --alter --add-config retention.ms=-1); a redrive that finds records missing keeps the key parked",
 			"topic", w.Topic, "retention_ms", w.Ms)
 	}
 }

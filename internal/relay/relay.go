@@ -3,8 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,12 +28,16 @@ type Sender struct {
 	Schemas *schema.Registry // nil unless a table's schema is in the registry
 	Kafka   *sink.Kafka
 	Tracker *delivery.Tracker
-	// MaxMessageBytes is kafka.max_message_bytes, DeadLetterMaxMessageBytes
-	// kafka.dead_letter_max_message_bytes: a dead letter larger than it is
-	// cut (route.TruncateDeadLetter).
-	MaxMessageBytes, DeadLetterMaxMessageBytes int
-	// CheckpointTopic is checkpoint.topic, which no event may reach.
-	CheckpointTopic string
+	// CheckpointTopic is checkpoint.topic, ParkedTopics the tables'
+	// parked_topic: the gate keeps every row out of the first, and all but
+	// parking's own records out of the others (gate.go).
+	// DeadLetterTopics are the tables' dead_letter_topic, which only dead
+	// letters reach. Refused are the topics the brokers refused an event's
+	// record for, the pipeline's (topics.go).
+	CheckpointTopic  string
+	ParkedTopics     map[string]bool
+	DeadLetterTopics map[string]bool
+	Refused          *RefusedTopics
 	// Suffix is appended to every topic (a replay's).
 	Suffix string
 	// Blocking runs a call that may block for seconds (a topic's creation,
@@ -54,8 +58,16 @@ type Sender struct {
 	OnDelivered func(rec *kgo.Record, err error)
 	// Parked holds back the keys on_invalid: park parked (park.go); nil in
 	// a replay, which parks nothing. MaxParkedKeys is max_parked_keys.
+	// SealKey (checkpoint.signing_key_file's first) and PipelineKey (the
+	// checkpoint's key) seal each parked record (park.Seal).
 	Parked        *park.Set
 	MaxParkedKeys int
+	SealKey       []byte
+	PipelineKey   string
+	// OnPark, when set, is told of each key parked anew (exactly once:
+	// its Kafka transaction commits at the next transaction boundary, so
+	// that the checkpoint soon lists it).
+	OnPark func()
 	// DeadLettered counts the events sent to a dead-letter topic.
 	DeadLettered *atomic.Int64
 	Metrics      *metrics.Metrics
@@ -63,120 +75,126 @@ type Sender struct {
 
 	counters metrics.EventCounters
 	filtered map[*outbox.Source]prometheus.Counter // leaveOut's, by table
+	// parkedDirty: a parked record was produced since NoteParked.
+	parkedDirty bool
 }
 
 // Send routes ev's record and produces it in transaction tx, or applies
 // the source's on_invalid policy when it cannot be delivered as
-// configured. ctx bounds the admin and registry calls it makes.
+// configured; an event of a parked key goes behind its parking, valid or
+// not. ctx bounds the admin and registry calls it makes.
 func (s *Sender) Send(ctx context.Context, tx *delivery.Txn, m *decode.Message) error {
 	ev := &m.Event
-	rec, err := s.record(ctx, m)
+	rec, key, err := s.record(ctx, m)
 	if errors.Is(err, route.ErrFiltered) {
 		return s.leaveOut(ev)
 	}
-	switch {
-	case err != nil && !errors.As(err, new(*outbox.EventError)):
+	if err != nil && !invalid(err) {
 		return err // a registry that cannot answer: retried, never dead-lettered
-	case err != nil && ev.Source.OnInvalid == outbox.OnInvalidPark:
-		return s.park(ctx, tx, ev, err)
-	case err != nil:
-		if rec, err = s.deadLetter(ev, err); err != nil {
+	}
+	if err == nil {
+		if s.Suffix != "" {
+			rec.Topic += s.Suffix
+		}
+		if s.Parked.Len() == 0 {
+			// The hot path: the gate, then the producer.
+			if err = s.produce(ctx, tx, rec, ev, KindEvent); err == nil || !invalid(err) {
+				return err
+			}
+		} else if err = s.admit(ctx, rec, KindEvent, ev); err != nil && !invalid(err) {
 			return err
 		}
-	default:
-		if p := s.Parked.Parked(rec.Topic, ev.Source.String(), string(rec.Key)); p != nil {
-			return s.parkBehind(ctx, tx, ev, rec, p)
+		if err != nil {
+			rec = nil
 		}
 	}
+	if p := s.Parked.Parked(key); p != nil && len(key) > 0 {
+		return s.parkBehind(ctx, tx, ev, rec, err, p)
+	}
+	if err == nil {
+		return s.produce(ctx, tx, rec, ev, KindEvent)
+	}
+	return s.onInvalid(ctx, tx, ev, key, err)
+}
+
+// onInvalid applies ev's table's on_invalid to ev, invalid for cause (an
+// *outbox.EventError): with fail it returns cause, which stops the
+// connector, unless an operator chose with cdc skip to dead-letter it;
+// with dead-letter it produces the dead letter, tracked like any event, so
+// that its transaction is confirmed only once Kafka acked it; with park it
+// parks ev's key.
+func (s *Sender) onInvalid(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, key []byte, cause error) error {
+	switch {
+	case ev.Source.OnInvalid == outbox.OnInvalidDeadLetter:
+		return s.produceLetter(ctx, tx, ev, cause, "")
+	case ev.Source.OnInvalid == outbox.OnInvalidPark && s.Parked != nil:
+		return s.park(ctx, tx, ev, key, cause)
+	case s.Skipped != nil && s.Skipped(ev):
+		return s.produceLetter(ctx, tx, ev, cause, " (sent here by cdc skip)")
+	}
+	s.Metrics.InvalidEvents.Inc()
+	return cause
+}
+
+// record builds m's Kafka record, with its key as routed (before a schema
+// encodes it: the key a parking holds); an *outbox.EventError when m is
+// invalid. An invalid event's key is worked out only where it could be
+// parked.
+func (s *Sender) record(ctx context.Context, m *decode.Message) (rec *kgo.Record, key []byte, err error) {
+	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
+		return nil, s.parkingKey(&m.Event), m.Invalid
+	}
+	rec, err = s.Router.Record(&m.Event)
+	if err != nil {
+		if errors.Is(err, route.ErrFiltered) {
+			return nil, nil, err
+		}
+		return nil, s.parkingKey(&m.Event), err
+	}
+	key = rec.Key
+	if err = s.Schemas.Apply(ctx, rec, &m.Event, s.Blocking); err != nil {
+		return nil, key, err
+	}
+	return rec, key, nil
+}
+
+// parkingKey is ev's record key, where it could be parked or held back: on
+// a parking table, or with a key parked.
+func (s *Sender) parkingKey(ev *outbox.Event) []byte {
+	if s.Parked == nil || (s.Parked.Len() == 0 && ev.Source.OnInvalid != outbox.OnInvalidPark) {
+		return nil
+	}
+	key, err := s.Router.Key(ev)
+	if err != nil {
+		return nil
+	}
+	return key
+}
+
+// produceLetter produces ev's dead letter, for cause; note follows the
+// reason.
+func (s *Sender) produceLetter(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, cause error, note string) error {
+	rec := s.letter(ev, cause, note)
 	if s.Suffix != "" {
 		rec.Topic += s.Suffix
 	}
-	if rec.Topic == s.CheckpointTopic {
-		// A template that expands to the checkpoint topic: a row writer would
-		// be writing the connector's own state (docs/design.md, "Untrusted
-		// input stays data").
-		cause := outbox.Invalid(ev, "its topic is the checkpoint topic %q, which only the connector and the operator write; fix the row's routing fields or the table's topic template", rec.Topic)
-		if rec.Topic == ev.Source.DeadLetterTopic || ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
-			return cause
+	if err := s.produce(ctx, tx, rec, ev, KindDeadLetter); err != nil {
+		if invalid(err) {
+			// The dead-letter topic itself refuses it (a name the brokers
+			// refuse, the checkpoint topic): the configuration's problem,
+			// which stops the connector with both reasons.
+			return fmt.Errorf("%w; and its dead letter cannot be written: %v", cause, errtext.OneLine(err))
 		}
-		if rec, err = s.deadLetter(ev, cause); err != nil {
-			return err
-		}
+		return err
 	}
-	if s.Log.IsTrace() {
-		s.Log.Trace("event", "source", ev.Source.String(), "id", ev.ID(), "topic", rec.Topic, "lsn", ev.CommitLSN.String())
-	}
-	if !s.Kafka.TopicKnown(rec.Topic) {
-		if rec, err = s.ensureTopic(ctx, rec, ev); err != nil {
-			return err
-		}
-	}
-	s.produce(tx, rec, ev)
 	return nil
 }
 
-// ensureTopic makes rec's topic before its first record. A name the
-// brokers refuse is the event's problem: rec becomes its dead letter.
-func (s *Sender) ensureTopic(ctx context.Context, rec *kgo.Record, ev *outbox.Event) (*kgo.Record, error) {
-	err := s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) })
-	var refused *sink.TopicRefusedError
-	if errors.As(err, &refused) && rec.Topic != ev.Source.DeadLetterTopic {
-		// The row's fields chose a name the brokers refuse: the
-		// event's problem, for on_invalid, not the stream's.
-		cause := outbox.Invalid(ev, "%v; fix the row's routing fields or the table's topic template", err)
-		if rec, err = s.deadLetter(ev, cause); err != nil {
-			return nil, err
-		}
-		if !s.Kafka.TopicKnown(rec.Topic) {
-			err = s.Blocking(func() error { return s.Kafka.EnsureTopic(ctx, rec.Topic) })
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	return rec, nil
-}
-
-// record builds m's Kafka record: an *outbox.EventError when m is invalid,
-// or the record does not fit kafka.max_message_bytes.
-func (s *Sender) record(ctx context.Context, m *decode.Message) (*kgo.Record, error) {
-	if m.Invalid != nil { // not error(m.Invalid): a nil pointer would be a non-nil error
-		return nil, m.Invalid
-	}
-	rec, err := s.Router.Record(&m.Event)
-	if err == nil {
-		err = s.Schemas.Apply(ctx, rec, &m.Event, s.Blocking)
-	}
-	if err == nil && sink.Pinned(rec) {
-		err = s.checkPartition(ctx, rec, &m.Event)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if n := sink.RecordSize(rec); n > s.MaxMessageBytes {
-		return nil, outbox.Invalid(&m.Event, "the record is %d bytes, more than kafka.max_message_bytes (%d); raise it together with the topic's max.message.bytes, or make the payload smaller", n, s.MaxMessageBytes)
-	}
-	return rec, nil
-}
-
-// deadLetter applies on_invalid to an event that cannot be delivered: with
-// fail it returns cause, which stops the connector; with dead-letter it
-// returns the dead-letter record, which is tracked like any event, so that
-// its transaction is confirmed only once Kafka acked it.
-func (s *Sender) deadLetter(ev *outbox.Event, cause error) (*kgo.Record, error) {
-	if ev.Source.OnInvalid != outbox.OnInvalidDeadLetter {
-		if s.Skipped == nil || !s.Skipped(ev) {
-			s.Metrics.InvalidEvents.Inc()
-			return nil, cause
-		}
-		return s.letter(ev, cause, " (sent here by cdc skip)")
-	}
-	return s.letter(ev, cause, "")
-}
-
 // letter is ev's dead-letter record, for cause; note follows the reason.
-func (s *Sender) letter(ev *outbox.Event, cause error, note string) (*kgo.Record, error) {
-	s.Metrics.InvalidEvents.Inc()
+// It counts and logs nothing: a redrive's --drop-first builds it in its
+// check pass and again in its send pass, and produce notes a dead letter
+// once, as it goes (noteLetter).
+func (s *Sender) letter(ev *outbox.Event, cause error, note string) *kgo.Record {
 	reason := cause.Error()
 	var ee *outbox.EventError
 	if errors.As(cause, &ee) {
@@ -184,16 +202,21 @@ func (s *Sender) letter(ev *outbox.Event, cause error, note string) (*kgo.Record
 	}
 	reason += note
 	rec := s.Router.DeadLetter(ev, reason)
-	if n, limit := sink.RecordSize(rec), s.DeadLetterMaxMessageBytes; n > limit {
-		// Too large for the dead-letter topic too: the row's problem
-		// still, so its dead letter keeps the reason and what fits.
-		route.TruncateDeadLetter(rec, limit, sink.RecordSize)
-		s.Log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Source.String(), "id", ev.ID(), "bytes", n, "limit", limit)
+	// Too large for the dead-letter topic too: the row's problem still,
+	// so its dead letter keeps the reason and what fits.
+	route.TruncateDeadLetter(rec, s.Kafka.MaxMessageBytesOf(rec.Topic+s.Suffix), sink.RecordSize)
+	return rec
+}
+
+// noteLetter counts and logs dead letter rec of ev as it is produced.
+func (s *Sender) noteLetter(ev *outbox.Event, rec *kgo.Record) {
+	s.Metrics.InvalidEvents.Inc()
+	if cut := header(rec, route.HeaderDeadLetterTruncated); cut != "" {
+		s.Log.Warn("a dead letter was larger than kafka.dead_letter_max_message_bytes: its payload is cut", "source", ev.Source.String(), "id", ev.ID(), "kept", cut)
 	}
 	s.DeadLettered.Add(1)
 	s.Metrics.DeadLetter(ev.Source.String())
-	s.Log.Warn("event sent to the dead-letter topic", "source", ev.Source.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", errtext.OneLine(cause))
-	return rec, nil
+	s.Log.Warn("event sent to the dead-letter topic", "source", ev.Source.String(), "id", ev.ID(), "lsn", ev.CommitLSN.String(), "topic", rec.Topic, "error", header(rec, route.HeaderDeadLetterError))
 }
 
 // metricTopic is cdc_events_total's topic label for a record of t to
@@ -208,38 +231,4 @@ func metricTopic(t *outbox.Source, topic string) string {
 		return x.Topic.Text
 	}
 	return t.Topic
-}
-
-// produce counts rec in flight in tx and sends it; the ack comes back to
-// the tracker, and to the metrics, on franz-go's goroutine. The labelled
-// counter and the event's timestamp are worked out here, so the ack does
-// no lookups.
-func (s *Sender) produce(tx *delivery.Txn, rec *kgo.Record, ev *outbox.Event) {
-	tracker, onDelivered, m := s.Tracker, s.OnDelivered, s.Metrics
-	events := s.counters.Get(m, ev.Source, metricTopic(ev.Source, rec.Topic))
-	var stamped time.Time
-	if v := ev.Fields[outbox.FieldTimestamp]; !v.Null() {
-		stamped, _ = route.ParseTimestamp(string(v.B))
-	}
-	size := sink.RecordSize(rec)
-	tracker.Track(tx, size)
-	if s.Produced != nil {
-		s.Produced()
-	}
-	s.Kafka.Send(rec, func(err error) {
-		tracker.Ack(tx, size, err)
-		if err != nil {
-			m.ProduceErrors.Inc()
-		} else {
-			now := time.Now()
-			events.Inc()
-			m.CommitToAck.Observe(now.Sub(rec.Timestamp).Seconds())
-			if !stamped.IsZero() {
-				m.EventAge.Observe(now.Sub(stamped).Seconds())
-			}
-		}
-		if onDelivered != nil {
-			onDelivered(rec, err)
-		}
-	})
 }

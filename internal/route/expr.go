@@ -86,7 +86,7 @@ func (v *vars) prepare(tr *tableRoute, ev *outbox.Event) error {
 		}
 		if err != nil {
 			v.release()
-			return outbox.Invalid(ev, "its payload is not JSON, and the table's expressions read payload: %v", err)
+			return outbox.Invalid(ev, "the table's expressions read payload, and its payload is not JSON they can read: %v", err)
 		}
 	}
 	if row := tr.objects.row; row != nil {
@@ -124,17 +124,22 @@ func (v *vars) Parent() expr.Activation { return nil }
 // typed is a value as an expression sees it, by its column's type: NULL is
 // null, text a string, json and jsonb parsed, a number an int when it is
 // an integer that fits 64 bits and a double otherwise, a boolean a bool,
-// bytea bytes, a timestamp a timestamp. A value that does not read as its
-// type (it cannot happen with Postgres' own output) stays its text.
+// bytea bytes, a timestamp a timestamp. A number too large for a double
+// (a numeric of 400 digits), or JSON that holds one, is an error that an
+// expression reading it fails on (expr.Number). Another value that does not
+// read as its type (it cannot happen with Postgres' own output) stays its
+// text.
 func typed(v outbox.Value) any {
 	if v.Null() {
 		return expr.Null
 	}
 	switch v.Kind {
 	case outbox.KindJSON:
-		if j, err := expr.JSON(v.B); err == nil {
-			return j
+		j, err := expr.JSON(v.B)
+		if err != nil {
+			return expr.Failed(fmt.Errorf("its JSON: %w", err))
 		}
+		return j
 	case outbox.KindNumber:
 		return expr.Number(string(v.B))
 	case outbox.KindBool:
@@ -215,22 +220,40 @@ func (r *Router) exprRecord(ev *outbox.Event, rec *kgo.Record) error {
 // table already sends, or as a dead letter's: two values under one name
 // would leave a consumer to guess.
 func checkHeaderNames(t *outbox.Source, tr *tableRoute) error {
-	if t.Programs == nil {
-		return nil
-	}
 	taken := map[string]bool{HeaderTraceparent: t.Columns[outbox.FieldTraceparent] != ""}
 	for _, m := range tr.meta {
+		if err := reserved(t, "headers", m.name); err != nil {
+			return err
+		}
 		taken[m.name] = true
 	}
 	for _, p := range tr.headerExtras {
+		if err := reserved(t, "headers", p.name); err != nil {
+			return err
+		}
 		taken[p.name] = true
+	}
+	if t.Programs == nil {
+		return nil
 	}
 	for _, h := range t.Programs.Headers {
 		if taken[h.Name] {
 			return fmt.Errorf("%s: expressions.headers.%s: the table already sends a header %s (a metadata or additional column's); name this one otherwise, or rename that one under headers", t, h.Name, h.Name)
 		}
-		if strings.HasPrefix(h.Name, "dead_letter_") {
-			return fmt.Errorf("%s: expressions.headers.%s: names starting with dead_letter_ are the dead letters'; name this one otherwise", t, h.Name)
+		if err := reserved(t, "expressions.headers", h.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reserved refuses a header of t's records named as the connector's own
+// on a dead letter or a parked record: a redrive reads those back, and a
+// row's value under one of those names would steer it.
+func reserved(t *outbox.Source, where, name string) error {
+	for _, prefix := range []string{"dead_letter_", "parked_"} {
+		if strings.HasPrefix(name, prefix) {
+			return fmt.Errorf("%s: %s: header %s: names starting with %s are the connector's, on dead letters and parked records; name this one otherwise", t, where, name, prefix)
 		}
 	}
 	return nil

@@ -73,6 +73,23 @@ func TestExpressionRecord(t *testing.T) {
 	}
 }
 
+// TestNumericColumnPastADouble: a numeric column too large for a double
+// (a numeric of 400 digits) is no value an expression reads, not even its
+// text: one that reads it makes the event invalid, saying why.
+func TestNumericColumnPastADouble(t *testing.T) {
+	tbl := seed000(func(t *outbox.Source) { t.Expressions.Partition = `row.shard > 0 ? 1 : 0` })
+	r, err := New([]*outbox.Source{tbl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := outbox.Value{B: []byte("1" + strings.Repeat("0", 400)), Kind: outbox.KindNumber}
+	_, err = r.Record(seedEvent(tbl, `{}`, map[string]outbox.Value{"shard": huge}))
+	var ee *outbox.EventError
+	if want := "failed: the number 10000000000000000000... (401 characters) is too large for a double"; !errors.As(err, &ee) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%v; want an EventError: %s", err, want)
+	}
+}
+
 // TestTableWithoutExpressionsIsUnpinned: a table without expressions
 // leaves the partition to the producer.
 func TestTableWithoutExpressionsIsUnpinned(t *testing.T) {
@@ -114,8 +131,9 @@ func TestFilter(t *testing.T) {
 // TestExpressionFailuresAreInvalidEvents: whatever a row makes an
 // expression do at run time is an *outbox.EventError naming the event and
 // the expression: a missing member, a wrong type, a payload that is not
-// JSON, an illegal topic, a partition below 0, the cost limit; and a
-// dead letter for it keeps what can still be worked out.
+// JSON or holds a number past a double, an illegal topic, a partition
+// below 0, the cost limit; and a dead letter for it keeps what can still
+// be worked out.
 func TestExpressionFailuresAreInvalidEvents(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -127,7 +145,9 @@ func TestExpressionFailuresAreInvalidEvents(t *testing.T) {
 		{"missing member", outbox.Expressions{Key: `payload.customerId`}, "", `{"region": "eu"}`, `its expressions.key (payload.customerId) failed: no such key: customerId`},
 		{"wrong type", outbox.Expressions{Key: `payload.customerId`}, "", `{"customerId": 42}`, `failed: it gave int, not a string`},
 		{"filter type", outbox.Expressions{}, `payload.keep`, `{"keep": "yes"}`, `its filter (payload.keep) failed: it gave string, not a bool`},
-		{"not json", outbox.Expressions{Key: `payload.customerId`}, "", `not json`, `its payload is not JSON, and the table's expressions read payload`},
+		{"not json", outbox.Expressions{Key: `payload.customerId`}, "", `not json`, `the table's expressions read payload, and its payload is not JSON they can read`},
+		{"number past a double", outbox.Expressions{Key: `payload.customerId`}, "", `{"customerId": "c", "n": 1e999}`, `its payload is not JSON they can read: the number 1e999 is too large for a double`},
+		{"number past a double, whole", outbox.Expressions{Key: `string(size(payload))`}, "", `{"l": [-1E400]}`, `its payload is not JSON they can read: the number -1E400 is too large for a double`},
 		{"illegal topic", outbox.Expressions{Topic: `"orders/" + payload.region`}, "", `{"region": "eu"}`, `topic name "orders/eu" contains '/'`},
 		{"partition below 0", outbox.Expressions{Partition: `int(payload.p)`}, "", `{"p": -1}`, `gave -1, which is no partition`},
 		{"header type", outbox.Expressions{Headers: map[string]string{"x-n": `payload.n`}}, "", `{"n": 1.5}`, `its expressions.headers.x-n (payload.n) failed: it gave double, not a string or null`},
@@ -177,12 +197,16 @@ func TestExpressionTopicBound(t *testing.T) {
 }
 
 // TestExpressionHeaderNames: an expression header may not take the name
-// of a header the table already sends, or a dead letter's.
+// of a header the table already sends, or one of the connector's on a
+// dead letter or a parked record (a redrive reads those back); nor may an
+// additional column's.
 func TestExpressionHeaderNames(t *testing.T) {
 	for name, want := range map[string]string{
 		"event_type":        "the table already sends a header event_type",
 		"x-group":           "the table already sends a header x-group",
-		"dead_letter_error": "names starting with dead_letter_ are the dead letters'",
+		"dead_letter_error": "names starting with dead_letter_ are the connector's",
+		"parked_partition":  "names starting with parked_ are the connector's",
+		"parked_seq":        "names starting with parked_ are the connector's",
 	} {
 		tbl := table(func(t *outbox.Source) {
 			t.Additional = []outbox.Additional{{Column: "group_id", Placement: outbox.PlaceHeader, As: "x-group"}}
@@ -191,6 +215,15 @@ func TestExpressionHeaderNames(t *testing.T) {
 		if _, err := New([]*outbox.Source{tbl}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("header %s: %v; want %q", name, err, want)
 		}
+	}
+}
+
+func TestAdditionalHeaderNamesReserved(t *testing.T) {
+	tbl := table(func(t *outbox.Source) {
+		t.Additional = []outbox.Additional{{Column: "group_id", Placement: outbox.PlaceHeader, As: "parked_episode"}}
+	})
+	if _, err := New([]*outbox.Source{tbl}); err == nil || !strings.Contains(err.Error(), "names starting with parked_ are the connector's") {
+		t.Errorf("an additional column's header parked_episode: %v; want it refused", err)
 	}
 }
 

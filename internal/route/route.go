@@ -78,6 +78,9 @@ type tableRoute struct {
 	// objects are what the table's expressions read of an event, filled
 	// for each (expr.go).
 	objects exprObjects
+	// headers is the most headers a record of the table carries: the
+	// room newRecord makes.
+	headers int
 }
 
 // maxCachedTopics bounds a source's topic cache; past it the cache starts
@@ -151,6 +154,13 @@ func New(tables []*outbox.Source) (*Router, error) {
 		}
 		if err := checkHeaderNames(t, tr); err != nil {
 			return nil, err
+		}
+		tr.headers = len(tr.meta) + len(tr.headerExtras)
+		if t.Columns[outbox.FieldTraceparent] != "" {
+			tr.headers++
+		}
+		if t.Programs != nil {
+			tr.headers += len(t.Programs.Headers)
 		}
 		r.routes[t] = tr
 	}
@@ -256,10 +266,35 @@ func (r *Router) headers(h []kgo.RecordHeader, tr *tableRoute, ev *outbox.Event)
 	return h
 }
 
-// recordBlock is a record with room for its usual headers.
-type recordBlock struct {
-	rec     kgo.Record
-	headers [8]kgo.RecordHeader
+// newRecord allocates a record with room for n headers, in one block for
+// up to 8: a record lives until Kafka acknowledges it, max_in_flight of
+// them at once, so its block is as large as its table's headers need
+// (320 bytes with the four default headers, 480 with room for 8). Past
+// 8 the headers grow a slice of their own.
+func newRecord(n int) *kgo.Record {
+	switch {
+	case n <= 2:
+		b := new(struct {
+			rec     kgo.Record
+			headers [2]kgo.RecordHeader
+		})
+		b.rec.Headers = b.headers[:0]
+		return &b.rec
+	case n <= 4:
+		b := new(struct {
+			rec     kgo.Record
+			headers [4]kgo.RecordHeader
+		})
+		b.rec.Headers = b.headers[:0]
+		return &b.rec
+	default:
+		b := new(struct {
+			rec     kgo.Record
+			headers [8]kgo.RecordHeader
+		})
+		b.rec.Headers = b.headers[:0]
+		return &b.rec
+	}
 }
 
 // Record builds the Kafka record for ev, or returns an *outbox.EventError
@@ -309,10 +344,9 @@ func (r *Router) record(ev *outbox.Event) (*kgo.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The record and its headers in one allocation.
-	b := &recordBlock{rec: kgo.Record{Topic: topic, Key: key, Timestamp: ev.CommitTime}}
-	rec := &b.rec
-	rec.Headers = r.headers(b.headers[:0], tr, ev)
+	rec := newRecord(tr.headers)
+	rec.Topic, rec.Key, rec.Timestamp = topic, key, ev.CommitTime
+	rec.Headers = r.headers(rec.Headers, tr, ev)
 	if ev.Source.Programs != nil {
 		if err := r.exprRecord(ev, rec); err != nil {
 			return nil, err

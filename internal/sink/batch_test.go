@@ -175,6 +175,10 @@ func TestSendPacesBatches(t *testing.T) {
 func TestFlushSendsHeld(t *testing.T) {
 	c := newCluster(t)
 	k := newSink(t, c, Config{MaxBatchDelay: opt.Set(time.Second)})
+	// The batcher's clock stands still: e1 and e2 come within the second
+	// after e0's batch however long a loaded machine takes to send them.
+	clock := &fakeClock{t: time.Now()}
+	k.batch.now = clock.now
 	acked := sendAll(k, "e0", "e1", "e2")
 	if len(k.batch.held) != 2 {
 		t.Fatalf("%d records held, want 2", len(k.batch.held))

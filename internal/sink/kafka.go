@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -196,6 +197,9 @@ type Kafka struct {
 	// went to (Partitions), read and written by the same goroutine.
 	partitions map[string]partitionCount
 	batch      batcher
+	// parked are the topics HoldParked gave the dead-letter limit; read
+	// on franz-go's goroutines too.
+	parked atomic.Pointer[map[string]bool]
 }
 
 // MaxMessageBytesOf is the largest record the producer sends to topic.
@@ -210,13 +214,15 @@ func (c Config) MaxMessageBytesOf(topic string) int32 {
 // the first record or Ping. extra options are appended last (tests use them
 // for short timeouts).
 func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
+	k := &Kafka{cfg: cfg, log: log, topics: map[string]topicState{}, partitions: map[string]partitionCount{},
+		batch: batcher{now: time.Now, delay: cfg.batchDelay()}}
 	opts := append(ClientOpts(cfg, log),
 		// Idempotence is franz-go's default; acks=all is required by it.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.StopProducerOnDataLossDetected(),
 		// A batch never exceeds its topic's limit: the broker checks
 		// max.message.bytes against whole batches.
-		kgo.ProducerBatchMaxBytesFn(cfg.MaxMessageBytesOf),
+		kgo.ProducerBatchMaxBytesFn(k.maxOf),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		// franz-go's default, except for a record a table's expression
 		// pinned to a partition (Pin).
@@ -252,8 +258,39 @@ func New(cfg Config, log hclog.Logger, extra ...kgo.Opt) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
-	return &Kafka{cl: cl, cfg: cfg, log: log, topics: map[string]topicState{}, partitions: map[string]partitionCount{},
-		batch: batcher{now: time.Now, delay: cfg.batchDelay()}}, nil
+	k.cl = cl
+	return k, nil
+}
+
+// HoldParked gives topics, which parkings hold records in, the parked
+// topics' record limit (DeadLetterMaxMessageBytes), as TopicMaxMessageBytes
+// gives it to today's: a table's parked_topic changed, or its on_invalid
+// changed away from park, while a key was still parked there, and the
+// key's later records, as large as in any parked topic, go on joining its
+// parking there. Call it before the first record to those topics (the
+// producer reads a topic's limit as it first meets the topic).
+func (k *Kafka) HoldParked(topics []string) {
+	m := map[string]bool{}
+	for _, t := range topics {
+		m[t] = true
+	}
+	k.parked.Store(&m)
+}
+
+// maxOf is the largest record the producer sends to topic.
+func (k *Kafka) maxOf(topic string) int32 {
+	if m := k.parked.Load(); m != nil && (*m)[topic] {
+		return max(k.cfg.DeadLetterMaxMessageBytes, k.cfg.MaxMessageBytesOf(topic))
+	}
+	return k.cfg.MaxMessageBytesOf(topic)
+}
+
+// larger reports whether topic has a limit of its own: a dead-letter or
+// a parked topic's.
+func (k *Kafka) larger(topic string) bool {
+	_, ok := k.cfg.TopicMaxMessageBytes[topic]
+	m := k.parked.Load()
+	return ok || m != nil && (*m)[topic]
 }
 
 // ClientOpts are the options every client of the cluster shares: the
@@ -295,8 +332,7 @@ func (k *Kafka) produceError(r *kgo.Record, err error) error {
 	if err == nil {
 		return nil
 	}
-	_, dl := k.cfg.TopicMaxMessageBytes[r.Topic]
-	return &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err, deadLetter: dl}
+	return &ProduceError{Topic: r.Topic, Partition: r.Partition, Size: len(r.Key) + len(r.Value), Err: err, deadLetter: k.larger(r.Topic)}
 }
 
 // Flush sends what Send holds, then waits until every produced record has
@@ -465,3 +501,7 @@ func HostPort(addr string) error {
 	}
 	return nil
 }
+
+// MaxMessageBytesOf is the largest record the producer sends to topic: a
+// larger one would fail with MESSAGE_TOO_LARGE.
+func (k *Kafka) MaxMessageBytesOf(topic string) int { return int(k.maxOf(topic)) }

@@ -138,3 +138,22 @@ func (k *Kafka) Partitions(ctx context.Context, topic string, p int32) (int32, e
 		}
 	}
 }
+
+// EndOffset is where partition p of topic ends now (its high watermark):
+// a record produced after it is at this offset or past it.
+func (k *Kafka) EndOffset(ctx context.Context, topic string, p int32) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ends, err := kadm.NewClient(k.cl).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read where topic %q ends: %w", topic, err)
+	}
+	o, ok := ends.Lookup(topic, p)
+	if !ok {
+		return 0, fmt.Errorf("read where topic %q ends: the brokers list no partition %d", topic, p)
+	}
+	return o.Offset, nil
+}

@@ -99,9 +99,10 @@ func (k *Kafka) ensureTopic(ctx context.Context, topic string) (topicState, erro
 		for key, v := range k.cfg.TopicConfigs[topic] {
 			configs[key] = kadm.StringPtr(v)
 		}
-		if n, ok := k.cfg.TopicMaxMessageBytes[topic]; ok && configs["max.message.bytes"] == nil {
-			// A dead-letter topic takes records larger than the others.
-			configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(int(n)))
+		if k.larger(topic) && configs["max.message.bytes"] == nil {
+			// A dead-letter or parked topic takes records larger than the
+			// others.
+			configs["max.message.bytes"] = kadm.StringPtr(strconv.Itoa(int(k.maxOf(topic))))
 		}
 		resp, err := adm.CreateTopic(ctx, d.Partitions, d.ReplicationFactor, configs, topic)
 		if err == nil {
@@ -305,4 +306,52 @@ func (k *Kafka) Retention(ctx context.Context, topic string) (ms int64, ok bool)
 		}
 	}
 	return 0, false
+}
+
+// Squatted returns, for each of topics that another topic keeps from
+// being created (SameTopic, not equal), that topic; nil when the topics
+// could not be listed (the check is the start's, a help, not a gate: the
+// gate keeps rows out of such names).
+func (k *Kafka) Squatted(ctx context.Context, topics []string) map[string]string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	listed, err := kadm.NewClient(k.cl).ListTopics(ctx)
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, t := range topics {
+		if listed.Has(t) {
+			continue
+		}
+		for name := range listed {
+			if name != t && SameTopic(name, t) {
+				out[t] = name
+			}
+		}
+	}
+	return out
+}
+
+// SameTopic reports whether Kafka takes a and b for the same topic name:
+// equal once every '.' is read as '_' (Kafka refuses to create a topic
+// whose name collides so with an existing one). It allocates nothing (it runs for
+// every record).
+func SameTopic(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == '.' {
+			x = '_'
+		}
+		if y == '.' {
+			y = '_'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
