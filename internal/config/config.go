@@ -276,9 +276,11 @@ func (c *Config) Producer() sink.Config {
 	k.TopicMaxMessageBytes = map[string]int32{}
 	k.TopicConfigs = map[string]map[string]string{}
 	for _, t := range c.Tables {
-		if t.OnInvalid == outbox.OnInvalidDeadLetter || t.OnInvalidUnkeyed == outbox.OnInvalidDeadLetter {
-			k.TopicMaxMessageBytes[t.DeadLetterTopic] = k.DeadLetterMaxMessageBytes
-		}
+		// Every table's dead-letter topic, whatever its on_invalid: cdc
+		// skip sends there the event a fail table stopped on (one too large
+		// for its topic included), and cdc redrive --drop-first and
+		// --drop-invalid a park table's.
+		k.TopicMaxMessageBytes[t.DeadLetterTopic] = k.DeadLetterMaxMessageBytes
 		if t.OnInvalid == outbox.OnInvalidPark {
 			// A parked event lives in its topic until it is redriven:
 			// no time or size retention deletes it.
@@ -287,6 +289,28 @@ func (c *Config) Producer() sink.Config {
 		}
 	}
 	return k
+}
+
+// ParkedTopics are the tables' parked topics (on_invalid: park), which
+// only parking's own records may reach.
+func (c *Config) ParkedTopics() map[string]bool {
+	topics := map[string]bool{}
+	for _, t := range c.Tables {
+		if t.OnInvalid == outbox.OnInvalidPark {
+			topics[t.ParkedTopic] = true
+		}
+	}
+	return topics
+}
+
+// DeadLetterTopics are the tables' dead-letter topics, which only dead
+// letters may reach.
+func (c *Config) DeadLetterTopics() map[string]bool {
+	topics := map[string]bool{}
+	for _, t := range c.Tables {
+		topics[t.DeadLetterTopic] = true
+	}
+	return topics
 }
 
 // Registry is the Schema Registry client's settings: schema_registry.*,
@@ -352,14 +376,38 @@ func (c *Config) validateCheckpoint() error {
 			// have every row deleted (docs/security.md).
 			return fmt.Errorf("%s: retention deletes rows on what the connector reads back from the checkpoint topic, which must then be signed: set checkpoint.signing_key_file (openssl rand -hex 32 > signing.key)", t)
 		}
-		if topic := t.LiteralTopic(); topic == c.Checkpoint.Topic {
-			return fmt.Errorf("%s: topic %q is the checkpoint topic; route events elsewhere, or set checkpoint.topic to another", t, topic)
+		if topic := t.LiteralTopic(); topic != "" && sink.SameTopic(topic, c.Checkpoint.Topic) {
+			return fmt.Errorf("%s: topic %q is the checkpoint topic %q, as Kafka compares names (. and _ alike); route events elsewhere, or set checkpoint.topic to another", t, topic, c.Checkpoint.Topic)
+		}
+		for _, o := range c.Tables {
+			// The gate keeps events out of every dead-letter topic: each
+			// of this table's events would be invalid.
+			if topic := t.LiteralTopic(); topic != "" && sink.SameTopic(topic, o.DeadLetterTopic) {
+				return fmt.Errorf("%s: topic %q is, to Kafka, %s's dead_letter_topic, which only dead letters reach; route events elsewhere, or give that table another dead_letter_topic", t, topic, o)
+			}
 		}
 		if t.OnInvalid == outbox.OnInvalidDeadLetter && t.DeadLetterTopic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: dead_letter_topic %q is the checkpoint topic; choose another", t, t.DeadLetterTopic)
 		}
 		if t.OnInvalid == outbox.OnInvalidPark && t.ParkedTopic == c.Checkpoint.Topic {
 			return fmt.Errorf("%s: parked_topic %q is the checkpoint topic; choose another", t, t.ParkedTopic)
+		}
+		if t.OnInvalid == outbox.OnInvalidPark && len(c.Checkpoint.SigningKeys) == 0 {
+			// A parked key is released by cdc redrive, whose requests are
+			// signed, and its parked records are sealed, so that one
+			// someone else produced to the parked topic is not sent on as
+			// the connector's (docs/security.md).
+			return fmt.Errorf("%s: on_invalid: park seals its parked records and takes signed redrive requests: set checkpoint.signing_key_file (openssl rand -hex 32 > signing.key)", t)
+		}
+	}
+	for _, t := range c.Tables {
+		if t.OnInvalid != outbox.OnInvalidPark {
+			continue
+		}
+		for _, o := range c.Tables {
+			if topic := o.LiteralTopic(); topic == t.ParkedTopic || (o.OnInvalid == outbox.OnInvalidDeadLetter && o.DeadLetterTopic == t.ParkedTopic) {
+				return fmt.Errorf("%s: the parked topic %q is also where %s sends events; choose another parked_topic", t, t.ParkedTopic, o)
+			}
 		}
 	}
 	return nil

@@ -161,6 +161,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"receive timeout under three status intervals", "postgres: {url: 'postgres://u@h/d', status_interval: 10s, receive_timeout: 20s}\nkafka: {brokers: [k:1]}\n", "receive_timeout"},
 		// Issue 24: nothing routes into the checkpoint topic, and numbers have bounds.
 		{"events into the checkpoint topic", base + "tables: [{name: outbox, topic: outbox-cdc.checkpoints}]\n", `topic "outbox-cdc.checkpoints" is the checkpoint topic`},
+		{"events into a name Kafka takes for the checkpoint topic", base + "tables: [{name: outbox, topic: outbox-cdc_checkpoints}]\n", `topic "outbox-cdc_checkpoints" is the checkpoint topic "outbox-cdc.checkpoints"`},
+		{"events into a dead-letter topic", base + "tables: [{name: outbox, topic: dl.x}, {name: other, dead_letter_topic: dl_x}]\n", `topic "dl.x" is, to Kafka, public.other's dead_letter_topic`},
 		{"dead letters into the checkpoint topic", base + "checkpoint: {topic: cp}\ntables: [{name: outbox, on_invalid: dead-letter, dead_letter_topic: cp}]\n", `dead_letter_topic "cp" is the checkpoint topic`},
 		{"max_in_flight overflow", base + "max_in_flight: 99999999999\n", "max_in_flight"},
 		{"max_in_flight too large", base + "max_in_flight: 2000000\n", "use at most 1000000"},
@@ -486,6 +488,15 @@ func TestProducer(t *testing.T) {
 	if !p.ExactlyOnce || p.TransactionTimeout != 2*time.Minute || p.MaxBufferedRecords != 600 || p.TopicMaxMessageBytes["dl"] != 3_000_000 {
 		t.Errorf("producer: exactly once %v, transaction timeout %s, buffer %d, dead-letter limit %d; want true, 2m, 600, 3000000",
 			p.ExactlyOnce, p.TransactionTimeout, p.MaxBufferedRecords, p.TopicMaxMessageBytes["dl"])
+	}
+	// A fail table's dead-letter topic too: cdc skip sends there the event
+	// it stopped on, one too large for its topic included.
+	fail, _, err := validConfig(writeConfig(t, "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [k:1], dead_letter_max_message_bytes: 3000000}\ntables: [{name: public.outbox, dead_letter_topic: dl}]\n"), env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fail.Producer().TopicMaxMessageBytes["dl"]; n != 3_000_000 {
+		t.Errorf("on_invalid: fail: dead-letter limit %d; want 3000000 (cdc skip sends there)", n)
 	}
 	if cfg.Kafka.ExactlyOnce || cfg.Kafka.TransactionTimeout != 0 || cfg.Kafka.TopicMaxMessageBytes != nil {
 		t.Errorf("Validate rewrote kafka.*: %+v", cfg.Kafka)

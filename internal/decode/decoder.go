@@ -66,9 +66,11 @@ type Message struct {
 	// Fresh marks an event (KindEvent, KindInvalid) of a relation that
 	// Decoder.Fresh says the connector has not streamed for its table
 	// before: the table was dropped and created again, or added back to
-	// the publication. The pipeline notes such events until it has sent
-	// what the new table received before it was published.
+	// the publication. The pipeline sends what the new table received
+	// before it was published first. Rel is the relation's id, as Fresh
+	// was asked it (a partition's root's).
 	Fresh bool
+	Rel   uint32
 }
 
 // Type OIDs the decoder reads specially (pg_type.dat).
@@ -351,7 +353,7 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 		return Message{}, nil
 	}
 	m, err := d.row(rel, d.newEvent(rel.table))
-	m.Fresh = rel.fresh
+	m.Fresh, m.Rel = rel.fresh, rel.id
 	return m, err
 }
 

@@ -81,6 +81,7 @@ type Committer struct {
 	last       time.Time // the last commit
 	err        error
 	halted     bool // the loop ended: Confirmed starts no more commits
+	soon       bool // commit at the next Postgres transaction boundary (Soon)
 }
 
 // Halt stops Confirmed from starting commits once the replication loop
@@ -131,6 +132,16 @@ func (c *Committer) Produced() {
 	c.mu.Unlock()
 }
 
+// Soon makes the open Kafka transaction due for commit at the next
+// Postgres transaction boundary, whatever it holds: a key parked anew is
+// then in the checkpoint within a transaction, so that an operator who
+// sees the connector stop on a later event finds it there to redrive.
+func (c *Committer) Soon() {
+	c.mu.Lock()
+	c.soon = true
+	c.mu.Unlock()
+}
+
 // Confirmed starts a commit when one is due and the stream is between
 // Postgres transactions, and returns the position the last committed
 // checkpoint covers.
@@ -139,7 +150,7 @@ func (c *Committer) Confirmed() pglogrepl.LSN {
 	defer c.mu.Unlock()
 	if !c.committing && !c.halted && c.err == nil && !c.pgTxn() {
 		now := time.Now()
-		due := c.open && commitDue(c.inTxn, now.Sub(c.began), c.tr.Lag(now), c.events, c.interval, c.k.TransactionTimeout())
+		due := c.open && (c.soon || commitDue(c.inTxn, now.Sub(c.began), c.tr.Lag(now), c.events, c.interval, c.k.TransactionTimeout()))
 		// A position moved by keepalives alone (a quiet outbox in a busy
 		// database) is checkpointed now and then, in a transaction of
 		// its own.
@@ -245,7 +256,7 @@ func (c *Committer) CommitNow(ctx context.Context, edit func(*checkpoint.Record)
 	}
 	c.progress.Store(rec)
 	c.mu.Lock()
-	c.open, c.inTxn, c.confirmed, c.last = false, 0, rec.Confirmed, time.Now()
+	c.open, c.inTxn, c.confirmed, c.last, c.soon = false, 0, rec.Confirmed, time.Now(), false
 	c.mu.Unlock()
 	if c.onSaved != nil {
 		c.onSaved()

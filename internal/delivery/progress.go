@@ -116,6 +116,9 @@ func (p *Progress) next(pos Position, now time.Time) checkpoint.Record {
 	if pos.Parked != nil {
 		r.Parked = *pos.Parked
 	}
+	if pos.Used != nil {
+		r.Used = *pos.Used
+	}
 	if p.retention != nil {
 		r.RetentionMarks = p.retention
 	}

@@ -18,11 +18,62 @@ type Txn struct {
 	end        pglogrepl.LSN
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
-	// backfills, when set, is the backfill jobs' state once this
+	// notes, when set, is what checkpoints record once this transaction
+	// is delivered, beside its position.
+	notes *notes
+}
+
+// notes are what a transaction carries to the checkpoint (Note,
+// NoteTables, NoteParked, NoteUsed). Few transactions carry any, and every
+// transaction in flight has a Txn (max_in_flight of them, with 1-row
+// transactions), so a Txn holds them behind one pointer.
+type notes struct {
+	// backfills, when set, is the backfill jobs' state once the
 	// transaction is delivered; tables, the tables' relation ids.
 	backfills *[]checkpoint.Job
 	tables    map[string]checkpoint.Table
 	parked    *[]checkpoint.Parked
+	used      *[]checkpoint.Used
+}
+
+// note is tx's notes, made at the first.
+func (tx *Txn) note() *notes {
+	if tx.notes == nil {
+		tx.notes = &notes{}
+	}
+	return tx.notes
+}
+
+// at sets in p what is set in n.
+func (n *notes) at(p *Position) {
+	if n.backfills != nil {
+		p.Backfills = n.backfills
+	}
+	if n.tables != nil {
+		p.Tables = n.tables
+	}
+	if n.parked != nil {
+		p.Parked = n.parked
+	}
+	if n.used != nil {
+		p.Used = n.used
+	}
+}
+
+// onto sets in m what is set in n.
+func (n *notes) onto(m *notes) {
+	if n.backfills != nil {
+		m.backfills = n.backfills
+	}
+	if n.tables != nil {
+		m.tables = n.tables
+	}
+	if n.parked != nil {
+		m.parked = n.parked
+	}
+	if n.used != nil {
+		m.used = n.used
+	}
 }
 
 // Position is the watermark and where it came from.
@@ -43,8 +94,10 @@ type Position struct {
 	// when set, is the tables' relation ids there (Tracker.NoteTables).
 	Backfills *[]checkpoint.Job
 	Tables    map[string]checkpoint.Table
-	// Parked, when set, is the parked keys there (Tracker.NoteParked).
+	// Parked, when set, is the parked keys there (Tracker.NoteParked);
+	// Used, the operator's requests taken (Tracker.NoteUsed).
 	Parked *[]checkpoint.Parked
+	Used   *[]checkpoint.Used
 }
 
 // Tracker computes the confirmable watermark from out-of-order acks. It is
@@ -139,7 +192,7 @@ func (t *Tracker) Ack(tx *Txn, size int, err error) {
 // the watermark passes it, checkpoints record jobs.
 func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Job) {
 	t.mu.Lock()
-	tx.backfills = &jobs
+	tx.note().backfills = &jobs
 	t.mu.Unlock()
 }
 
@@ -148,7 +201,7 @@ func (t *Tracker) Note(tx *Txn, jobs []checkpoint.Job) {
 // tables must not change afterwards.
 func (t *Tracker) NoteTables(tx *Txn, tables map[string]checkpoint.Table) {
 	t.mu.Lock()
-	tx.tables = tables
+	tx.note().tables = tables
 	t.mu.Unlock()
 }
 
@@ -157,7 +210,16 @@ func (t *Tracker) NoteTables(tx *Txn, tables map[string]checkpoint.Table) {
 // parked must not change afterwards.
 func (t *Tracker) NoteParked(tx *Txn, parked []checkpoint.Parked) {
 	t.mu.Lock()
-	tx.parked = &parked
+	tx.note().parked = &parked
+	t.mu.Unlock()
+}
+
+// NoteUsed attaches the operator's requests taken to tx (Record.Used):
+// once tx is delivered, and the watermark passes it, checkpoints record
+// them. used must not change afterwards.
+func (t *Tracker) NoteUsed(tx *Txn, used []checkpoint.Used) {
+	t.mu.Lock()
+	tx.note().used = &used
 	t.mu.Unlock()
 }
 
@@ -177,14 +239,8 @@ func (t *Tracker) Commit(tx *Txn, commit, end pglogrepl.LSN, at time.Time) {
 		// other, and the list stays as long as what is in flight.
 		prev := t.txns[n-2]
 		prev.end, prev.commitLSN, prev.commitTime = tx.end, tx.commitLSN, tx.commitTime
-		if tx.backfills != nil {
-			prev.backfills = tx.backfills
-		}
-		if tx.tables != nil {
-			prev.tables = tx.tables
-		}
-		if tx.parked != nil {
-			prev.parked = tx.parked
+		if tx.notes != nil {
+			tx.notes.onto(prev.note())
 		}
 		t.txns[n-1] = nil
 		t.txns = t.txns[:n-1]
@@ -201,16 +257,10 @@ func (t *Tracker) resolveLocked() bool {
 	n := 0
 	for n < len(t.txns) && t.txns[n].committed && t.txns[n].pending == 0 {
 		if tx := t.txns[n]; tx.end > t.pos.LSN {
-			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills, Tables: t.pos.Tables, Parked: t.pos.Parked}
+			t.pos = Position{LSN: tx.end, Time: tx.commitTime, CommitLSN: tx.commitLSN, CommitTime: tx.commitTime, Backfills: t.pos.Backfills, Tables: t.pos.Tables, Parked: t.pos.Parked, Used: t.pos.Used}
 		}
-		if tx := t.txns[n]; tx.backfills != nil {
-			t.pos.Backfills = tx.backfills
-		}
-		if tx := t.txns[n]; tx.tables != nil {
-			t.pos.Tables = tx.tables
-		}
-		if tx := t.txns[n]; tx.parked != nil {
-			t.pos.Parked = tx.parked
+		if nt := t.txns[n].notes; nt != nil {
+			nt.at(&t.pos)
 		}
 		t.txns[n] = nil
 		n++

@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/redrive"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -26,6 +29,9 @@ import (
 // Rewound is what Rewind did.
 type Rewound struct {
 	From, To pglogrepl.LSN // the slot's position before and after
+	// ParkingsGivenUp counts the parkings that began at or after To: the
+	// stream parks their keys again.
+	ParkingsGivenUp int
 }
 
 // Rewind is the LSN reset of the pipeline itself: with the connector
@@ -41,19 +47,9 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		return Rewound{}, err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	main, err := setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
-	// A connector stopped a moment ago: its walsender lets the slot go
-	// as it exits, just after the connection closed. A running one still
-	// holds it after this.
-	for deadline := time.Now().Add(2 * time.Second); err == nil && main.Active && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-		main, err = setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
-	}
+	main, err := o.stoppedSlot(ctx, sql, "a rewind")
 	if err != nil {
 		return Rewound{}, err
-	}
-	if main.Active {
-		return Rewound{}, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before a rewind", o.Config.Postgres.Slot, main.ActivePID)}
 	}
 	replaySlot, err := setup.InspectSlot(ctx, sql, o.Config.ReplaySlot())
 	if err != nil {
@@ -83,26 +79,33 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		return Rewound{}, fmt.Errorf("%s is ahead of the slot at %s: a rewind only goes back; the connector will get there by itself", to, from)
 	}
 
-	// Drop, copy, advance. Should this stop half-way, the slot is missing
-	// while the checkpoint exists: cdc run refuses that, and running the
-	// rewind again finishes it.
-	if main.Exists {
-		if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot); err != nil {
-			return Rewound{}, fmt.Errorf("drop replication slot %q: %w", o.Config.Postgres.Slot, err)
-		}
-	}
-	at, err := conn.CopySlot(ctx, o.Config.ReplaySlot(), o.Config.Postgres.Slot, false)
+	// What stays parked, decided before the slot moves: a parking that
+	// cannot be cut at to stops the rewind here.
+	parked, dropped, err := o.rewindParked(ctx, rec, to)
 	if err != nil {
 		return Rewound{}, err
 	}
-	if to > at {
-		if at, err = conn.AdvanceSlot(ctx, o.Config.Postgres.Slot, to); err != nil {
-			return Rewound{}, err
+
+	at, err := o.recreateSlot(ctx, sql, conn, main.Exists, to)
+	if err != nil {
+		return Rewound{}, err
+	}
+	if at != to {
+		if parked, dropped, err = o.rewindParked(ctx, rec, at); err != nil {
+			return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 		}
 	}
+	rec.Parked = parked
 	rec.Confirmed = at
 	if rec.CommitLSN >= at {
 		rec.CommitLSN, rec.CommitTime = 0, time.Time{} // nothing after at counts as delivered now
+	}
+	rec.Tables = maps.Clone(rec.Tables)
+	for name, st := range rec.Tables {
+		// A repair's snapshot's view (checkpoint.Table.Seen) would have
+		// the stream pass over events the rewind sends again.
+		st.Seen = nil
+		rec.Tables[name] = st
 	}
 	rec.UpdatedAt = time.Now()
 	rec.AddJump(checkpoint.Jump{Kind: checkpoint.JumpRewind, From: from, To: at, At: rec.UpdatedAt, Reason: "cdc rewind to " + r.String()})
@@ -110,7 +113,83 @@ func (o *Ops) Rewind(ctx context.Context, r replay.Range) (Rewound, error) {
 		return Rewound{}, fmt.Errorf("%w; the slot is already at %s: run the rewind again", err, at)
 	}
 	o.Log.Warn("rewound the pipeline; the next cdc run re-delivers from here", "slot", o.Config.Postgres.Slot, "from", from.String(), "to", at.String())
-	return Rewound{From: from, To: at}, nil
+	return Rewound{From: from, To: at, ParkingsGivenUp: dropped}, nil
+}
+
+// recreateSlot drops the main slot (when it exists), copies the replay
+// slot as the main one and advances it to to: where it is then. Should
+// this stop half-way, the slot is missing while the checkpoint exists:
+// cdc run refuses that, and running the rewind again finishes it.
+func (o *Ops) recreateSlot(ctx context.Context, sql *pgx.Conn, conn *wal.Conn, exists bool, to pglogrepl.LSN) (pglogrepl.LSN, error) {
+	if exists {
+		if _, err := sql.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, o.Config.Postgres.Slot); err != nil {
+			return 0, fmt.Errorf("drop replication slot %q: %w", o.Config.Postgres.Slot, err)
+		}
+	}
+	at, err := conn.CopySlot(ctx, o.Config.ReplaySlot(), o.Config.Postgres.Slot, false)
+	if err != nil || to <= at {
+		return at, err
+	}
+	return conn.AdvanceSlot(ctx, o.Config.Postgres.Slot, to)
+}
+
+// rewindParked is what stays parked after a rewind to at: the stream
+// sends every event from at again, so a parking that began at or after at
+// is given up (its key parks again where its first event is met, if it is
+// invalid still), and one that began before keeps only its records of
+// events before at (the stream parks the key's later ones again, behind
+// them). Without that, re-streamed older events would go behind newer
+// parked ones, and a redrive would end the key on a stale event.
+func (o *Ops) rewindParked(ctx context.Context, rec checkpoint.Record, at pglogrepl.LSN) ([]checkpoint.Parked, int, error) {
+	var kept []checkpoint.Parked
+	dropped := 0
+	r := &redrive.Runner{Kafka: sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), Committed: o.Config.IsExactlyOnce(),
+		Keys: o.Config.Checkpoint.SigningKeys, Key: rec.Key(), ChunkRecords: 1000, ChunkBytes: 1 << 20, Log: o.Log}
+	for _, p := range rec.Parked {
+		if p.FirstLSN >= at {
+			dropped++
+			o.Log.Warn("rewind: a parking that began after the rewind's position is given up; the stream parks the key again where its first event is, if it is invalid still", "key", p.Key, "first_lsn", p.FirstLSN.String(), "episode", p.Episode)
+			continue
+		}
+		cut, err := r.Cut(ctx, &p, at)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read the parked records of key %q: %w", p.Key, err)
+		}
+		if cut == 0 {
+			// Its first event is before at, and its record is not in the
+			// parked topic: the parking cannot be kept whole from here.
+			return nil, 0, &errtext.Fatal{Msg: fmt.Sprintf("key %q is parked since %s, and the parked topic %q no longer holds its records from before %s: rewind to the parking's start or before (cdc rewind --to-lsn %s), which gives the parking up and parks the key again from its first event", p.Key, p.FirstLSN, p.Topic, at, p.FirstLSN)}
+		}
+		if cut < p.Events {
+			o.Log.Info("rewind: a parking keeps its events from before the rewind's position; the stream parks the key's later events again behind them", "key", p.Key, "kept", cut, "of", p.Events)
+		}
+		p.Events, p.Released = cut, min(p.Released, cut)
+		// Runs that start past the cut own no record now; the next
+		// session's run takes the numbers from cut+1 on.
+		p.Runs = slices.DeleteFunc(slices.Clone(p.Runs), func(r checkpoint.Run) bool { return r.From > cut })
+		kept = append(kept, p)
+	}
+	return kept, dropped, nil
+}
+
+// stoppedSlot is the pipeline's slot, which no connector may hold for
+// what (a command that changes the checkpoint of a stopped pipeline).
+func (o *Ops) stoppedSlot(ctx context.Context, sql *pgx.Conn, what string) (setup.SlotState, error) {
+	slot, err := setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	// A connector stopped a moment ago: its walsender lets the slot go as
+	// it exits, just after the connection closed. A running one still
+	// holds it after this.
+	for deadline := time.Now().Add(2 * time.Second); err == nil && slot.Active && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		slot, err = setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
+	}
+	if err != nil {
+		return slot, err
+	}
+	if slot.Active {
+		return slot, &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before %s", o.Config.Postgres.Slot, slot.ActivePID, what)}
+	}
+	return slot, nil
 }
 
 // Accepted is the gap AcceptGap recorded; nil Gap: there was none.
@@ -149,18 +228,11 @@ func (o *Ops) Skip(ctx context.Context, lsn pglogrepl.LSN, id string) (string, e
 		return "", err
 	}
 	defer sql.Close(context.WithoutCancel(ctx))
-	slot, err := setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
-	for deadline := time.Now().Add(2 * time.Second); err == nil && slot.Active && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond) // a connector that just stopped: its walsender lets go
-		slot, err = setup.InspectSlot(ctx, sql, o.Config.Postgres.Slot)
-	}
+	// A running session writes its own checkpoints, which would not carry
+	// the skip.
+	slot, err := o.stoppedSlot(ctx, sql, "cdc skip")
 	if err != nil {
 		return "", err
-	}
-	if slot.Active {
-		// A running session writes its own checkpoints, which would
-		// not carry the skip.
-		return "", &errtext.Fatal{Msg: fmt.Sprintf("replication slot %q is in use by process %d: stop the connector (every instance) before cdc skip", o.Config.Postgres.Slot, slot.ActivePID)}
 	}
 	if slot.Exists && lsn < slot.ConfirmedFlush {
 		return "", &errtext.Fatal{Msg: fmt.Sprintf("the transaction at %s is before the slot's position %s: the connector is past it already; check --lsn against the error", lsn, slot.ConfirmedFlush)}

@@ -128,7 +128,7 @@ func (o *Ops) Check(ctx context.Context) (warnings []string, err error) {
 	}
 	if len(probs) == 0 {
 		// The backfills' conditions and orders, which need the tables.
-		for _, j := range backfill.InitialJobs(o.Config.Tables, false) {
+		for _, j := range backfill.InitialJobs(o.Config.Tables, false, nil) {
 			if err := o.backfills().Check(ctx, []checkpoint.Job{j}); err != nil {
 				probs = append(probs, "postgres: "+errtext.OneLine(err))
 			}

@@ -4,27 +4,38 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/signing"
 )
 
 // The headers a parked record carries besides a dead letter's (package
-// route): which parking it belongs to, the event that holds it back (on
-// the others), and, on the first, the event it came from; on one behind
-// it, the partition its table's expression pinned it to, which its
-// redrive keeps (the key's other events are there).
+// route): which parking it belongs to, its number there and the session
+// that produced it ("run/n", checkpoint.Parked.Runs), the commit LSN of
+// its event, the event that holds it back (on the others), and, on an
+// invalid one (the first, and any behind it), the event it came from; on
+// one behind it, the partition its table's expression pinned it to, which
+// its redrive keeps (the key's other events are there); last, its seal.
 const (
 	HeaderEpisode   = "parked_episode"
+	HeaderSeq       = "parked_seq"
+	HeaderLSN       = "parked_lsn"
 	HeaderBehind    = "parked_behind"
 	HeaderEvent     = "parked_event"
 	HeaderPartition = "parked_partition"
+	HeaderSeal      = "parked_seal"
 )
 
 // NewEpisode is a parking's random name.
@@ -46,11 +57,16 @@ type jsonEvent struct {
 	CommitLSN  string                    `json:"commit_lsn"`
 	CommitTime time.Time                 `json:"commit_time"`
 	XID        uint32                    `json:"xid"`
+	// PayloadKept: Fields holds the payload, which the record's value is
+	// not (a message's whole content, a NULL payload). Without it (and in
+	// records parked before it was kept) the value is the payload.
+	PayloadKept bool `json:"payload_kept,omitempty"`
 }
 
-// EncodeEvent is ev as its parked record's HeaderEvent keeps it.
-func EncodeEvent(ev *outbox.Event) []byte {
-	j := jsonEvent{Raw: ev.Raw, CommitLSN: ev.CommitLSN.String(), CommitTime: ev.CommitTime, XID: ev.XID}
+// EncodeEvent is ev as its parked record's HeaderEvent keeps it;
+// payloadKept says ev's payload is in it, not in the record's value.
+func EncodeEvent(ev *outbox.Event, payloadKept bool) []byte {
+	j := jsonEvent{Raw: ev.Raw, CommitLSN: ev.CommitLSN.String(), CommitTime: ev.CommitTime, XID: ev.XID, PayloadKept: payloadKept}
 	for i, v := range ev.Fields {
 		if !v.Null() {
 			b := v.B
@@ -70,18 +86,19 @@ func EncodeEvent(ev *outbox.Event) []byte {
 	return b
 }
 
-// DecodeEvent is the event of src a parked record's HeaderEvent kept.
-func DecodeEvent(b []byte, src *outbox.Source) (outbox.Event, error) {
+// DecodeEvent is the event of src a parked record's HeaderEvent kept, and
+// whether its payload is in it (EncodeEvent).
+func DecodeEvent(b []byte, src *outbox.Source) (outbox.Event, bool, error) {
 	var j jsonEvent
 	if err := json.Unmarshal(b, &j); err != nil {
-		return outbox.Event{}, fmt.Errorf("read a parked event: %w", err)
+		return outbox.Event{}, false, fmt.Errorf("read a parked event: %w", err)
 	}
 	if len(j.Extra) != len(src.Extra) || len(j.ExtraKinds) != len(j.Extra) {
-		return outbox.Event{}, fmt.Errorf("read a parked event of %s: it has %d extra columns, the configuration maps %d; configure the table as it was when the event was parked", src, len(j.Extra), len(src.Extra))
+		return outbox.Event{}, false, fmt.Errorf("read a parked event of %s: it has %d extra columns, the configuration maps %d; configure the table as it was when the event was parked", src, len(j.Extra), len(src.Extra))
 	}
 	lsn, err := pglogrepl.ParseLSN(j.CommitLSN)
 	if err != nil {
-		return outbox.Event{}, fmt.Errorf("read a parked event: %w", err)
+		return outbox.Event{}, false, fmt.Errorf("read a parked event: %w", err)
 	}
 	ev := outbox.Event{Source: src, Raw: j.Raw, CommitLSN: lsn, CommitTime: j.CommitTime, XID: j.XID}
 	for i, p := range j.Fields {
@@ -97,7 +114,7 @@ func DecodeEvent(b []byte, src *outbox.Source) (outbox.Event, error) {
 		}
 		ev.Extra = append(ev.Extra, v)
 	}
-	return ev, nil
+	return ev, j.PayloadKept, nil
 }
 
 // nonNil keeps an empty value from reading as NULL.
@@ -109,9 +126,10 @@ func nonNil(b []byte) []byte {
 }
 
 // RequestMaxAge is how far apart a redrive request's requested_at and the
-// commit of the WAL message that announces it may be: more is a request
-// announced again by a role that can write a logical decoding message.
-const RequestMaxAge = 10 * time.Minute
+// commit of the WAL message that announces it may be (or, taken at a
+// session's start, now): more is a request announced again by a role that
+// can write a logical decoding message.
+const RequestMaxAge = checkpoint.RequestMaxAge
 
 // ControlRequest is the control message (package backfill's Control) that
 // announces a redrive request in the WAL.
@@ -121,28 +139,55 @@ const ControlRequest = "redrive-request"
 // checkpoint topic's request keys with backfill requests.
 const RequestPrefix = "redrive-"
 
-// Request is what cdc redrive asks the running pipeline to do: send the
-// selected parked keys' events on, in order; with DropFirst, the first of
-// each to the dead-letter topic instead. It is kept in the checkpoint
-// topic and signed as a backfill request is (docs/security.md).
+// MaxRefs bounds the parkings one request names: cdc redrive asks for more
+// in several requests, so that each fits a Kafka record.
+const MaxRefs = 500
+
+// Ref is one parking a request names, as cdc parked listed it: a key
+// parked again since is another episode, which the request does not name.
+type Ref struct {
+	Key     string `json:"key"`
+	Episode string `json:"episode"`
+}
+
+// Request is what cdc redrive asks the pipeline to do: send the parkings
+// it names on, each whole and in order; with DropFirst, each one's first
+// event to the dead-letter topic instead; with DropInvalid, every event
+// still invalid at the redrive (an event nobody will fix, behind the
+// first or the first), the rest on in order; with AcceptGap, what a parked
+// topic still holds of a parking that lost records, accepting the loss.
+// It is kept in the checkpoint topic and signed as a backfill request is
+// (docs/security.md), and runs once.
 type Request struct {
 	ID          string    `json:"id"`
-	Key         string    `json:"key,omitempty"`
-	Table       string    `json:"table,omitempty"`
-	All         bool      `json:"all,omitempty"`
+	Parkings    []Ref     `json:"parkings"`
 	DropFirst   bool      `json:"drop_first,omitempty"`
+	DropInvalid bool      `json:"drop_invalid,omitempty"`
+	AcceptGap   bool      `json:"accept_gap,omitempty"`
 	RequestedAt time.Time `json:"requested_at"`
 	MAC         string    `json:"mac,omitempty"`
 }
 
-// Selector is what r selects.
-func (r Request) Selector() Selector { return Selector{Key: r.Key, Table: r.Table, All: r.All} }
-
 func (r Request) mac(secret []byte, key string) []byte {
 	h := hmac.New(sha256.New, secret)
-	for _, f := range []string{"outbox-cdc redrive request v1", key, r.ID, r.Key, r.Table, fmt.Sprint(r.All), fmt.Sprint(r.DropFirst), r.RequestedAt.UTC().Format(time.RFC3339Nano)} {
+	field := func(f string) {
 		h.Write([]byte(f))
 		h.Write([]byte{0})
+	}
+	for _, f := range []string{"outbox-cdc redrive request v2", key, r.ID, fmt.Sprint(len(r.Parkings))} {
+		field(f)
+	}
+	for _, p := range r.Parkings {
+		field(p.Key)
+		field(p.Episode)
+	}
+	for _, f := range []string{fmt.Sprint(r.DropFirst), fmt.Sprint(r.AcceptGap), r.RequestedAt.UTC().Format(time.RFC3339Nano)} {
+		field(f)
+	}
+	if r.DropInvalid {
+		// Only when set, so that a request without it has the MAC it had
+		// before the field was.
+		field("drop-invalid")
 	}
 	return h.Sum(nil)
 }
@@ -153,5 +198,115 @@ func (r *Request) Sign(secret []byte, key string) { r.MAC = hex.EncodeToString(r
 // Verify reports whether r.MAC was made by one of secrets for the pipeline
 // with checkpoint key key.
 func (r Request) Verify(secrets [][]byte, key string) bool {
-	return checkpoint.VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
+	return signing.VerifyMAC(r.MAC, secrets, func(s []byte) []byte { return r.mac(s, key) })
+}
+
+// Made is when the request was made.
+func (r Request) Made() time.Time { return r.RequestedAt }
+
+// ParseRequest reads request id's value from the checkpoint topic.
+func ParseRequest(id string, v []byte) (Request, error) {
+	var r Request
+	if err := json.Unmarshal(v, &r); err != nil || r.ID != id {
+		return Request{}, fmt.Errorf("redrive request %s does not parse", id)
+	}
+	if len(r.Parkings) == 0 || len(r.Parkings) > MaxRefs {
+		return Request{}, fmt.Errorf("redrive request %s names %d parkings, not 1 to %d", id, len(r.Parkings), MaxRefs)
+	}
+	return r, nil
+}
+
+// Seal sets rec's HeaderSeal, last: an HMAC, with secret for the pipeline
+// with checkpoint key key, of everything a redrive reads of rec (its key,
+// value, headers and parked topic), so that a record someone else
+// produced to the parked topic, or changed, is not taken for the
+// parking's.
+func Seal(rec *kgo.Record, secret []byte, key string) {
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderSeal, Value: []byte(hex.EncodeToString(seal(rec, secret, key)))})
+}
+
+// Sealed reports whether rec's seal (its last header) was made by one of
+// secrets for the pipeline with checkpoint key key.
+func Sealed(rec *kgo.Record, secrets [][]byte, key string) bool {
+	n := len(rec.Headers)
+	if n == 0 || rec.Headers[n-1].Key != HeaderSeal {
+		return false
+	}
+	return signing.VerifyMAC(string(rec.Headers[n-1].Value), secrets, func(s []byte) []byte { return seal(rec, s, key) })
+}
+
+// seal is the MAC of rec's topic, key, value and headers but a last
+// HeaderSeal, each length-prefixed.
+func seal(rec *kgo.Record, secret []byte, key string) []byte {
+	h := hmac.New(sha256.New, secret)
+	var n [8]byte
+	field := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	field([]byte("outbox-cdc parked record v1"))
+	field([]byte(key))
+	field([]byte(rec.Topic))
+	field(rec.Key)
+	field(rec.Value)
+	hs := rec.Headers
+	if k := len(hs); k > 0 && hs[k-1].Key == HeaderSeal {
+		hs = hs[:k-1]
+	}
+	for _, hd := range hs {
+		field([]byte(hd.Key))
+		field(hd.Value)
+	}
+	return h.Sum(nil)
+}
+
+// Seq is the value of HeaderSeq for record n of run.
+func Seq(run string, n int64) []byte { return []byte(run + "/" + strconv.FormatInt(n, 10)) }
+
+// ParseSeq reads HeaderSeq's value.
+func ParseSeq(v string) (run string, n int64, ok bool) {
+	run, num, found := strings.Cut(v, "/")
+	if !found {
+		return "", 0, false
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	return run, n, err == nil && n > 0
+}
+
+// Header is the value of the connector's header key on parked record r,
+// or "": the last of that name, since the connector appends its own after
+// the record's (a header a row's expression names the same comes first,
+// and is the row's; the configuration refuses those names anyway).
+func Header(r *kgo.Record, key string) string {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == key {
+			return string(r.Headers[i].Value)
+		}
+	}
+	return ""
+}
+
+// Ours reports which of r's headers are the connector's, named in keys:
+// the last of each name.
+func Ours(r *kgo.Record, keys ...string) []bool {
+	ours := make([]bool, len(r.Headers))
+	for _, k := range keys {
+		for i := len(r.Headers) - 1; i >= 0; i-- {
+			if r.Headers[i].Key == k {
+				ours[i] = true
+				break
+			}
+		}
+	}
+	return ours
+}
+
+// Made reads when the redrive request v says it was made, without
+// verifying it: for a first look (request.Requests.Pending).
+func Made(v []byte) (time.Time, bool) {
+	var r struct {
+		RequestedAt time.Time `json:"requested_at"`
+	}
+	return r.RequestedAt, json.Unmarshal(v, &r) == nil && !r.RequestedAt.IsZero()
 }

@@ -91,3 +91,13 @@ func WaitForOlder(ctx context.Context, cfg Config, conn *pgx.Conn, log hclog.Log
 	}
 	return CatchUp(ctx, cfg, conn)
 }
+
+// XID64 is SQL for the 64-bit xid of col, a 32-bit xid column (a row's
+// xmin), in the epoch of next (SQL for the server's next 64-bit xid, as a
+// snapshot's xmax), or in the one before when col is above next's low 32
+// bits: no xid is ahead of the next one. An xid older than 2^32
+// transactions (a frozen row's, which freezing keeps) is placed an epoch
+// late, as the newer one it cannot be told from.
+func XID64(col, next string) string {
+	return `((CASE WHEN ` + col + `::text::bigint <= (` + next + ` & 4294967295) THEN ` + next + ` >> 32 ELSE (` + next + ` >> 32) - 1 END) << 32 | ` + col + `::text::bigint)`
+}

@@ -1,48 +1,75 @@
-// Package redrive sends a parked key's events on (package park;
+// Package redrive sends parked keys' events on (package park;
 // docs/operations.md, "Parked keys"), where the stream meets the signed
-// request cdc redrive announced, in the announcement's transaction.
+// request cdc redrive announced (package request admits it), in the
+// announcement's transaction, or as a session starts when the stream
+// cannot reach the announcement.
 //
 // Invariants:
-//   - It runs only a request signed with checkpoint.signing_key_file's
-//     key and announced within park.RequestMaxAge of being made.
-//   - Before it reads a parked topic, every event sent before the
-//     announcement is acknowledged (and, exactly once, committed), so the
-//     topic holds every record of the parking; the key's events committed
-//     after the announcement come after the redriven ones.
-//   - A parking's records are read in the order they were parked, and
-//     only its own (its Episode); a first event that is invalid still
-//     keeps the key parked, with the new reason, and sends nothing.
+//   - A request acts only on the parkings it names, in the episode the
+//     operator saw: a key redriven since, or parked again, is left as it
+//     is.
+//   - Before it reads a parked topic, every record sent before is
+//     acknowledged (and, exactly once, committed), so the topic holds
+//     every record of the parking; the key's events committed after the
+//     announcement come after the redriven ones.
+//   - What leaves the parked topic leaves whole, or stays: a first pass
+//     reads the parking by offset, from the offset it started at (or, when
+//     records are missing and the partition begins below it, the topic
+//     made again, from where it begins), on its one partition, and checks every record the checkpoint says it has
+//     (numbered 1 to Events, each sealed, each of the session its number
+//     belongs to) and that each may be sent now; a parking with a record
+//     missing (retention, compaction, DeleteRecords, the topic made
+//     again) or one invalid still sends nothing and stays parked, saying
+//     why, unless the operator accepted the gap. Only then does a second
+//     pass send them, in their order, each once.
+//   - Memory is a chunk: the passes read a bounded fetch at a time, and
+//     the second sends a chunk (half of max_in_flight, and of its bytes),
+//     then waits for Kafka (exactly once: commits it, with the number of
+//     records released in the checkpoint), so a redrive of any size holds
+//     a chunk, and one interrupted resumes where its last commit left it.
 package redrive
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
-	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
+	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/sink"
 )
 
-// Session is what a redrive needs of the session that meets its
-// announcement.
+// Session is what a redrive needs of the session that runs it.
 type Session struct {
 	// Blocking runs fn, which may block for seconds, keeping the slot's
 	// lease.
 	Blocking func(fn func() error) error
-	// Settle lets Kafka acknowledge (exactly once: commits) every event
+	// Settle lets Kafka acknowledge (exactly once: commits) every record
 	// sent before, so that the parked topics hold them.
 	Settle func() error
-	// Redrive sends parking p's records on, in the open transaction
-	// (relay.Sender.Redrive).
-	Redrive func(p *checkpoint.Parked, src *outbox.Source, recs []*kgo.Record, dropFirst bool) (sent int, still, err error)
+	// Route is what parked record r of p becomes now (relay.Sender's
+	// Redriven): send produces it in the open transaction (nil: still is
+	// why it may not go yet).
+	Route func(p *checkpoint.Parked, r *kgo.Record, drop bool) (send func() error, still error, err error)
+	// Chunk is called after each chunk sent and once after the last: it
+	// waits for room in flight, or exactly once commits the open Kafka
+	// transaction with the checkpoint noting p's Released (which the
+	// redrive has set).
+	Chunk func(p *checkpoint.Parked) error
+	// Dirty tells the session the parked keys changed, for its next
+	// checkpoint note.
+	Dirty func()
 }
 
 // Runner runs one pipeline's redrives.
@@ -51,151 +78,409 @@ type Runner struct {
 	// records (exactly once).
 	Kafka     []kgo.Opt
 	Committed bool
-	// Keys are checkpoint.signing_key_file's, Key the checkpoint's key.
+	// Keys are checkpoint.signing_key_file's, Key the checkpoint's key:
+	// a parked record's seal verifies with them (park.Sealed).
 	Keys [][]byte
 	Key  string
-	// Tables are the configured sources, to route a first event again.
-	Tables []*outbox.Source
-	// Read reads an announced request's value from the checkpoint topic.
-	Read func(ctx context.Context, id string) (v []byte, ok bool, err error)
-	Log  hclog.Logger
+	// ChunkRecords and ChunkBytes bound a chunk (half of max_in_flight
+	// and of max_in_flight_bytes), and what a fetch reads.
+	ChunkRecords int
+	ChunkBytes   int
+	Log          hclog.Logger
 }
 
-// Run runs request id, announced by a message committed at at, on set:
-// it returns whether the parked keys changed.
-func (r *Runner) Run(ctx context.Context, s Session, set *park.Set, id string, at time.Time) (changed bool, err error) {
-	req, ok, err := r.request(ctx, s, id, at)
-	if err != nil || !ok {
-		return false, err
-	}
-	entries := set.Select(req.Selector())
-	if len(entries) == 0 {
-		r.Log.Info("a redrive found nothing parked to send (done already, or nothing matched)", "id", id, "selects", req.Selector().String())
-		return false, nil
-	}
-	if err := s.Settle(); err != nil {
-		return false, err
-	}
-	for _, p := range entries {
-		if err := r.one(ctx, s, set, p, req.DropFirst); err != nil {
-			return true, err
-		}
-	}
-	return true, nil
+// Outcome is what a request did: every parking it named released (Done),
+// and in words, per parking, for cdc redrive to print.
+type Outcome struct {
+	Done  bool
+	Lines []string
+	// Changed: the parked keys changed (a key released, a reason or a
+	// count of records released).
+	Changed bool
 }
 
-// one sends parking p's events on, or keeps it parked with the first's
-// new reason when it is invalid still.
-func (r *Runner) one(ctx context.Context, s Session, set *park.Set, p *checkpoint.Parked, dropFirst bool) error {
-	var src *outbox.Source
-	for _, t := range r.Tables {
-		if t.String() == p.Table {
-			src = t
+// String is the outcome in one line.
+func (o Outcome) String() string { return strings.Join(o.Lines, "; ") }
+
+// Run runs req on set.
+func (r *Runner) Run(ctx context.Context, s Session, set *park.Set, req park.Request) (Outcome, error) {
+	out := Outcome{Done: true}
+	settled := false
+	for _, ref := range req.Parkings {
+		p := set.ByKey(ref.Key)
+		switch {
+		case p == nil:
+			out.Lines = append(out.Lines, fmt.Sprintf("key %q is not parked (redriven already, or never parked)", ref.Key))
+			continue
+		case p.Episode != ref.Episode:
+			out.Done = false
+			out.Lines = append(out.Lines, fmt.Sprintf("key %q was redriven and parked again since (episode %s, not %s): it stays parked; cdc parked shows it", ref.Key, p.Episode, ref.Episode))
+			continue
 		}
+		if !settled {
+			if err := s.Settle(); err != nil {
+				return out, err
+			}
+			settled = true
+		}
+		line, released, err := r.one(ctx, s, set, p, req)
+		if released || line != "" {
+			out.Changed = true
+		}
+		if err != nil {
+			return out, err
+		}
+		out.Done = out.Done && released
+		out.Lines = append(out.Lines, line)
 	}
-	if src == nil {
-		return errtext.Fatalf("key %q is parked for table %s, which the configuration no longer has; configure the table again to redrive it", p.Key, p.Table)
+	return out, nil
+}
+
+// one redrives parking p whole, or keeps it parked with why: the line
+// says which, released whether p is no longer parked.
+func (r *Runner) one(ctx context.Context, s Session, set *park.Set, p *checkpoint.Parked, req park.Request) (line string, released bool, err error) {
+	if gone := park.Unsealable(p, r.Keys); len(gone) > 0 {
+		// Not records gone: a key rotated out of the file. Every record
+		// it sealed would read as forged, and --accept-gap would un-park
+		// the key having sent none of them.
+		reason := fmt.Sprintf("redrive refused, nothing sent: the parked records were sealed with signing key %s, which checkpoint.signing_key_file no longer has, so none would verify; put that key back in the file on a line after the current one (the first line signs, every line verifies), start the connector again and redrive (--accept-gap does not apply)",
+			strings.Join(gone, ", "))
+		r.Log.Error("redrive: a parked key's records are sealed with a signing key the connector no longer has; it stays parked", "key", p.Key, "key_ids", strings.Join(gone, ","))
+		set.SetReason(p, reason)
+		s.Dirty()
+		return fmt.Sprintf("key %q stays parked: %s", p.Key, reason), false, nil
 	}
-	var recs []*kgo.Record
-	err := s.Blocking(func() (err error) {
-		recs, err = r.records(ctx, p)
-		return err
+	w, stills, from, err := r.check(ctx, s, p, req)
+	if err != nil {
+		return "", false, err
+	}
+	var reason string
+	switch {
+	case w.lost > 0 && !req.AcceptGap:
+		reason = fmt.Sprintf("redrive refused: parked topic %q (partition %d, from offset %d) no longer holds %d of its %d records (%s): deleted by a retention, compaction, DeleteRecords or the topic made again? To send them in order, stop the connector and rewind to the parking's start (cdc rewind --to-lsn %s, within the replay window), or send what is left and accept the gap (cdc redrive --key %s --accept-gap); the outbox keeps the key's rows while it is parked",
+			p.Topic, p.Partition, from, w.lost, p.Events-p.Released, w.spans(), p.FirstLSN, quoteArg(p.Key))
+		r.Log.Error("redrive: a parked key's records are missing from the parked topic; it stays parked", "key", p.Key, "topic", p.Topic, "partition", p.Partition, "missing", w.spans(), "forged", w.forged)
+	case w.invalid > 0:
+		reason = fmt.Sprintf("redrive sent nothing: %d of its events are invalid still: %s; fix them, or send the first to the dead-letter topic (cdc redrive --key %s --drop-first), or every one that stays invalid (--drop-invalid)", w.invalid, strings.Join(stills, "; "), quoteArg(p.Key))
+		r.Log.Warn("redrive: events of a parked key are invalid still; it stays parked, nothing sent (fix them, or redrive with --drop-first for the first, --drop-invalid for every one)", "key", p.Key, "error", reason)
+	default:
+		if w.lost > 0 {
+			r.Log.Error("redrive: accepted a gap in a parked key's records, as asked (--accept-gap): sending the rest in order", "key", p.Key, "missing", w.spans())
+		}
+		var sent, dropped int64
+		if sent, dropped, reason, err = r.send(ctx, s, set, p, req, from, w.lost); err != nil || reason != "" {
+			break
+		}
+		set.Unpark(p)
+		s.Dirty()
+		r.Log.Info("redrive: sent a parked key's events on, in order", "table", p.Table, "key", p.Key, "topic", p.Dest, "events", sent, "dropped", dropped)
+		line = fmt.Sprintf("key %q: %d events sent on", p.Key, sent)
+		switch {
+		case dropped > 0 && req.DropInvalid:
+			line += fmt.Sprintf(", %d still invalid to the dead-letter topic", dropped)
+		case dropped > 0:
+			line += ", the first to the dead-letter topic"
+		}
+		if w.lost > 0 {
+			line += fmt.Sprintf(", %d missing (accepted)", w.lost)
+		}
+		return line, true, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	set.SetReason(p, reason)
+	s.Dirty()
+	return fmt.Sprintf("key %q stays parked: %s", p.Key, reason), false, nil
+}
+
+// check is the first pass over p's records: which are missing, which
+// may not go yet (the first few, in words), and the offset the second
+// pass reads from.
+func (r *Runner) check(ctx context.Context, s Session, p *checkpoint.Parked, req park.Request) (*walk, []string, int64, error) {
+	var stills []string
+	w, from, err := r.scan(ctx, s, p, func() { stills = nil }, func(w *walk, n int64, rec *kgo.Record) error {
+		_, still, err := s.Route(p, rec, req.DropFirst && n == 1)
+		if err == nil && still != nil && req.DropInvalid {
+			_, still, err = s.Route(p, rec, true) // its dead letter, which may be refused too
+		}
+		if err != nil || still == nil {
+			return err
+		}
+		if w.invalid++; len(stills) < 3 {
+			stills = append(stills, fmt.Sprintf("event %d of %d (id %s): %s", n, p.Events, header(rec, route.HeaderDeadLetterID), brief(still)))
+		}
+		return nil
+	})
+	return w, stills, from, err
+}
+
+// scan is a pass over p's records from p.Start, each fed to a new walk
+// and, when it is the parking's, to ours. A pass that finds records
+// missing while the partition begins below Start reads again from where
+// it begins (reset called first): the topic was made again since the
+// parking began, its offsets started at 0 again, and the records parked
+// since are below Start. Reading more is safe (the walk tells the
+// parking's records apart by episode, number and seal), and costs a
+// second read only where records are missing. It returns the walk and
+// the offset the pass read from, for a second pass to read the same.
+func (r *Runner) scan(ctx context.Context, s Session, p *checkpoint.Parked, reset func(), ours func(w *walk, n int64, rec *kgo.Record) error) (*walk, int64, error) {
+	from := p.Start
+	for {
+		w := r.newWalk(p)
+		err := r.read(ctx, s, p, from, func(rec *kgo.Record) error {
+			if n, mine := w.take(rec); mine {
+				return ours(w, n, rec)
+			}
+			return nil
+		})
+		if err != nil {
+			return w, from, err
+		}
+		if w.end(); w.lost == 0 {
+			return w, from, nil
+		}
+		var first int64
+		if err := s.Blocking(func() (err error) { first, err = r.first(ctx, p); return err }); err != nil || first >= from {
+			return w, from, err
+		}
+		from = first
+		reset()
+	}
+}
+
+// send is the second pass: p's records sent on, in their order, a chunk
+// at a time; stop says why it stopped part-way (records that vanished or
+// became invalid since the first pass, lost more than the lost it had
+// found).
+func (r *Runner) send(ctx context.Context, s Session, set *park.Set, p *checkpoint.Parked, req park.Request, from, lost int64) (sent, dropped int64, stop string, err error) {
+	w := r.newWalk(p)
+	inChunk, chunkBytes := 0, 0
+	err = r.read(ctx, s, p, from, func(rec *kgo.Record) error {
+		if stop != "" {
+			return nil
+		}
+		n, ours := w.take(rec)
+		if w.lost > lost && !req.AcceptGap {
+			stop = fmt.Sprintf("records %s vanished from the parked topic while it was redriven", w.spans())
+			return nil
+		}
+		if !ours {
+			return nil
+		}
+		drop := req.DropFirst && n == 1
+		send, still, err := s.Route(p, rec, drop)
+		if err == nil && still != nil && req.DropInvalid && !drop {
+			drop = true
+			send, still, err = s.Route(p, rec, true)
+		}
+		if err != nil {
+			return err
+		}
+		if still != nil {
+			stop = fmt.Sprintf("event %d (id %s) became invalid while it was redriven: %s", n, header(rec, route.HeaderDeadLetterID), brief(still))
+			return nil
+		}
+		if err := send(); err != nil {
+			return err
+		}
+		if drop {
+			dropped++
+		}
+		sent++
+		set.Released(p, n)
+		if inChunk, chunkBytes = inChunk+1, chunkBytes+sink.RecordSize(rec); inChunk >= r.ChunkRecords || chunkBytes >= r.ChunkBytes {
+			inChunk, chunkBytes = 0, 0
+			return s.Chunk(p)
+		}
+		return nil
 	})
 	if err != nil {
-		return err
+		return sent, dropped, "", err
 	}
-	sent, still, err := s.Redrive(p, src, recs, dropFirst)
+	if w.end(); stop == "" && w.lost > lost && !req.AcceptGap {
+		stop = fmt.Sprintf("records %s vanished from the parked topic while it was redriven", w.spans())
+	}
+	if err := s.Chunk(p); err != nil {
+		return sent, dropped, "", err
+	}
+	if stop != "" {
+		stop = fmt.Sprintf("redrive stopped after %d of its events (sent on, in order): %s; redrive it again", p.Released, stop)
+		r.Log.Error("redrive: stopped part-way; the key stays parked with the events not sent", "key", p.Key, "error", stop)
+	}
+	return sent, dropped, stop, nil
+}
+
+// quoteArg is k as a shell argument.
+func quoteArg(k string) string { return "'" + strings.ReplaceAll(k, "'", `'\''`) + "'" }
+
+// brief is an event's error without what to do when stopping on it.
+func brief(err error) string {
+	var ee *outbox.EventError
+	if errors.As(err, &ee) {
+		return ee.Brief()
+	}
+	return err.Error()
+}
+
+// read calls take with each record of p's partition of its parked topic,
+// from offset from to where the partition ends now, in offset order, a fetch
+// of at most ChunkBytes at a time. It fetches by hand, so that it knows
+// the offset it has read to, past records a compaction removed and past
+// transaction markers: a consumer only shows the records it returns, and
+// one whose last records are gone would wait for them for ever. Reading
+// keeps the slot's lease; take runs outside it.
+func (r *Runner) read(ctx context.Context, s Session, p *checkpoint.Parked, from int64, take func(*kgo.Record) error) error {
+	cl, err := kgo.NewClient(r.Kafka...)
 	if err != nil {
+		return fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	f := &fetcher{r: r, cl: cl, adm: kadm.NewClient(cl), p: p}
+	var end int64
+	if err := s.Blocking(func() (err error) {
+		end, err = r.end(ctx, f.adm, p)
+		return err
+	}); err != nil {
 		return err
 	}
-	if still != nil {
-		p.Reason = errtext.OneLine(still)
-		var ee *outbox.EventError
-		if errors.As(still, &ee) {
-			p.Reason = ee.Brief()
+	for at := from; at < end; {
+		var recs []*kgo.Record
+		next := at
+		err := s.Blocking(func() (err error) {
+			recs, next, err = f.fetch(ctx, at, end)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("read parked topic %q: %w", p.Topic, err)
 		}
-		r.Log.Warn("redrive: the first parked event is invalid still; the key stays parked with the new reason (fix it, or redrive with --drop-first)",
-			"table", p.Table, "key", p.Key, "error", p.Reason)
-		return nil
+		for _, rec := range recs {
+			if rec.Offset >= end || rec.Attrs.IsControl() {
+				continue
+			}
+			if err := take(rec); err != nil {
+				return err
+			}
+		}
+		at = max(next, at)
 	}
-	set.Unpark(p)
-	r.Log.Info("redrive: sent a parked key's events on, in order", "table", p.Table, "key", p.Key, "topic", p.Dest, "events", sent, "dropped_first", dropFirst)
 	return nil
 }
 
-// request reads request id and keeps it only when it verifies and was
-// announced (at) within park.RequestMaxAge of being made.
-func (r *Runner) request(ctx context.Context, s Session, id string, at time.Time) (park.Request, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	var v []byte
-	var found bool
-	err := s.Blocking(func() (err error) {
-		v, found, err = r.Read(ctx, id)
-		return err
-	})
-	if err != nil {
-		return park.Request{}, false, fmt.Errorf("read redrive request %s: %w", id, err)
-	}
-	var req park.Request
-	if !found || json.Unmarshal(v, &req) != nil || req.ID != id {
-		r.Log.Warn("ignored a redrive announcement whose request the checkpoint topic does not hold", "id", id)
-		return park.Request{}, false, nil
-	}
-	if age := at.Sub(req.RequestedAt); !req.Verify(r.Keys, r.Key) || age < -park.RequestMaxAge || age > park.RequestMaxAge {
-		r.Log.Warn("ignored a redrive request that is not signed with checkpoint.signing_key_file's key, or announced long after it was made; run cdc redrive again if it is yours", "id", id)
-		return park.Request{}, false, ErrRefused
-	}
-	return req, true, nil
+// fetcher fetches a parking's partition by hand, from its leader.
+type fetcher struct {
+	r      *Runner
+	cl     *kgo.Client
+	adm    *kadm.Client
+	p      *checkpoint.Parked
+	leader *kgo.Broker
+	id     kadm.TopicID
 }
 
-// ErrRefused is a request refused: Run counts it, and goes on.
-var ErrRefused = errors.New("redrive request refused")
-
-// records reads parking p's records from its parked topic, in the order
-// they were parked: from a minute before its first event committed to
-// the topic's end now.
-func (r *Runner) records(ctx context.Context, p *checkpoint.Parked) ([]*kgo.Record, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	// Transaction markers take offsets too: seeing them is how the read
-	// knows it reached the end.
-	opts := append(r.Kafka[:len(r.Kafka):len(r.Kafka)], kgo.KeepControlRecords())
-	if r.Committed {
-		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("create kafka client: %w", err)
-	}
-	defer cl.Close()
-	want, start, err := r.span(ctx, kadm.NewClient(cl), p)
-	if err != nil || len(want) == 0 {
-		return nil, err
-	}
-	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{p.Topic: start})
-	var recs []*kgo.Record
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := errors.Join(ctx.Err(), fs.Err()); err != nil {
-			return nil, fmt.Errorf("read parked topic %q: %w", p.Topic, err)
+// fetch reads the records of f's partition from offset at (end is where
+// the read stops): the records, and the offset to fetch next.
+func (f *fetcher) fetch(ctx context.Context, at, end int64) ([]*kgo.Record, int64, error) {
+	p := f.p
+	if f.leader == nil {
+		md, err := f.adm.Metadata(ctx, p.Topic)
+		if err != nil {
+			return nil, at, err
 		}
-		fs.EachRecord(func(rec *kgo.Record) {
-			if end, ok := want[rec.Partition]; ok && rec.Offset+1 >= end {
-				delete(want, rec.Partition)
-			}
-			if !rec.Attrs.IsControl() && string(rec.Key) == p.Key && header(rec, park.HeaderEpisode) == p.Episode {
-				recs = append(recs, rec)
-			}
-		})
+		t, ok := md.Topics[p.Topic]
+		if !ok || t.Err != nil {
+			return nil, at, fmt.Errorf("the brokers list no topic %q: %v", p.Topic, t.Err)
+		}
+		d, ok := t.Partitions[p.Partition]
+		if !ok || d.Leader < 0 {
+			return nil, at, fmt.Errorf("partition %d of topic %q has no leader now", p.Partition, p.Topic)
+		}
+		f.leader, f.id = f.cl.Broker(int(d.Leader)), t.ID
 	}
-	return recs, nil
+	level, isolation := int8(0), kgo.ReadUncommitted()
+	if f.r.Committed {
+		level, isolation = 1, kgo.ReadCommitted()
+	}
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.IsolationLevel = -1, 500, 1, level
+	req.MaxBytes = int32(max(f.r.ChunkBytes, 1<<20))
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic, rt.TopicID = p.Topic, f.id
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.LogStartOffset, rp.CurrentLeaderEpoch, rp.PartitionMaxBytes = p.Partition, at, -1, -1, req.MaxBytes
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	kr, err := f.leader.Request(ctx, req)
+	if err != nil {
+		f.leader = nil
+		return nil, at, err
+	}
+	resp := kr.(*kmsg.FetchResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, at, err
+	}
+	if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+		return nil, at, fmt.Errorf("a fetch of %q answered with %d topics", p.Topic, len(resp.Topics))
+	}
+	part := &resp.Topics[0].Partitions[0]
+	switch err := kerr.ErrorForCode(part.ErrorCode); {
+	case errors.Is(err, kerr.OffsetOutOfRange):
+		// Records deleted below it (retention, DeleteRecords), or the topic
+		// made again: read from the first the topic has, and the walk finds
+		// what is missing.
+		start, err := f.start(ctx, part.LogStartOffset)
+		if err != nil {
+			return nil, at, err
+		}
+		if start > at {
+			return nil, start, nil
+		}
+		return nil, end, nil
+	case err != nil && kerr.IsRetriable(err):
+		f.leader = nil // a leader that moved: look it up again, after a pause
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+		return nil, at, nil
+	case err != nil:
+		return nil, at, err
+	}
+	fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{KeepControlRecords: true, Offset: at, IsolationLevel: isolation,
+		Topic: p.Topic, Partition: p.Partition}, part, kgo.DefaultDecompressor(), nil)
+	if fp.Err != nil {
+		return nil, at, fp.Err
+	}
+	if next <= at && len(fp.Records) == 0 && part.HighWatermark <= at {
+		next = end // the partition ends before where it ended: made again
+	}
+	return fp.Records, next, nil
 }
 
-// span is, by partition of p's parked topic, where its records may start
-// (a minute before its first event committed) and where the topic ends
-// now; partitions with nothing between are left out.
-func (r *Runner) span(ctx context.Context, adm *kadm.Client, p *checkpoint.Parked) (map[int32]int64, map[int32]kgo.Offset, error) {
+// start is where f's partition begins, as a fetch's answer gave it
+// (answered): Apache Kafka answers OFFSET_OUT_OF_RANGE without it (-1),
+// where kfake gives it, so it is asked for then.
+func (f *fetcher) start(ctx context.Context, answered int64) (int64, error) {
+	if answered >= 0 {
+		return answered, nil
+	}
+	p := f.p
+	offs, err := f.adm.ListStartOffsets(ctx, p.Topic)
+	if err != nil {
+		return 0, err
+	}
+	o, ok := offs.Lookup(p.Topic, p.Partition)
+	if !ok || o.Err != nil {
+		return 0, fmt.Errorf("the start of partition %d of topic %q: %v", p.Partition, p.Topic, o.Err)
+	}
+	return o.Offset, nil
+}
+
+// end is where p's partition ends now: committed records only, exactly
+// once; 0 when the partition is gone (every record is missing).
+func (r *Runner) end(ctx context.Context, adm *kadm.Client, p *checkpoint.Parked) (int64, error) {
 	var ends kadm.ListedOffsets
 	var err error
 	if r.Committed {
@@ -206,33 +491,58 @@ func (r *Runner) span(ctx context.Context, adm *kadm.Client, p *checkpoint.Parke
 	if err == nil {
 		err = ends.Error()
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("read where parked topic %q ends: %w", p.Topic, err)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return 0, nil
 	}
-	starts, err := adm.ListOffsetsAfterMilli(ctx, p.Since.Add(-time.Minute).UnixMilli(), p.Topic)
+	if err != nil {
+		return 0, fmt.Errorf("read where parked topic %q ends: %w", p.Topic, err)
+	}
+	o, ok := ends.Lookup(p.Topic, p.Partition)
+	if !ok {
+		return 0, nil
+	}
+	return o.Offset, nil
+}
+
+// first is where p's partition begins now (records deleted below it, or
+// 0 for a topic made again); 0 when the partition is gone.
+func (r *Runner) first(ctx context.Context, p *checkpoint.Parked) (int64, error) {
+	cl, err := kgo.NewClient(r.Kafka...)
+	if err != nil {
+		return 0, fmt.Errorf("create kafka client: %w", err)
+	}
+	defer cl.Close()
+	starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, p.Topic)
 	if err == nil {
 		err = starts.Error()
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("read where parked topic %q's records of %s start: %w", p.Topic, p.Since, err)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return 0, nil
 	}
-	want, start := map[int32]int64{}, map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) {
-		from, ok := starts.Lookup(p.Topic, o.Partition)
-		if ok && from.Offset >= 0 && from.Offset < o.Offset {
-			want[o.Partition] = o.Offset
-			start[o.Partition] = kgo.NewOffset().At(from.Offset)
-		}
-	})
-	return want, start, nil
+	if err != nil {
+		return 0, fmt.Errorf("read where parked topic %q begins: %w", p.Topic, err)
+	}
+	o, _ := starts.Lookup(p.Topic, p.Partition)
+	return o.Offset, nil
 }
 
-// header is the value of r's header key, or "".
-func header(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
+// header is the value of the connector's header key on parked record r
+// (park.Header).
+func header(r *kgo.Record, key string) string { return park.Header(r, key) }
+
+// Cut is the number of p's last record whose event committed before to:
+// a rewind to to keeps p's records 1 to Cut parked, and the stream parks
+// the key's events from to on again, behind them. Records missing are
+// passed over here: a redrive finds them.
+func (r *Runner) Cut(ctx context.Context, p *checkpoint.Parked, to pglogrepl.LSN) (int64, error) {
+	var cut int64
+	s := Session{Blocking: func(fn func() error) error { return fn() }}
+	q := &checkpoint.Parked{Episode: p.Episode, Events: p.Events, Runs: p.Runs, Topic: p.Topic, Partition: p.Partition, Start: p.Start}
+	_, _, err := r.scan(ctx, s, q, func() { cut = 0 }, func(_ *walk, n int64, rec *kgo.Record) error {
+		if lsn, err := pglogrepl.ParseLSN(header(rec, park.HeaderLSN)); err == nil && lsn < to {
+			cut = n
 		}
-	}
-	return ""
+		return nil
+	})
+	return cut, err
 }

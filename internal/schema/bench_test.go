@@ -7,7 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 // BenchmarkEncode is the per-event cost of each format on the
@@ -23,7 +23,7 @@ func BenchmarkEncode(b *testing.B) {
 		{outbox.SchemaProtobuf, `syntax = "proto3"; message OrderCreated { int64 i = 1; string pad = 2; }`, sr.TypeProtobuf},
 	} {
 		b.Run(tc.format, func(b *testing.B) {
-			reg := testenv.NewRegistry(b)
+			reg := testregistry.NewFake(b)
 			if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: tc.schema, Type: tc.typ}); err != nil {
 				b.Fatal(err)
 			}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 const orderAvro = `{"type":"record","name":"Order","namespace":"shop","fields":[` +
@@ -91,7 +93,7 @@ func apply(r *Registry, rec *kgo.Record, ev *outbox.Event) error {
 // registry that is down until it answers, through the blocking path it is
 // given, and gives up only when its context ends.
 func TestApplyWaitsForTheRegistry(t *testing.T) {
-	reg := testenv.NewRegistry(t)
+	reg := testregistry.NewFake(t)
 	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestApplyWaitsForTheRegistry(t *testing.T) {
 	go func() {
 		done <- r.Apply(context.Background(), rec, event(tb, "OrderPlaced", payload), func(f func() error) error { blocking++; return f() })
 	}()
-	testenv.Eventually(t, 10*time.Second, "two failed lookups", func() bool { return testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "error") >= 2 })
+	testenv.Eventually(t, time.Minute, "two failed lookups", func() bool { return testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "error") >= 2 })
 	select {
 	case err := <-done:
 		t.Fatalf("Apply returned %v while the registry is down", err)
@@ -141,6 +143,10 @@ func TestApplyWaitsForTheRegistry(t *testing.T) {
 	}
 }
 
+// framed is Confluent's prefix for id: a zero byte and the id, 4 bytes
+// big-endian. A real registry's ids are past 255 soon enough.
+func framed(id int) []byte { return binary.BigEndian.AppendUint32([]byte{0}, uint32(id)) }
+
 func record(topic, key, value string) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}
 }
@@ -148,7 +154,7 @@ func record(topic, key, value string) *kgo.Record {
 // decodeAvro reads a Confluent-framed Avro value back, as a
 // registry-aware deserialiser does: the id from the prefix, the schema
 // from the registry by id.
-func decodeAvro(t *testing.T, reg *testenv.Registry, value []byte) (int, map[string]any) {
+func decodeAvro(t *testing.T, reg *testregistry.Registry, value []byte) (int, map[string]any) {
 	t.Helper()
 	var h sr.ConfluentHeader
 	id, rest, err := h.DecodeID(value)
@@ -176,8 +182,9 @@ func decodeAvro(t *testing.T, reg *testenv.Registry, value []byte) (int, map[str
 // what the application wrote. Plain JSON and Avro's JSON encoding of a
 // union both work.
 func TestAvro(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	v1, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
+	reg := testregistry.New(t)
+	orders := reg.Prefix + "orders"
+	v1, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +192,7 @@ func TestAvro(t *testing.T) {
 	r := newRegistry(t, reg.URL, m, nil)
 	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
 	for _, payload := range []string{`{"id":"o-1","qty":2,"note":"gift"}`, `{"id":"o-1","qty":2,"note":{"string":"gift"}}`} {
-		rec := record("orders", "o-1", payload)
+		rec := record(orders, "o-1", payload)
 		if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
 			t.Fatal(err)
 		}
@@ -209,18 +216,19 @@ func TestAvro(t *testing.T) {
 // *outbox.EventError (dead-lettered or stopping, per on_invalid) that says
 // which subject and version it failed, once the latest was re-read.
 func TestInvalidIsAnEventError(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
+	reg := testregistry.New(t)
+	orders := reg.Prefix + "orders"
+	if _, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 		t.Fatal(err)
 	}
 	m := metrics.New("t")
 	r := newRegistry(t, reg.URL, m, nil)
 	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
 	for _, payload := range []string{`{"id":"o-1","qty":"two"}`, `{"id":"o-1"}`, `not json`, `{"id":"o-1","qty":2,"unknown":1}`} {
-		rec := record("orders", "o-1", payload)
+		rec := record(orders, "o-1", payload)
 		err := apply(r, rec, event(tb, "OrderPlaced", payload))
 		var ee *outbox.EventError
-		if !errors.As(err, &ee) || !strings.Contains(err.Error(), `schema subject "orders-value" version 1`) || strings.Contains(err.Error(), "\n") {
+		if !errors.As(err, &ee) || !strings.Contains(err.Error(), `schema subject "`+orders+`-value" version 1`) || strings.Contains(err.Error(), "\n") {
 			t.Fatalf("%s: got %v, want a one-line EventError naming the subject", payload, err)
 		}
 		if string(rec.Value) != payload {
@@ -236,20 +244,24 @@ func TestInvalidIsAnEventError(t *testing.T) {
 // latest schema makes the connector read the latest again before judging
 // it; a newer version it fits is used, with its id.
 func TestSchemaEvolvedWhileStreaming(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	v1, _, _ := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
+	reg := testregistry.New(t)
+	orders := reg.Prefix + "orders"
+	v1, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := newRegistry(t, reg.URL, nil, nil)
 	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro})
-	rec := record("orders", "o-1", `{"id":"o-1","qty":1}`)
+	rec := record(orders, "o-1", `{"id":"o-1","qty":1}`)
 	if err := apply(r, rec, event(tb, "OrderPlaced", `{"id":"o-1","qty":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	v2, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvroV2, Type: sr.TypeAvro})
+	v2, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Schema: orderAvroV2, Type: sr.TypeAvro})
 	if err != nil || v2 == v1 {
 		t.Fatalf("register v2: id %d, %v", v2, err)
 	}
 	payload := `{"id":"o-2","qty":1,"currency":"USD"}`
-	rec = record("orders", "o-2", payload)
+	rec = record(orders, "o-2", payload)
 	if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +270,7 @@ func TestSchemaEvolvedWhileStreaming(t *testing.T) {
 	}
 	// A pinned version is never re-read: the event is invalid against it.
 	pinned := table(t, outbox.Schema{Format: outbox.SchemaAvro, Version: 1})
-	rec = record("orders", "o-2", payload)
+	rec = record(orders, "o-2", payload)
 	if err := apply(r, rec, event(pinned, "OrderPlaced", payload)); !errors.As(err, new(*outbox.EventError)) {
 		t.Fatalf("pinned to version 1: %v, want an EventError", err)
 	}
@@ -268,7 +280,7 @@ func TestSchemaEvolvedWhileStreaming(t *testing.T) {
 // has no schema for the subject, is a LookupError, which the session
 // retries; nothing is dead-lettered for it, and no secret is in the text.
 func TestRegistryDownIsNotAnEventError(t *testing.T) {
-	reg := testenv.NewRegistry(t, srfake.WithAuth("Basic "+base64.StdEncoding.EncodeToString([]byte("cdc:s3cret-pass"))))
+	reg := testregistry.NewFake(t, srfake.WithAuth("Basic "+base64.StdEncoding.EncodeToString([]byte("cdc:s3cret-pass"))))
 	reg.Stop()
 	pw := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pw, []byte("s3cret-pass\n"), 0o600); err != nil {
@@ -314,49 +326,50 @@ func TestRegistryDownIsNotAnEventError(t *testing.T) {
 // TestJSONSchema: the payload is checked and sent as written, the id in
 // the 5-byte prefix or in a schema_id header.
 func TestJSONSchema(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	id, _, err := reg.RegisterSchema("orders-value", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"object","required":["id","qty"],"properties":{"id":{"type":"string"},"qty":{"type":"integer","minimum":1}}}`})
+	reg := testregistry.New(t)
+	orders := reg.Prefix + "orders"
+	id, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"object","required":["id","qty"],"properties":{"id":{"type":"string"},"qty":{"type":"integer","minimum":1}}}`})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := newRegistry(t, reg.URL, nil, nil)
 	payload := `{"id":"o-1","qty":2}`
 	prefix := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema})
-	rec := record("orders", "o-1", payload)
+	rec := record(orders, "o-1", payload)
 	if err := apply(r, rec, event(prefix, "OrderPlaced", payload)); err != nil {
 		t.Fatal(err)
 	}
-	if want := append([]byte{0, 0, 0, 0, byte(id)}, payload...); !bytes.Equal(rec.Value, want) {
+	if want := append(framed(id), payload...); !bytes.Equal(rec.Value, want) {
 		t.Fatalf("value %q, want %q", rec.Value, want)
 	}
 	header := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema, IDIn: outbox.IDInHeader})
-	rec = record("orders", "o-1", payload)
+	rec = record(orders, "o-1", payload)
 	if err := apply(r, rec, event(header, "OrderPlaced", payload)); err != nil {
 		t.Fatal(err)
 	}
-	if string(rec.Value) != payload || len(rec.Headers) != 1 || rec.Headers[0].Key != HeaderSchemaID || string(rec.Headers[0].Value) != "1" {
-		t.Fatalf("value %q headers %v: want the payload as written and schema_id: 1", rec.Value, rec.Headers)
+	if string(rec.Value) != payload || len(rec.Headers) != 1 || rec.Headers[0].Key != HeaderSchemaID || string(rec.Headers[0].Value) != strconv.Itoa(id) {
+		t.Fatalf("value %q headers %v: want the payload as written and schema_id: %d", rec.Value, rec.Headers, id)
 	}
 	bad := `{"id":"o-1","qty":0}`
-	if err := apply(r, record("orders", "o-1", bad), event(header, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "minimum") {
+	if err := apply(r, record(orders, "o-1", bad), event(header, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "minimum") {
 		t.Fatalf("qty 0: %v, want an EventError about the minimum", err)
 	}
 	// With schema.key, the key is checked as a JSON string under
 	// orders-key: in the header mode it stays as written, with its id in
 	// key_schema_id.
-	keyID, _, err := reg.RegisterSchema("orders-key", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"string","pattern":"^o-"}`})
+	keyID, _, err := reg.RegisterSchema(orders+"-key", sr.Schema{Type: sr.TypeJSON, Schema: `{"type":"string","pattern":"^o-"}`})
 	if err != nil {
 		t.Fatal(err)
 	}
 	keyed := table(t, outbox.Schema{Format: outbox.SchemaJSONSchema, IDIn: outbox.IDInHeader, Key: true})
-	rec = record("orders", "o-1", payload)
+	rec = record(orders, "o-1", payload)
 	if err := apply(r, rec, event(keyed, "OrderPlaced", payload)); err != nil {
 		t.Fatal(err)
 	}
 	if string(rec.Key) != "o-1" || testenv.Header(rec, HeaderKeySchemaID) != strconv.Itoa(keyID) || testenv.Header(rec, HeaderSchemaID) != strconv.Itoa(id) {
 		t.Fatalf("key %q headers %v: want the key as written, key_schema_id %d and schema_id %d", rec.Key, rec.Headers, keyID, id)
 	}
-	if err := apply(r, record("orders", "x-1", payload), event(keyed, "OrderPlaced", payload)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "its key does not match") {
+	if err := apply(r, record(orders, "x-1", payload), event(keyed, "OrderPlaced", payload)); !errors.As(err, new(*outbox.EventError)) || !strings.Contains(err.Error(), "its key does not match") {
 		t.Fatalf("key x-1: %v, want an EventError about the key", err)
 	}
 }
@@ -364,15 +377,16 @@ func TestJSONSchema(t *testing.T) {
 // TestProtobuf: the JSON payload becomes the named message, framed with
 // its index path, and decodes back with the registered descriptor.
 func TestProtobuf(t *testing.T) {
-	reg := testenv.NewRegistry(t)
+	reg := testregistry.New(t)
 	proto3 := `syntax = "proto3"; package shop; message Money { int64 cents = 1; } message Order { string id = 1; int32 qty = 2; Money total = 3; }`
-	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Type: sr.TypeProtobuf, Schema: proto3}); err != nil {
+	orders := reg.Prefix + "orders"
+	if _, _, err := reg.RegisterSchema(orders+"-value", sr.Schema{Type: sr.TypeProtobuf, Schema: proto3}); err != nil {
 		t.Fatal(err)
 	}
 	r := newRegistry(t, reg.URL, nil, nil)
 	tb := table(t, outbox.Schema{Format: outbox.SchemaProtobuf, Message: "shop.Order"})
 	payload := `{"id":"o-1","qty":2,"total":{"cents":"1250"}}`
-	rec := record("orders", "o-1", payload)
+	rec := record(orders, "o-1", payload)
 	if err := apply(r, rec, event(tb, "OrderPlaced", payload)); err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +414,7 @@ func TestProtobuf(t *testing.T) {
 		t.Fatalf("decoded %v", msg)
 	}
 	bad := `{"id":"o-1","qty":"many"}`
-	if err := apply(r, record("orders", "o-1", bad), event(tb, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) {
+	if err := apply(r, record(orders, "o-1", bad), event(tb, "OrderPlaced", bad)); !errors.As(err, new(*outbox.EventError)) {
 		t.Fatalf("qty many: %v, want an EventError", err)
 	}
 }
@@ -409,29 +423,35 @@ func TestProtobuf(t *testing.T) {
 // after the event type; schema.key encodes the key under <topic>-key; with
 // auto_register, schema.file is registered under a subject that has none.
 func TestSubjectsKeysAndAutoRegister(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	for _, s := range []string{"OrderPlaced", "orders-OrderPlaced", "orders-value"} {
+	reg := testregistry.New(t)
+	// The record strategies name the subject after the event type alone
+	// (or with the topic): both carry the test's prefix.
+	orders, placed := reg.Prefix+"orders", reg.Prefix+"OrderPlaced"
+	for _, s := range []string{placed, orders + "-" + placed, orders + "-value"} {
 		if _, _, err := reg.RegisterSchema(s, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	keyID, _, _ := reg.RegisterSchema("orders-key", sr.Schema{Schema: `"string"`, Type: sr.TypeAvro})
+	keyID, _, err := reg.RegisterSchema(orders+"-key", sr.Schema{Schema: `"string"`, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := newRegistry(t, reg.URL, nil, nil)
 	payload := `{"id":"o-1","qty":2}`
 	for _, strategy := range []string{outbox.SubjectRecord, outbox.SubjectTopicRecord} {
-		rec := record("orders", "o-1", payload)
-		if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), "OrderPlaced", payload)); err != nil {
+		rec := record(orders, "o-1", payload)
+		if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), placed, payload)); err != nil {
 			t.Fatalf("%s: %v", strategy, err)
 		}
-		if err := apply(r, record("orders", "o-1", payload), event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), "Other", payload)); !errors.As(err, new(*LookupError)) {
+		if err := apply(r, record(orders, "o-1", payload), event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: strategy}), reg.Prefix+"Other", payload)); !errors.As(err, new(*LookupError)) {
 			t.Fatalf("%s, event type Other: %v, want a LookupError (no such subject)", strategy, err)
 		}
 	}
-	rec := record("orders", "o-1", payload)
-	if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Key: true}), "OrderPlaced", payload)); err != nil {
+	rec := record(orders, "o-1", payload)
+	if err := apply(r, rec, event(table(t, outbox.Schema{Format: outbox.SchemaAvro, Key: true}), placed, payload)); err != nil {
 		t.Fatal(err)
 	}
-	if want := []byte{0, 0, 0, 0, byte(keyID), 6, 'o', '-', '1'}; !bytes.Equal(rec.Key, want) {
+	if want := append(framed(keyID), 6, 'o', '-', '1'); !bytes.Equal(rec.Key, want) {
 		t.Fatalf("key %x, want %x (framed Avro string)", rec.Key, want)
 	}
 
@@ -441,16 +461,17 @@ func TestSubjectsKeysAndAutoRegister(t *testing.T) {
 	}
 	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro, File: file})
 	off := newRegistry(t, reg.URL, nil, nil)
-	if err := apply(off, record("payments", "p-1", payload), event(tb, "Paid", payload)); !errors.As(err, new(*LookupError)) {
+	payments := reg.Prefix + "payments"
+	if err := apply(off, record(payments, "p-1", payload), event(tb, "Paid", payload)); !errors.As(err, new(*LookupError)) {
 		t.Fatalf("auto_register off: %v, want a LookupError", err)
 	}
 	m := metrics.New("t")
 	on := newRegistry(t, reg.URL, m, func(c *Config) { c.AutoRegister = true })
-	rec = record("payments", "p-1", payload)
+	rec = record(payments, "p-1", payload)
 	if err := apply(on, rec, event(tb, "Paid", payload)); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := reg.GetSchema("payments-value", 1); !ok || testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "registered") != 1 {
+	if _, ok := reg.GetSchema(payments+"-value", 1); !ok || testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "registered") != 1 {
 		t.Fatal("schema.file was not registered under payments-value")
 	}
 	if id, got := decodeAvro(t, reg, rec.Value); got["id"] != "o-1" || id == 0 {
@@ -471,7 +492,7 @@ func TestRegistryOverTLS(t *testing.T) {
 		t.Fatalf("CA: %v", err)
 	}
 	server.ClientAuth, server.ClientCAs = tls.RequireAndVerifyClientCert, pool
-	reg := testenv.NewRegistryTLS(t, server)
+	reg := testregistry.NewFakeTLS(t, server)
 	if _, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 		t.Fatal(err)
 	}
@@ -511,8 +532,9 @@ func TestRegistryOverTLS(t *testing.T) {
 // maxCachedSubjects its cache starts over (and is filled again from the
 // registry) instead of growing.
 func TestCacheIsBounded(t *testing.T) {
-	reg := testenv.NewRegistry(t)
-	for _, s := range []string{"A", "B"} {
+	reg := testregistry.New(t)
+	a, b := reg.Prefix+"A", reg.Prefix+"B"
+	for _, s := range []string{a, b} {
 		if _, _, err := reg.RegisterSchema(s, sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 			t.Fatal(err)
 		}
@@ -521,17 +543,17 @@ func TestCacheIsBounded(t *testing.T) {
 	r := newRegistry(t, reg.URL, m, nil)
 	tb := table(t, outbox.Schema{Format: outbox.SchemaAvro, Subject: outbox.SubjectRecord})
 	payload := `{"id":"o-1","qty":1}`
-	if err := apply(r, record("orders", "o-1", payload), event(tb, "A", payload)); err != nil {
+	if err := apply(r, record("orders", "o-1", payload), event(tb, a, payload)); err != nil {
 		t.Fatal(err)
 	}
 	r.sources[tb].entries = maxCachedSubjects
-	if err := apply(r, record("orders", "o-1", payload), event(tb, "B", payload)); err != nil {
+	if err := apply(r, record("orders", "o-1", payload), event(tb, b, payload)); err != nil {
 		t.Fatal(err)
 	}
-	if c := r.sources[tb]; c.entries != 1 || c.value[""]["A"] != nil || c.value[""]["B"] == nil {
-		t.Fatalf("after the bound: %d entries, A cached %v; want only B", c.entries, c.value[""]["A"] != nil)
+	if c := r.sources[tb]; c.entries != 1 || c.value[""][a] != nil || c.value[""][b] == nil {
+		t.Fatalf("after the bound: %d entries, A cached %v; want only B", c.entries, c.value[""][a] != nil)
 	}
-	if err := apply(r, record("orders", "o-1", payload), event(tb, "A", payload)); err != nil {
+	if err := apply(r, record("orders", "o-1", payload), event(tb, a, payload)); err != nil {
 		t.Fatal(err)
 	}
 	if got := testenv.Counter(t, m.Registry, "cdc_schema_lookups_total", "result", "fetched"); got != 3 {

@@ -236,7 +236,7 @@ func TestConnSlots(t *testing.T) {
 	}
 	// Postgres advances up to what is flushed: with synchronous_commit
 	// off the insert needs a moment to get there.
-	testenv.Eventually(t, 10*time.Second, "the insert to be flushed", func() bool {
+	testenv.Eventually(t, time.Minute, "the insert to be flushed", func() bool {
 		var flushed pglogrepl.LSN
 		testenv.QueryRow(t, db, `SELECT pg_current_wal_flush_lsn()`, nil, &flushed)
 		return flushed >= end
@@ -248,7 +248,7 @@ func TestConnSlots(t *testing.T) {
 		t.Fatalf("the source moved to %s", got)
 	}
 	c.Close(ctx)
-	testenv.Eventually(t, 10*time.Second, "the temporary copy to go with its connection", func() bool {
+	testenv.Eventually(t, time.Minute, "the temporary copy to go with its connection", func() bool {
 		return testenv.SlotPosition(t, db, "outbox_cdc_tmp") == 0
 	})
 }

@@ -64,8 +64,9 @@ const quietLowWater = 256 << 10
 // transaction (postgres.Config.OnLive may stop the world to switch). The commit
 // time is the server's clock: a skew of more than this between the two
 // only turns batching off (the server behind) or leaves it on while
-// catching up (ahead).
-const liveAge = time.Second
+// catching up (ahead). A variable only so that a test can lengthen it
+// (SetLiveAge).
+var liveAge = time.Second
 
 // liveAfter is whether a stream that was live (or not) is live after a
 // transaction committed age ago; atEnd: a keepalive came before it, so

@@ -62,6 +62,10 @@ func TestEndBetweenTransactions(t *testing.T) {
 		if outside != nil {
 			outside(s)
 		}
+		// The bound on how soon Run ends: a minute from here, after
+		// outside called End. A loop End did not wake would sleep until
+		// its next status update, an hour away; one that waited for room
+		// in Kafka past the grace, for ever.
 		select {
 		case err := <-done:
 			return n, err
@@ -86,7 +90,6 @@ func TestEndBetweenTransactions(t *testing.T) {
 	})
 	t.Run("between transactions", func(t *testing.T) {
 		both := make(chan struct{})
-		start := time.Now()
 		n, err := run(t, func(s *wal.Stream, n *seen, data []byte) {
 			if data[0] == 'C' && n.commits.Load() == 2 {
 				close(both)
@@ -101,9 +104,6 @@ func TestEndBetweenTransactions(t *testing.T) {
 		})
 		if !errors.Is(err, wal.ErrEnded) {
 			t.Fatalf("Run returned %v, want ErrEnded", err)
-		}
-		if took := time.Since(start); took > 30*time.Second {
-			t.Fatalf("Run ended %s after End: an idle stream must end at once", took)
 		}
 		if c := n.commits.Load(); c != 2 {
 			t.Fatalf("handled %d COMMIT, want 2", c)
@@ -129,7 +129,6 @@ func TestEndBetweenTransactions(t *testing.T) {
 		// Kafka does not answer: the loop waits for room inside the
 		// transaction, and must wait for the grace's end, not spin.
 		acks := &saturatedAcks{}
-		start := time.Now()
 		n, err := runWith(t, acks, func(s *wal.Stream, n *seen, data []byte) {
 			if data[0] == 'I' && n.inserts.Load() == 1 {
 				acks.full.Store(true)
@@ -138,9 +137,6 @@ func TestEndBetweenTransactions(t *testing.T) {
 		}, nil)
 		if !errors.Is(err, wal.ErrEnded) {
 			t.Fatalf("Run returned %v, want ErrEnded", err)
-		}
-		if took := time.Since(start); took > 30*time.Second {
-			t.Fatalf("Run ended %s after End(300ms)", took)
 		}
 		if c, looks := n.commits.Load(), acks.looks.Load(); c != 0 || looks > 100 {
 			t.Fatalf("%d COMMIT handled and the loop asked Saturated %d times while it waited: want the transaction cut at the grace, and a wait, not a spin", c, looks)
