@@ -3,15 +3,16 @@ package expr
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/ast"
-	"cel.dev/cel-go/common/cost"
 	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
-	"cel.dev/cel-go/ext"
+
+	"github.com/outboxcdc/cdc/internal/exprcost"
 )
 
 // The variables every expression may read besides the event's fields.
@@ -66,6 +67,10 @@ type Env struct {
 	cel       *cel.Env
 	fields    []string
 	variables map[string]bool
+	// counted plans a program that counts its cost against CostLimit
+	// and checks each call before it runs (exprcost.Counted), uncounted
+	// one that does not, as bounded (exprcost.Uncounted).
+	counted, uncounted []cel.ProgramOption
 }
 
 // NewEnv declares fields, the event's field names, beside the other
@@ -76,13 +81,10 @@ func NewEnv(fields []string) (*Env, error) {
 		cel.Variable(Payload, cel.DynType),
 		cel.Variable(CommitLSN, cel.StringType),
 		cel.Variable(CommitTime, cel.TimestampType),
-		// lowerAscii, upperAscii, replace, split, join, substring, trim,
-		// indexOf, format...: CEL's standard library has no case or
-		// replacement, which topic names need. Pinned, so an upgrade of
-		// cel-go adds no function unasked; version 5 tracks their cost.
-		ext.Strings(ext.StringsVersion(5)),
 	}
-	opts = append(opts, partitionFor()...)
+	// The functions, each bounded, and their cost models: exprcost's,
+	// and no other (TestFunctionsAreExprcosts).
+	opts = append(opts, exprcost.Functions()...)
 	e := &Env{variables: map[string]bool{Row: true, Payload: true, CommitLSN: true, CommitTime: true}}
 	for _, f := range fields {
 		if f == Payload {
@@ -96,6 +98,10 @@ func NewEnv(fields []string) (*Env, error) {
 	if e.cel, err = cel.NewEnv(opts...); err != nil {
 		return nil, fmt.Errorf("declare the expressions' variables: %w", err)
 	}
+	if e.counted, err = exprcost.Counted(e.cel, CostLimit); err != nil {
+		return nil, fmt.Errorf("declare the expressions' functions: %w", err)
+	}
+	e.uncounted = exprcost.Uncounted()
 	return e, nil
 }
 
@@ -143,20 +149,31 @@ func (e *Env) Compile(text string, want Want) (*Program, error) {
 	if err := p.references(text, a.NativeRep(), e.variables); err != nil {
 		return nil, err
 	}
-	est, err := e.cel.EstimateCost(a, estimator{AssumedSize})
+	if err := exprcost.Check(a.NativeRep()); err != nil {
+		var r *exprcost.Refusal
+		if errors.As(err, &r) {
+			return nil, fmt.Errorf("%s: %s", position(text, a.NativeRep(), r.ID), r.Why)
+		}
+		return nil, err
+	}
+	est, err := e.cel.EstimateCost(a, exprcost.NewEstimator(a, e.variables, AssumedSize))
 	if err != nil {
 		return nil, fmt.Errorf("estimate its cost: %w", err)
 	}
+	if est.Max == math.MaxUint64 {
+		return nil, errors.New("its cost has no bound: it computes a value of unknown size (a list or map built of the event's members, compared or formatted as a whole, or a member nested more than 3 lists or maps deep); " +
+			"compare or format the members themselves, or string() them")
+	}
 	if est.Max > MaxEstimatedCost {
-		return nil, fmt.Errorf("its estimated cost on an event of %d-byte strings and %d-element lists is %s, more than the %d allowed: an expression runs for every event; "+
-			"loop over less (a comprehension inside another multiplies their costs)", AssumedSize, AssumedSize, costText(est.Max), MaxEstimatedCost)
+		return nil, fmt.Errorf("its estimated cost on an event of %d-byte strings and %d-element lists is %d, more than the %d allowed: an expression runs for every event; "+
+			"loop over less (a comprehension inside another multiplies their costs), or match a smaller pattern (a match costs its compiled pattern's instructions for each character)", AssumedSize, AssumedSize, est.Max, MaxEstimatedCost)
 	}
 	p.Cost = est.Max
-	if p.prg, err = e.cel.Program(a, cel.CostLimit(CostLimit)); err != nil {
+	if p.prg, err = e.cel.Program(a, e.counted...); err != nil {
 		return nil, fmt.Errorf("plan the expression: %w", err)
 	}
 	if p.fastUpTo = e.untracked(a); p.fastUpTo > 0 {
-		if p.fast, err = e.cel.Program(a); err != nil {
+		if p.fast, err = e.cel.Program(a, e.uncounted...); err != nil {
 			return nil, fmt.Errorf("plan the expression: %w", err)
 		}
 	}
@@ -167,25 +184,19 @@ func (e *Env) Compile(text string, want Want) (*Program, error) {
 // estimate of a's cost stays within CostLimit, or 0: an event holds no
 // string, list or map larger than its bytes, so on such an event an
 // evaluation cannot reach the limit, and need not count its cost. The
-// estimate is an upper bound of what evaluation counts (cel-go's cost
-// model from version 1 on).
+// estimate is an upper bound of what evaluation counts: every function's
+// model is one (exprcost; its FuzzEval checks it), and what a function
+// computes has the size its model gives, not the event's.
 func (e *Env) untracked(a *cel.Ast) int {
 	fits := 0
 	for size := AssumedSize; size <= 1<<30; size *= 2 {
-		est, err := e.cel.EstimateCost(a, estimator{uint64(size)})
+		est, err := e.cel.EstimateCost(a, exprcost.NewEstimator(a, e.variables, uint64(size)))
 		if err != nil || est.Max > CostLimit {
 			break
 		}
 		fits = size
 	}
 	return fits
-}
-
-func costText(c uint64) string {
-	if c == ^uint64(0) {
-		return "unbounded"
-	}
-	return fmt.Sprint(c)
 }
 
 // gives reports whether a checked expression of type t may give want: the
@@ -235,13 +246,7 @@ func issuesError(text string, iss *cel.Issues) error {
 func (p *Program) references(text string, a *ast.AST, variables map[string]bool) error {
 	refs := a.ReferenceMap()
 	root := ast.NavigateAST(a)
-	where := func(id int64) string {
-		loc := a.SourceInfo().GetStartLocation(id)
-		if strings.Contains(text, "\n") {
-			return fmt.Sprintf("line %d, column %d", loc.Line(), loc.Column()+1)
-		}
-		return fmt.Sprintf("column %d", loc.Column()+1)
-	}
+	where := func(id int64) string { return position(text, a, id) }
 	for _, c := range ast.MatchDescendants(root, ast.KindMatcher(ast.ComprehensionKind)) {
 		comp := c.AsComprehension()
 		for _, v := range []string{comp.IterVar(), comp.IterVar2()} {
@@ -285,6 +290,16 @@ func (p *Program) references(text string, a *ast.AST, variables map[string]bool)
 	return nil
 }
 
+// position is where in text the node id of a starts: a column, and a
+// line when text has several.
+func position(text string, a *ast.AST, id int64) string {
+	loc := a.SourceInfo().GetStartLocation(id)
+	if strings.Contains(text, "\n") {
+		return fmt.Sprintf("line %d, column %d", loc.Line(), loc.Column()+1)
+	}
+	return fmt.Sprintf("column %d", loc.Column()+1)
+}
+
 // selected is the member a use of a map variable (row, payload) selects:
 // v.name, has(v.name), or v["name"] with a literal string.
 func selected(id ast.NavigableExpr) (string, bool) {
@@ -309,33 +324,4 @@ func selected(id ast.NavigableExpr) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// estimator gives cel-go's estimate the sizes of what an event holds, and
-// of what expressions compute from it: every string, list and map read
-// from a variable, and every one computed whose size cel-go cannot tell
-// (string(payload.n), a split), is at most size, and so are their
-// elements, three levels deep (deeper, cel-go takes them as unbounded,
-// and the expression is refused). Without a size for what is computed,
-// cel-go takes it as unbounded, and refused "agg-" + string(payload.i).
-type estimator struct{ size uint64 }
-
-func (estimator) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
-	return nil
-}
-
-func (e estimator) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
-	if n.ComputedSize() != nil {
-		return nil // a literal, or what cel-go works out from its operands
-	}
-	hints := 0
-	for _, p := range n.Path() {
-		if strings.HasPrefix(p, "@") {
-			hints++
-		}
-	}
-	if hints > 3 {
-		return nil
-	}
-	return &cost.SizeEstimate{Min: 0, Max: e.size}
 }

@@ -56,6 +56,13 @@ func TestCompileErrors(t *testing.T) {
 		{"second line", "payload.region\n  + tenat", WantString, "line 2, column 5: undeclared reference to 'tenat'"},
 		// Written to be slow: a comprehension inside another.
 		{"slow", `payload.a.all(x, payload.b.all(y, payload.c.exists(z, z == x + y)))`, WantBool, "its estimated cost on an event of 1000-byte strings and 1000-element lists is"},
+		// Lists of the event's members compared whole: how deep they are
+		// is not known, and so neither is what comparing them costs.
+		{"unbounded", `[payload.a] == [payload.b]`, WantBool, "its cost has no bound: it computes a value of unknown size"},
+		// What no estimate bounds (exprcost.Check), where it is.
+		{"row's pattern", `payload.s.matches(payload.p)`, WantBool, "column 26: matches() takes a pattern written in the expression"},
+		{"bad pattern", `payload.s.matches("a(")`, WantBool, "column 19: matches(): its pattern does not compile: error parsing regexp: missing closing )"},
+		{"computed key in a loop", `payload.l.exists(x, payload.m[x] == 1)`, WantBool, "column 31: an index or a map literal with a key computed from the event, inside a comprehension"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := e.Compile(tc.text, tc.want)

@@ -2,6 +2,7 @@ package expr
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,10 @@ import (
 )
 
 // An event's JSON, as its table's expressions read it: numbers as Number
-// reads them.
+// reads them, and a document with a number too large for a double (for
+// which Number has no value) is refused, whether it is read whole or by
+// member, and whichever member holds it, as a document that is not JSON
+// is.
 
 // JSON is the JSON document b, parsed whole; nil (NULL) is null.
 func JSON(b []byte) (any, error) {
@@ -38,29 +42,37 @@ func parseJSON(b []byte) (any, error) {
 	if _, err := d.Token(); err != io.EOF {
 		return nil, errors.New("more than one JSON value")
 	}
-	return numbers(v), nil
+	return numbers(v)
 }
 
 // numbers replaces the json.Numbers in v by Number's values.
-func numbers(v any) any {
-	switch v := v.(type) {
+func numbers(v any) (any, error) {
+	var err error
+	switch x := v.(type) {
 	case json.Number:
-		return Number(string(v))
+		return number(string(x))
 	case map[string]any:
-		for k, e := range v {
-			v[k] = numbers(e)
+		for k, e := range x {
+			if x[k], err = numbers(e); err != nil {
+				return nil, err
+			}
 		}
 	case []any:
-		for i, e := range v {
-			v[i] = numbers(e)
+		for i, e := range x {
+			if x[i], err = numbers(e); err != nil {
+				return nil, err
+			}
 		}
 	}
-	return v
+	return v, nil
 }
 
 // ReadJSON fills o from the JSON object b: each member o names parsed, the
 // others skipped, not parsed, so that a large payload costs a scan, not a
-// parse. A member named twice is the last one, as encoding/json has it.
+// parse. The scan checks every byte as encoding/json does: b is read only
+// if the whole parse would take it for an object (a payload that is not
+// JSON makes the event invalid, whichever members the expressions read). A
+// member named twice is the last one, as encoding/json has it.
 func (o *Object) ReadJSON(b []byte) error {
 	clear(o.vals)
 	i := skipSpace(b, 0)
@@ -88,7 +100,7 @@ func (o *Object) ReadJSON(b []byte) error {
 			return syntaxError(b, i, "':'")
 		}
 		start := skipSpace(b, i+1)
-		if end, err = skipValue(b, start); err != nil {
+		if end, err = skipValue(b, start, 1); err != nil {
 			return err
 		}
 		if at >= 0 {
@@ -123,7 +135,7 @@ func jsonValue(v []byte) (ref.Val, error) {
 	case string(v) == "null":
 		return types.NullValue, nil
 	case len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9') && json.Valid(v):
-		return Number(string(v)).(ref.Val), nil
+		return number(string(v))
 	}
 	x, err := parseJSON(v)
 	if err != nil {
@@ -165,76 +177,214 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// skipString is the index after the string that starts at b[i] ('"'): the
-// first quote after it that an odd run of backslashes does not escape.
+// maxDepth is encoding/json's limit on how deep arrays and objects nest
+// (its scanner's maxNestingDepth), the payload's own object counted: a
+// payload nested deeper is not JSON to the whole parse, so not to the
+// reader either.
+const maxDepth = 10000
+
+// skipString is the index after the string that starts at b[i] ('"'),
+// checked as encoding/json checks one: an escape is one of JSON's, and no
+// byte is a control character (a byte that is not UTF-8 is taken, and
+// read as U+FFFD).
 func skipString(b []byte, i int) (int, error) {
-	for j := i + 1; j < len(b); j++ {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			break
-		}
-		j += k
-		escapes := 0
-		for e := j - 1; e > i && b[e] == '\\'; e-- {
-			escapes++
-		}
-		if escapes%2 == 0 {
+	for j := i + 1; ; {
+		switch j = special(b, j); {
+		case j == len(b):
+			return 0, syntaxError(b, j, "the end of a string")
+		case b[j] == '"':
 			return j + 1, nil
+		case b[j] < 0x20:
+			return 0, syntaxError(b, j, "a character (a control character must be escaped)")
+		}
+		if j++; j == len(b) {
+			return 0, syntaxError(b, j, "an escape")
+		}
+		switch b[j] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			j++
+		case 'u':
+			if j+4 >= len(b) || !hex(b[j+1]) || !hex(b[j+2]) || !hex(b[j+3]) || !hex(b[j+4]) {
+				return 0, syntaxError(b, min(j+1, len(b)), "an escape's four hex digits")
+			}
+			j += 5
+		default:
+			return 0, syntaxError(b, j, "an escape")
 		}
 	}
-	return 0, syntaxError(b, len(b), "the end of a string")
 }
 
-// skipValue is the index after the JSON value that starts at b[i]. It
-// checks the brackets and strings it passes, not every character: the
-// members it skips are not read.
-func skipValue(b []byte, i int) (int, error) {
+// special is the index of the first byte from b[j] on that ends a
+// string's plain run: a quote, a backslash or a control character; or
+// len(b). A short run, as most member names and values are, is looked at
+// byte by byte; a long one is passed as a whole, bytes.IndexByte finding
+// its end and control checking it 8 bytes at a time.
+func special(b []byte, j int) int {
+	for n := min(len(b), j+16); j < n; j++ {
+		if c := b[j]; c == '"' || c == '\\' || c < 0x20 {
+			return j
+		}
+	}
+	if j == len(b) {
+		return j
+	}
+	end := len(b)
+	if k := bytes.IndexByte(b[j:], '"'); k >= 0 {
+		end = j + k
+	}
+	if k := bytes.IndexByte(b[j:end], '\\'); k >= 0 {
+		end = j + k
+	}
+	if k := control(b[j:end]); k >= 0 {
+		end = j + k
+	}
+	return end
+}
+
+// control is the index of the first control character (a byte under
+// 0x20) in s, or -1. A word holds one if subtracting 0x20 from each of its
+// bytes borrows where the byte's top bit was clear: that finds none where
+// there is none, and the bytes are then looked at one by one.
+func control(s []byte) int {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		x := binary.LittleEndian.Uint64(s[i:])
+		if (x-0x2020202020202020)&^x&0x8080808080808080 != 0 {
+			break
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] < 0x20 {
+			return i
+		}
+	}
+	return -1
+}
+
+func hex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// skipValue is the index after the JSON value that starts at b[i], inside
+// depth arrays and objects. It checks everything it passes as encoding/json
+// does, though the members it skips are not read.
+func skipValue(b []byte, i, depth int) (int, error) {
 	if i == len(b) {
 		return 0, syntaxError(b, i, "a value")
 	}
-	switch b[i] {
-	case '"':
+	switch c := b[i]; {
+	case c == '"':
 		return skipString(b, i)
-	case '{', '[':
-		var open []byte
-		for j := i; j < len(b); j++ {
-			switch c := b[j]; c {
-			case '"':
-				end, err := skipString(b, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				open = append(open, c)
-			case '}', ']':
-				if len(open) == 0 || open[len(open)-1] != c-2 { // '{' is '}'-2, '[' is ']'-2
-					return 0, syntaxError(b, j, "a matching bracket")
-				}
-				if open = open[:len(open)-1]; len(open) == 0 {
-					return j + 1, nil
-				}
-			}
+	case c == '{' || c == '[':
+		if depth++; depth > maxDepth {
+			return 0, fmt.Errorf("invalid JSON at byte %d: arrays and objects nested deeper than %d", i, maxDepth)
 		}
-		return 0, syntaxError(b, len(b), "a closing bracket")
+		return skipContainer(b, i, depth)
+	case c == '-' || '0' <= c && c <= '9':
+		return skipNumber(b, i)
 	}
-	j := i
-	for j < len(b) && !endsValue(b[j]) {
-		j++
+	for _, lit := range [...]string{"true", "false", "null"} {
+		if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
+			return i + len(lit), nil
+		}
 	}
-	if j == i {
-		return 0, syntaxError(b, i, "a value")
-	}
-	return j, nil
+	return 0, syntaxError(b, i, "a value")
 }
 
-// endsValue reports whether c ends a number or a literal.
-func endsValue(c byte) bool {
-	switch c {
-	case ',', '}', ']', ' ', '\t', '\n', '\r':
-		return true
+// skipContainer is the index after the array or object that starts at b[i].
+func skipContainer(b []byte, i, depth int) (int, error) {
+	object, closing, after := b[i] == '{', byte(']'), "',' or ']'"
+	if object {
+		closing, after = '}', "',' or '}'"
 	}
-	return false
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == closing {
+		return i + 1, nil
+	}
+	for {
+		var err error
+		if object {
+			if i == len(b) || b[i] != '"' {
+				return 0, syntaxError(b, i, "a member name")
+			}
+			if i, err = skipString(b, i); err != nil {
+				return 0, err
+			}
+			if i = skipSpace(b, i); i == len(b) || b[i] != ':' {
+				return 0, syntaxError(b, i, "':'")
+			}
+			i = skipSpace(b, i+1)
+		}
+		if i, err = skipValue(b, i, depth); err != nil {
+			return 0, err
+		}
+		switch i = skipSpace(b, i); {
+		case i < len(b) && b[i] == ',':
+			i = skipSpace(b, i+1)
+		case i < len(b) && b[i] == closing:
+			return i + 1, nil
+		default:
+			return 0, syntaxError(b, i, after)
+		}
+	}
+}
+
+// skipNumber is the index after the number that starts at b[i], in JSON's
+// grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, and one a
+// double holds (what the whole parse refuses, numbers, below). What
+// follows it is for the array or object holding it to check.
+func skipNumber(b []byte, i int) (int, error) {
+	start := i
+	if b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && '1' <= b[i] && b[i] <= '9':
+		i = digits(b, i)
+	default:
+		return 0, syntaxError(b, i, "a digit")
+	}
+	whole := i - start // an upper bound of the integer part's digits
+	if i < len(b) && b[i] == '.' {
+		if i++; i == len(b) || b[i] < '0' || b[i] > '9' {
+			return 0, syntaxError(b, i, "a digit")
+		}
+		i = digits(b, i)
+	}
+	exponent := 0 // the exponent, as far as 10^5 either way
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		negative := false
+		if i++; i < len(b) && (b[i] == '+' || b[i] == '-') {
+			negative = b[i] == '-'
+			i++
+		}
+		if i == len(b) || b[i] < '0' || b[i] > '9' {
+			return 0, syntaxError(b, i, "a digit")
+		}
+		for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+			exponent = min(10*exponent+int(b[i]-'0'), 100_000)
+		}
+		if negative {
+			exponent = -exponent
+		}
+	}
+	// Under 10^308 (whole digits and the exponent together at most 308)
+	// it fits; past that, ParseFloat says.
+	if whole+exponent > 308 {
+		if _, err := number(string(b[start:i])); err != nil {
+			return 0, err
+		}
+	}
+	return i, nil
+}
+
+func digits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // trailing checks that only space follows the object that ended at b[i-1].

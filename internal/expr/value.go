@@ -1,6 +1,7 @@
 package expr
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -32,17 +33,40 @@ func Time(t time.Time) any { return types.Timestamp{Time: t} }
 
 // Number is the number s as JSON and Postgres write it: an int when it is
 // an integer that fits 64 bits (an id of 2^53 and more keeps its digits,
-// which a double would not), a double otherwise, and its text when it is
-// not a number.
+// which a double would not), a double when it fits one (rounded, as JSON
+// decoders do; Postgres' NaN and Infinity of a float or a numeric column
+// are a double's own), and its text when it is not a number. A number too
+// large for a double (1e999, a numeric of 400 digits) is neither: it is an
+// error, which an expression that reads it fails on, as on a value of the
+// wrong type, so that its event is invalid.
 func Number(s string) any {
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		return types.Int(n)
+	v, err := number(s)
+	if err != nil {
+		return types.WrapErr(err)
 	}
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		return types.Double(f)
-	}
-	return types.String(s)
+	return v
 }
+
+func number(s string) (ref.Val, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return types.Int(n), nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	switch {
+	case err == nil:
+		return types.Double(f), nil
+	case errors.Is(err, strconv.ErrRange):
+		if len(s) > 24 {
+			s = fmt.Sprintf("%s... (%d characters)", s[:20], len(s))
+		}
+		return nil, fmt.Errorf("the number %s is too large for a double, and an expression reads numbers as 64-bit ints and doubles", s)
+	}
+	return types.String(s), nil
+}
+
+// Failed is a value that could not be read as its type: an expression
+// that reads it fails with err.
+func Failed(err error) any { return types.WrapErr(err) }
 
 // Value is v, a Go value as Activation's ResolveName may give, converted
 // to what an expression reads: a caller that gives the same value to
