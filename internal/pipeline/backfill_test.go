@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,14 +16,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/postgres"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/route"
+	"github.com/outboxcdc/cdc/internal/tableread"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -137,7 +139,7 @@ func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 
 	stop := make(chan struct{})
 	wait, written := backfillWriters(t, db, 4, aggs, next, stop)
-	testenv.Eventually(t, 10*time.Second, "the writers to start", func() bool { return written.Load() > 50 })
+	testenv.Eventually(t, time.Minute, "the writers to start", func() bool { return written.Load() > 50 })
 
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(testenv.LeastPrivileged(t, db, "event_outbox", true), kafka)}
 	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{Where: "published_at IS NULL", OrderBy: []string{"id"}, ChunkSize: 500})}
@@ -157,7 +159,7 @@ func firstStartBackfill(t *testing.T, exactlyOnce bool) {
 		c = kafka.NewCommittedConsumer(t, kafka.AllTopics())
 	}
 	c.WaitCount(t, 2*time.Minute, want)
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 	if len(c.Records) != want {
 		t.Errorf("%d records, want %d (10,000 pending and %d live rows)", len(c.Records), want, len(live))
 	}
@@ -252,7 +254,7 @@ func TestBackfillBadInput(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("backfill %+v: error %v, want one line with %q", tc.b, err, tc.want)
 		}
-		if !pipeline.Permanent(err) {
+		if !fault.Permanent(err) {
 			t.Errorf("backfill %+v: %v is retried, want it fatal", tc.b, err)
 		}
 		var exists bool
@@ -262,7 +264,7 @@ func TestBackfillBadInput(t *testing.T) {
 		}
 	}
 	c := kafka.NewConsumer(t, kafka.AllTopics())
-	c.Settle(500 * time.Millisecond)
+	c.Settle(t)
 	for _, rec := range c.Records {
 		if !strings.HasPrefix(rec.Topic, "checkpoints") {
 			t.Errorf("record sent to %s despite the refused backfill", rec.Topic)
@@ -286,8 +288,9 @@ func TestBackfillBesideStream(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	p := testenv.Require(t, pg)
 	db := p.NewDatabase(t)
-	// Random keys: live rows land between the keys of old ones, inside
-	// the chunks being read, so the watermarks have work to do.
+	// Random keys, and the order of them (an order_by, read in keyset
+	// chunks): live rows land between the keys of old ones, inside the
+	// chunks being read, so the watermarks have work to do.
 	testenv.Exec(t, db, strings.Replace(pollerSchema, "id serial PRIMARY KEY", "id uuid PRIMARY KEY DEFAULT gen_random_uuid()", 1))
 	const aggs, perAgg = 100, 50
 	testenv.Exec(t, db, fmt.Sprintf(`
@@ -312,7 +315,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	if err := e.start(t).stop(t); err != nil {
 		t.Fatal(err)
 	}
-	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 200})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 200, OrderBy: []string{"id"}})}
 	r := e.start(t)
 
 	next := make([]int, aggs)
@@ -321,7 +324,7 @@ func TestBackfillBesideStream(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	wait, written := backfillWriters(t, db, 4, aggs, next, stop)
-	testenv.Eventually(t, 10*time.Second, "the writers to start", func() bool { return written.Load() > 100 })
+	testenv.Eventually(t, time.Minute, "the writers to start", func() bool { return written.Load() > 100 })
 
 	// As cdc backfill does: another pipeline of the same config asks.
 	cfg := e.cfg
@@ -363,10 +366,11 @@ func TestBackfillBesideStream(t *testing.T) {
 		}
 		return true
 	})
-	c.Settle(time.Second)
+	// Stopped, the pipeline owes nothing: what it sent is in Kafka.
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
+	c.Settle(t)
 
 	copies := map[string][]pglogrepl.LSN{}
 	firstSeq := map[string]int{}
@@ -435,9 +439,16 @@ func TestBackfillBesideStream(t *testing.T) {
 // TestBackfillRequestOffTheLoop (issue 23, item 11): the checkpoint topic
 // holds 100,000 superseded records of another pipeline. A backfill request
 // is read off the replication loop (a follower has read it by the time
-// the WAL announces it), so live events keep flowing while it is taken:
-// none waits a second for its ack. The loop used to read the whole topic
+// the WAL announces it, or does within one of its fetches), so live events
+// keep flowing while it is taken. The loop used to read the whole topic
 // itself.
+//
+// The loop asks the follower once at most (request.Gate.Lookups: the
+// follower had not read the request yet, a race the design allows), and
+// no session ended. How long live events waited is logged, not bounded: on
+// kfake the whole topic reads in about 0.1 s, less than a live event's
+// commit -> ack beside the backfill (about 0.4 s), and both grow with the
+// machine's load, so no bound tells the two apart.
 func TestBackfillRequestOffTheLoop(t *testing.T) {
 	kafka := testenv.NewKafka(t)
 	db := testenv.Require(t, pg).NewDatabase(t)
@@ -474,6 +485,11 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	if err := cl.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// What a loop that read the topic itself would hold a live event
+	// for: reading it to its end, measured here, on this machine.
+	reading := time.Now()
+	kafka.NewConsumer(t, "^"+regexp.QuoteMeta(e.cfg.Checkpoint.Topic)+"$").Settle(t)
+	readAll := time.Since(reading)
 
 	stop := make(chan struct{})
 	live, wait := make(chan struct{}), make(chan struct{})
@@ -520,9 +536,13 @@ func TestBackfillRequestOffTheLoop(t *testing.T) {
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("100,000 superseded records in the checkpoint topic: the longest commit -> ack of a live event during the request was %s", time.Duration(worst.Load()).Round(time.Millisecond))
-	if w := time.Duration(worst.Load()); w > time.Second {
-		t.Errorf("a live event waited %s for its ack while the request was taken; want under 1s", w.Round(time.Millisecond))
+	t.Logf("100,000 superseded records in the checkpoint topic (read in %s): the longest commit -> ack of a live event during the request was %s",
+		readAll.Round(time.Millisecond), time.Duration(worst.Load()).Round(time.Millisecond))
+	if n := r.p.RequestLookupsForTest(); n > 1 {
+		t.Errorf("the replication loop looked the request up %d times; want once at most, the follower answering", n)
+	}
+	if n := counterValue(r.p.Metrics().Restarts); n != 0 {
+		t.Errorf("%v sessions restarted while the request was taken", n)
 	}
 }
 
@@ -607,7 +627,10 @@ func TestBackfillColumnNamedUser(t *testing.T) {
 // time under a 2 MB budget; a chunk ends with the row that reaches the
 // budget, so a 5 MB row, larger than the budget, still goes, last in its
 // chunk; every row is read once, in key order, and the chunk's row count
-// follows the rows' size (small rows fill whole chunks again).
+// follows the rows' size (small rows fill whole chunks again). So in
+// keyset chunks (order_by), and from a Cursor (the commit order), held
+// beside the stream and in a snapshot's transaction: the rows it reads
+// past the budget are read again from there.
 func TestBackfillChunksBoundedInBytes(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, pollerSchema, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
@@ -627,47 +650,70 @@ func TestBackfillChunksBoundedInBytes(t *testing.T) {
 	if err := tbl.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	plan, err := backfill.NewPlan(ctx, conn, tbl, "", nil, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const budget = 2 << 20
-	plan.SetBudget(budget)
-	var after []string
-	next, maxRows := 1, 0
-	for {
-		c, err := plan.Read(ctx, conn, after, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		size, last := 0, 0
-		for _, row := range c.Rows {
-			n := 0
-			for _, v := range row {
-				n += len(v)
+	for _, tc := range []struct {
+		name  string
+		order tableread.Order
+		tx    bool // the cursor in a transaction, as a snapshot's
+	}{{"keyset", tableread.OrderColumns, false}, {"cursor", tableread.OrderAuto, false}, {"cursor in a transaction", tableread.OrderAuto, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := tableread.NewPlan(ctx, conn, tbl, "", nil, tc.order, 1000)
+			if err != nil {
+				t.Fatal(err)
 			}
-			size, last = size+n, n
-			var id int
-			fmt.Sscan(string(row[0]), &id)
-			if id != next {
-				t.Fatalf("row %d, want %d: skipped or read twice", id, next)
+			plan.SetBudget(budget)
+			read := func(after []string) (tableread.Chunk, error) { return plan.Read(ctx, conn, after, nil) }
+			if plan.InCommitOrder() {
+				if tc.tx {
+					if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+						t.Fatal(err)
+					}
+					defer conn.Exec(ctx, "ROLLBACK")
+				}
+				cur, err := plan.Open(ctx, conn, nil, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cur.Close(ctx)
+				read = func([]string) (tableread.Chunk, error) { return cur.Next(ctx) }
 			}
-			next++
-		}
-		if size-last >= budget {
-			t.Fatalf("a chunk of %d rows and %d bytes went on past the budget %d before its last row", len(c.Rows), size, budget)
-		}
-		maxRows = max(maxRows, len(c.Rows))
-		if c.Final {
-			break
-		}
-		after = c.Last
-	}
-	if next != 3001 {
-		t.Fatalf("read %d rows, want 3000", next-1)
-	}
-	if maxRows != 1000 {
-		t.Fatalf("the largest chunk of small rows held %d rows; want the chunk size, 1000", maxRows)
+			var after []string
+			next, maxRows := 1, 0
+			for {
+				c, err := read(after)
+				if err != nil {
+					t.Fatal(err)
+				}
+				size, last := 0, 0
+				for _, row := range c.Rows {
+					n := 0
+					for _, v := range row {
+						n += len(v)
+					}
+					size, last = size+n, n
+					var id int
+					fmt.Sscan(string(row[0]), &id)
+					if id != next {
+						t.Fatalf("row %d, want %d: skipped or read twice", id, next)
+					}
+					next++
+				}
+				if size-last >= budget {
+					t.Fatalf("a chunk of %d rows and %d bytes went on past the budget %d before its last row", len(c.Rows), size, budget)
+				}
+				maxRows = max(maxRows, len(c.Rows))
+				if c.Final {
+					break
+				}
+				after = c.Last
+			}
+			if next != 3001 {
+				t.Fatalf("read %d rows, want 3000", next-1)
+			}
+			if maxRows != 1000 {
+				t.Fatalf("the largest chunk of small rows held %d rows; want the chunk size, 1000", maxRows)
+			}
+		})
 	}
 }
 
@@ -683,7 +729,9 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 		SELECT 'order', 'agg-' || (i % 10), 'old', '{}' FROM generate_series(1, 2000) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
 	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{ChunkSize: 20})}
-	e.cfg.UnhealthyAfter = time.Second
+	// Progress comes with each produce Kafka answers, 100 ms apart: two
+	// seconds is twenty of them, room for a loaded machine.
+	e.cfg.UnhealthyAfter = 2 * time.Second
 	e.cfg.MaxInFlight = 40 // each chunk waits for the one before: steady, slow progress
 	var stuck atomic.Bool
 	release := make(chan struct{})
@@ -692,7 +740,7 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 		if stuck.Load() {
 			kafka.Fake.SleepControl(func() { <-release })
 		} else {
-			kafka.Fake.SleepControl(func() { time.Sleep(50 * time.Millisecond) }) // slow but steady: the load, not a synchronisation
+			kafka.Fake.SleepControl(func() { time.Sleep(100 * time.Millisecond) }) // slow but steady: the load, not a synchronisation
 		}
 		return nil, nil, false
 	})
@@ -707,7 +755,7 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the backfill did not get half-way")
 		}
-		c.Settle(100 * time.Millisecond)
+		c.Settle(t)
 	}
 	if d := time.Since(busyFor); d < 2*e.cfg.UnhealthyAfter {
 		t.Fatalf("half the backfill took %s, less than twice unhealthy_after: the test proves nothing; slow Kafka down more", d)

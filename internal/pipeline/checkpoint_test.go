@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -87,7 +87,7 @@ func wantGap(t *testing.T, e *env, kind checkpoint.GapKind, mentions ...string) 
 	t.Helper()
 	err := waitFatal(t, e.launch(t, os.Stderr))
 	var gap *checkpoint.GapError
-	if !errors.As(err, &gap) || gap.Kind != kind || !pipeline.Permanent(err) {
+	if !errors.As(err, &gap) || gap.Kind != kind || !fault.Permanent(err) {
 		t.Fatalf("Run returned %v; want a permanent gap of kind %d", err, kind)
 	}
 	for _, m := range append(mentions, "cdc reset --config", "--accept-gap") {

@@ -1,12 +1,15 @@
 package pipeline_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -14,6 +17,8 @@ import (
 	"github.com/outboxcdc/cdc/internal/localpg"
 	"github.com/outboxcdc/cdc/internal/opt"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -132,7 +137,7 @@ func TestReplicasStartTogether(t *testing.T) {
 			testenv.Exec(t, db, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'order', 'agg-' || (i % 50), 'after', jsonb_build_object('i', i) FROM generate_series(3201, 3300) i`)
 			c.WaitCount(t, time.Minute, 3300)
-			c.Settle(500 * time.Millisecond)
+			c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 			got := ids(c.Records)
 			for i := 1; i <= 3300; i++ {
 				if n := got[fmt.Sprint(i)]; n != 1 {
@@ -172,8 +177,16 @@ func TestStandbyLeavesABusyHolder(t *testing.T) {
 	})
 	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "created")
 	testenv.Eventually(t, 30*time.Second, "the holder to block creating the topic", held.Load)
-	hold := time.NewTimer(4 * e.cfg.TakeoverAfter()) // the fault: how long the broker holds the call
+	// The broker holds the call for four takeover_afters (the fault), and
+	// until the standby has looked at the slot eight times since (each
+	// look a session that finds the slot in use, takeover_after/4 apart):
+	// two takeover_afters of looks, however slowly a loaded machine runs
+	// them, in which a standby that took the busy holder for silent would
+	// have ended it.
+	looks := counterValue(b.p.Metrics().Restarts)
+	hold := time.NewTimer(4 * e.cfg.TakeoverAfter())
 	<-hold.C
+	testenv.Eventually(t, time.Minute, "the standby to look eight times", func() bool { return counterValue(b.p.Metrics().Restarts) >= looks+8 })
 	close(release)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitFor(t, 30*time.Second, "the event", func(recs []*kgo.Record) bool { return ids(recs)[id] == 1 })
@@ -182,5 +195,27 @@ func TestStandbyLeavesABusyHolder(t *testing.T) {
 	}
 	if ok, detail := a.p.Ready(); !ok {
 		t.Errorf("the holder stopped streaming: %s", detail)
+	}
+}
+
+// TestStandbyLooksAgainAtAStartingReplica (issue 55): a standby that finds
+// another replica starting (it holds the start lock, for a first start's
+// backfill say) looks again within takeover_after/4, as it does at a
+// holder, not a whole retry backoff later: should that replica freeze
+// once it streams, the takeover comes within takeover_after.
+func TestStandbyLooksAgainAtAStartingReplica(t *testing.T) {
+	cfg := newEnvConfig("postgres://cdc@127.0.0.1:1/app", &testenv.Kafka{Brokers: []string{"127.0.0.1:1"}})
+	cfg.RetryBackoff, cfg.RetryBackoffMax = time.Second, time.Minute
+	cfg.Standby.TakeoverAfter = opt.Set(8 * time.Second)
+	p, err := pipeline.New(cfg, hclog.NewNullLogger(), pipeline.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	starting := &postgres.SlotInUseError{Slot: "outbox_cdc", Err: postgres.ErrStarting}
+	if wait := p.RetryWaitForTest(context.Background(), starting); wait > 2*time.Second || wait <= 0 {
+		t.Fatalf("a standby waits %s after finding another replica starting; want at most takeover_after/4 (2s)", wait)
+	}
+	if wait := p.RetryWaitForTest(context.Background(), errors.New("kafka is down")); wait < 10*time.Second {
+		t.Fatalf("after another error it waits %s; want the backoff (the cap is a standby's)", wait)
 	}
 }

@@ -1,50 +1,43 @@
-// Package pipeline does supervision and the session, and nothing else. It
-// wires the stages together:
+// Package pipeline does supervision, and where each session starts, and
+// nothing else: it runs one replication session after another (package
+// session runs each), and keeps what lives across them.
 //
-//	wal.Stream ──bytes──▶ decode.Decoder ──Event──▶ route.Router ──Record──▶ sink.Kafka
-//	    ▲                                                                      │
-//	    └── Confirmed() ◀── delivery.Confirmer ◀── delivery.Tracker ◀───── ack ┘
-//	                        (or delivery.Committer, exactly once)
-//
-// One session is one replication connection, one Kafka client, one decoder, one
-// tracker, and one of the two ways of confirming behind one interface
-// (session.go). Every session decides, against the checkpoint, whether it may
-// create the slot or must refuse a gap (start.go), under the slot's start lock
-// so that replicas take turns; a first start is a state that lasts until the
-// slot and its checkpoint exist, whatever failed before (docs/design.md, "A
-// first start is a state, not a session"). A session ends on shutdown, on a
-// fatal error, or on a transient one; transient errors start a new session
-// after a backoff, and Postgres re-sends everything after the slot's confirmed
-// position. An instance that finds the slot held waits as a standby and takes
-// over a silent holder (postgres.Takeover).
-//
-// The session also carries what other packages decide: the backfill
-// chunks internal/backfill hands it at their high watermarks, and the
-// first start's rows (backfill.go); a replay's copy of the replay slot,
-// filtered by internal/replay (replay.go). The operator commands are
-// internal/ops' (Pipeline.Ops).
+// Each session (runSession, sessions.go) connects to Kafka, takes the
+// slot's start lock, so that replicas take turns, and decides against the
+// checkpoint (start.go) whether it may create the slot or must refuse a
+// gap, adopts a slot that has no checkpoint, or resumes; a first start is
+// a state that lasts until the slot and its checkpoint exist, whatever
+// failed before (docs/design.md, "A first start is a state, not a
+// session"). In exactly-once mode it fences any other instance first
+// (eos.go). Then session.Run streams, from the position start found, and
+// hands back what the session leaves: the position it confirmed, and what
+// Kafka acknowledged past its last checkpoint when Postgres ended it (the
+// carry, which the next resume checkpoints first). A session ends on
+// shutdown, on a fatal error, or on a transient one; transient errors
+// start a new session after a backoff, and Postgres re-sends everything
+// after the slot's confirmed position. An instance that finds the slot
+// held waits as a standby and takes over a silent holder
+// (postgres.Takeover). What lives across sessions is the pipeline's: the
+// checkpoint store and its progress, the backfill jobs, the operator's
+// requests' way in (request.Gate), the carry, and health (Ready, Healthy).
+// The operator commands are internal/ops' (Pipeline.Ops); a replay
+// (Pipeline.Replay) streams a copy of the replay slot in a session of its
+// own (session.Replay).
 //
 // Invariants:
-//   - Fatal and transient errors are told apart in one place (Permanent).
-//   - Nothing is ever skipped to keep going: an invalid event stops the
-//     connector with an error naming the source, event id and LSN, or (with
-//     on_invalid: dead-letter) becomes a dead-letter record that the tracker
-//     counts like any event, so its transaction resolves only after that
-//     record is acked.
-//   - The slot is confirmed only up to a checkpoint Kafka has acknowledged,
-//     and never moves over a gap an operator has not accepted.
-//   - A transaction whose commit the checkpoint's last delivered commit
-//     covers is skipped, in both modes, only within the checkpoint's WAL
-//     history (docs/design.md, "Re-delivery after a crash", "An LSN means
-//     something only within its WAL history").
-//   - A backfilled row goes through the same routing and tracking as a
-//     streamed one. The first start's rows are each in the snapshot or in
-//     the stream, not both; a chunk beside the stream is sent at its high
-//     watermark, without the rows the stream met between its watermarks,
-//     and its progress is checkpointed with that position
-//     (docs/design.md, "Backfill consistency").
-//   - Shutdown, and a stop the tables' watch asks for, stop reading between
-//     two transactions (ender), wait for Kafka's acks, write the last
-//     checkpoint, send a final status update with what it covers, and
-//     close, within ShutdownTimeout: a graceful stop sends nothing twice.
+//   - Fatal and transient errors are told apart in one place (package
+//     fault).
+//   - Before a session streams, its start compares the slot with the
+//     checkpoint (checkpoint.Decide) under the slot's start lock: the slot
+//     is created on a first start only, and never moves over a gap an
+//     operator has not accepted.
+//   - A first start's checkpoint, and an adopted slot's, is saved before
+//     the session streams: from then on a missing slot is a gap.
+//   - The carry is checkpointed only when the checkpoint is still the one
+//     this process saved last: it never overwrites another replica's
+//     progress.
+//   - In exactly-once mode the session's transactional producer fences
+//     every other instance before the checkpoint is read.
+//   - The backfill jobs a checkpoint read back carries run only when they
+//     are the configuration's or a signed request's (backfill.Trusted).
 package pipeline

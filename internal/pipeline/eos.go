@@ -7,7 +7,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
@@ -37,11 +36,4 @@ func (p *Pipeline) fence(ctx context.Context, sys wal.System, opening *checkpoin
 	}
 	p.log.Info("exactly-once: this instance holds the transactional id; any other is fenced", "transactional_id", kcfg.TransactionalID)
 	return k, nil
-}
-
-// isFenced reports whether err says another instance took over.
-func isFenced(err error) bool {
-	var f *sink.FencedError
-	var t *delivery.TxnTimeoutError
-	return errors.As(err, &f) && !errors.As(err, &t)
 }

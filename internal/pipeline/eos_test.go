@@ -43,7 +43,7 @@ func TestExactlyOnceDelivers(t *testing.T) {
 		want[insertEvent(t, conn, "agg-x", "Again")] = true
 	}
 	c.WaitCount(t, time.Minute, len(want))
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	got := ids(c.Records)
 	for id := range want {
 		if got[id] != 1 {
@@ -111,7 +111,7 @@ func postgresCrash(t *testing.T, exactlyOnce bool) {
 		}
 		return true
 	})
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 	got := ids(c.Records)
 	dups := 0
 	for id, n := range got {

@@ -377,14 +377,7 @@ func TestExpressionFailuresGoThroughOnInvalid(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx := context.Background()
-		rd, err := p.Ops().RequestRedrive(ctx, park.Selector{Key: "c-5"}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if left, err := p.Ops().WatchRedrive(ctx, rd); err != nil || len(left) != 0 {
-			t.Fatalf("redrive: %v, %d left parked", err, len(left))
-		}
+		redriveAll(t, p, park.Selector{Key: "c-5"}, true)
 		c.WaitFor(t, time.Minute, "c-5's event behind the first on its topic, and the first dead-lettered", func(recs []*kgo.Record) bool {
 			on, dead := false, false
 			for _, rec := range recs {

@@ -104,7 +104,7 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 		}
 		return true
 	})
-	c.Settle(time.Second)
+	c.Settle(t)
 	got := ids(c.Records)
 	phantom := 0
 	for id := range got {

@@ -123,7 +123,7 @@ func TestRestoreFromBackup(t *testing.T) {
 				}
 				return true
 			})
-			c.Settle(500 * time.Millisecond)
+			c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 			got := ids(c.Records)
 			for id := range after {
 				if got[id] != 1 {

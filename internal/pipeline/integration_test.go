@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/delivery"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/postgres"
@@ -562,14 +563,15 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			} else {
 				testenv.Eventually(t, time.Minute, "three sessions to hit the fault", func() bool { return h.Hits() >= 3 })
 			}
-			// Several status intervals pass while later transactions are
-			// committed; the slot must still stop before the failed one.
-			for i := 0; i < 10; i++ {
+			// Status updates carry the confirmed position: after three
+			// more, sent once later transactions were committed (and,
+			// with laterAcked, acknowledged), the slot must still stop
+			// before the failed one.
+			statusUpdates(t, e.db, 3, func() {
 				if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > badCommit {
 					t.Fatalf("confirmed_flush_lsn %s passed the failed transaction (commit record at %s)", pos, badCommit)
 				}
-				time.Sleep(60 * time.Millisecond) // observation window, not synchronisation
-			}
+			})
 			if got := ids(c.Records)[badID]; got != 0 {
 				t.Fatalf("the faulted event was delivered %d times during the fault", got)
 			}
@@ -582,6 +584,32 @@ func TestPartitionFaultHoldsConfirmedPosition(t *testing.T) {
 			})
 		})
 	}
+}
+
+// statusUpdates waits until the walsender of slot outbox_cdc has received
+// n status updates (its pg_stat_replication.reply_time changed n times, in
+// any session), calling look at each look. The first may have been on its
+// way before the call: the others were sent after it. With sessions that
+// fail and come back, each sends few: a loaded machine took over a minute
+// for three, so the deadline is two.
+func statusUpdates(t *testing.T, db string, n int, look func()) {
+	t.Helper()
+	conn := testenv.Connect(t, db)
+	var last *time.Time
+	seen := -1 // the first reply_time read is no change
+	testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("%d status updates", n), func() bool {
+		look()
+		var reply *time.Time
+		if err := conn.QueryRow(context.Background(), `SELECT (SELECT r.reply_time FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+			WHERE s.slot_name = 'outbox_cdc')`).Scan(&reply); err != nil {
+			t.Fatal(err)
+		}
+		if reply != nil && (last == nil || !reply.Equal(*last)) {
+			last = reply
+			seen++
+		}
+		return seen >= n
+	})
 }
 
 // TestPoisonEventStops: an event that cannot form a legal topic stops the
@@ -605,7 +633,7 @@ func TestPoisonEventStops(t *testing.T) {
 		t.Fatal("the connector kept running past a poison event")
 	}
 	var ee *outbox.EventError
-	if !errors.As(err, &ee) || ee.EventID != poison || !strings.Contains(err.Error(), "bad/type") || !pipeline.Permanent(err) {
+	if !errors.As(err, &ee) || ee.EventID != poison || !strings.Contains(err.Error(), "bad/type") || !fault.Permanent(err) {
 		t.Fatalf("Run returned %v; want a permanent *outbox.EventError for event %s", err, poison)
 	}
 	if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > poisonCommit {
@@ -698,7 +726,7 @@ func TestShutdownEndsBetweenTransactions(t *testing.T) {
 		got := ids(recs)
 		return got[last] > 0 && len(got) >= rows+1
 	})
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	got := ids(c.Records)
 	if len(got) != rows+1 {
 		t.Errorf("%d distinct events, want %d", len(got), rows+1)
@@ -715,7 +743,7 @@ func TestShutdownEndsBetweenTransactions(t *testing.T) {
 // status interval (docs/design.md, rule 17).
 func TestConfirmsArePrompt(t *testing.T) {
 	e := newEnv(t, testenv.NewKafka(t))
-	e.cfg.Postgres.StatusInterval = 30 * time.Second
+	e.cfg.Postgres.StatusInterval = 30 * time.Second // the most it may be
 	r := e.start(t)
 	conn := testenv.Connect(t, e.db)
 	ctx := context.Background()
@@ -744,8 +772,13 @@ func TestConfirmsArePrompt(t *testing.T) {
 		// A few confirm intervals (20ms) and a checkpoint's round trip;
 		// the status interval used to set the pace. Confirmed positions
 		// are transaction ends or keepalive WAL ends, so one past the
-		// commit record's start is past the transaction.
-		testenv.Eventually(t, 5*time.Second, "the slot to confirm the acked event", func() bool {
+		// commit record's start is past the transaction. The deadline is
+		// half the status interval: far past what a prompt confirm takes
+		// on a loaded machine. A confirm at the status interval's pace
+		// may come within it in the first round, but the next round's
+		// event is acknowledged just after that status update, a whole
+		// interval before the next one.
+		testenv.Eventually(t, e.cfg.Postgres.StatusInterval/2, "the slot to confirm the acked event", func() bool {
 			return testenv.SlotPosition(t, e.db, "outbox_cdc") > commit
 		})
 	}
@@ -801,7 +834,7 @@ func TestSlotVanishedIsFatal(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the connector kept running without its slot")
 	}
-	if !errors.Is(err, postgres.ErrSlotVanished) || !pipeline.Permanent(err) {
+	if !errors.Is(err, postgres.ErrSlotVanished) || !fault.Permanent(err) {
 		t.Fatalf("Run returned %v; want a permanent ErrSlotVanished", err)
 	}
 	var n int
@@ -813,13 +846,14 @@ func TestSlotVanishedIsFatal(t *testing.T) {
 
 // TestKeepalivesWhileKafkaIsDown: every produce fails retriably, the
 // in-flight limit is reached and the loop stops reading, yet status
-// updates keep the walsender (wal_sender_timeout = 1s here) from dropping
+// updates keep the walsender (wal_sender_timeout = 2s here) from dropping
 // the connection; once Kafka recovers everything is delivered in the same
 // session.
 func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
+	const walSenderTimeout = 2 * time.Second
 	k := testenv.NewFakeKafka(t)
 	e := newEnv(t, k)
-	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D1000"
+	e.cfg.Postgres.URL += fmt.Sprintf("&options=-c%%20wal_sender_timeout%%3D%d", walSenderTimeout.Milliseconds())
 	e.cfg.Postgres.StatusInterval = 100 * time.Millisecond
 	e.cfg.MaxInFlight = 5
 	r := e.start(t)
@@ -834,8 +868,8 @@ func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
 		want = append(want, insertEvent(t, conn, fmt.Sprintf("k-%d", i), "Stalled"))
 	}
 	testenv.Eventually(t, 30*time.Second, "the in-flight limit to be reached", func() bool { return first.Saturated() })
-	// Stay saturated for several wal_sender_timeouts.
-	stallEnd := time.Now().Add(4 * time.Second)
+	// Stay saturated for several wal_sender_timeouts (the fault).
+	stallEnd := time.Now().Add(3 * walSenderTimeout)
 	for time.Now().Before(stallEnd) {
 		var reply time.Time
 		var walsender int
@@ -843,8 +877,11 @@ func TestKeepalivesWhileKafkaIsDown(t *testing.T) {
 		if walsender != pid {
 			t.Fatalf("walsender changed from %d to %d: the connection was dropped while Kafka was down", pid, walsender)
 		}
-		if age := time.Since(reply); age > 900*time.Millisecond {
-			t.Fatalf("last status update %s ago; wal_sender_timeout is 1s", age)
+		// A live loop sends one every status_interval (100ms); one
+		// that stopped would be dropped at wal_sender_timeout, which a
+		// status update older than that means is due.
+		if age := time.Since(reply); age >= walSenderTimeout {
+			t.Fatalf("last status update %s ago; wal_sender_timeout is %s", age, walSenderTimeout)
 		}
 		time.Sleep(200 * time.Millisecond) // observation interval, not synchronisation
 	}

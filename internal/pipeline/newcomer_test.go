@@ -162,7 +162,7 @@ func TestDroppedSlotLosslessWayFirst(t *testing.T) {
 	}
 	e.start(t)
 	c.WaitFor(t, time.Minute, "the event committed while the slot was gone", func(recs []*kgo.Record) bool { return ids(recs)[missed] == 1 })
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	if n := ids(c.Records)[first]; n != 1 {
 		t.Errorf("the event before the checkpoint arrived %d times, want once", n)
 	}

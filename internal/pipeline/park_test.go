@@ -14,13 +14,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/relay"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 // Parked keys (issue 48; docs/operations.md, "Parked keys"): one poison
@@ -78,6 +81,41 @@ func seqs(t *testing.T, recs []*kgo.Record, topic string) map[string][]int {
 	return out
 }
 
+// requestRedrive asks p's pipeline for a redrive of what sel selects.
+func requestRedrive(t *testing.T, p *pipeline.Pipeline, sel park.Selector, dropFirst bool) ops.Redriving {
+	t.Helper()
+	rd, err := p.Ops().RequestRedrive(context.Background(), sel, dropFirst, false)
+	if err != nil {
+		t.Fatalf("redrive %s: %v", sel, err)
+	}
+	return rd
+}
+
+// waitRedrive waits until the pipeline took every request of rd, and
+// fails unless each sent every parking it named on.
+func waitRedrive(t *testing.T, p *pipeline.Pipeline, rd ops.Redriving) []checkpoint.Used {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done, err := p.Ops().WatchRedrive(ctx, rd)
+	if err != nil {
+		t.Fatalf("redrive: %v (%d of %d requests taken)", err, len(done), len(rd.Requests))
+	}
+	for _, u := range done {
+		if !u.Done {
+			t.Fatalf("redrive %s: %s", u.ID, u.Outcome)
+		}
+	}
+	return done
+}
+
+// redriveAll asks for a redrive of sel and waits until every key it
+// selects was sent on.
+func redriveAll(t *testing.T, p *pipeline.Pipeline, sel park.Selector, dropFirst bool) {
+	t.Helper()
+	waitRedrive(t, p, requestRedrive(t, p, sel, dropFirst))
+}
+
 // inOrder reports whether got is from to from+n-1, each once, in order.
 func inOrder(got []int, from, n int) bool {
 	if len(got) != n {
@@ -119,7 +157,7 @@ func TestParkedKeyHoldsBackItsAggregate(t *testing.T) {
 				}
 				return len(on["agg-07"]) >= 99 && len(held["agg-07"]) >= 101
 			})
-			c.Settle(500 * time.Millisecond)
+			c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 			on, held := seqs(t, c.Records, topic), seqs(t, c.Records, parked)
 			for a := 0; a < 20; a++ {
 				agg := fmt.Sprintf("agg-%02d", a)
@@ -172,16 +210,9 @@ func TestParkedKeyHoldsBackItsAggregate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := context.Background()
-			rd, err := p.Ops().RequestRedrive(ctx, park.Selector{Key: "agg-07"}, false)
-			if err != nil || len(rd.Keys) != 1 {
-				t.Fatalf("redrive: %v (%d keys)", err, len(rd.Keys))
-			}
+			rd := requestRedrive(t, p, park.Selector{Key: "agg-07"}, false)
 			writeAggregates(t, e.db, 20, 211, 5, "", 0) // after the request: behind the redriven events
-			left, err := p.Ops().WatchRedrive(ctx, rd)
-			if err != nil || len(left) != 0 {
-				t.Fatalf("redrive: %v, %d left parked", err, len(left))
-			}
+			waitRedrive(t, p, rd)
 			c.WaitFor(t, 2*time.Minute, "every aggregate's 215 events on the topic", func(recs []*kgo.Record) bool {
 				on := seqs(t, recs, topic)
 				for a := 0; a < 20; a++ {
@@ -191,7 +222,7 @@ func TestParkedKeyHoldsBackItsAggregate(t *testing.T) {
 				}
 				return true
 			})
-			c.Settle(500 * time.Millisecond)
+			c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 			on = seqs(t, c.Records, topic)
 			for a := 0; a < 20; a++ {
 				agg := fmt.Sprintf("agg-%02d", a)
@@ -275,7 +306,7 @@ func TestParkedKeyOnSchema(t *testing.T) {
 		on := seqsOf(t, reg, recs, topic)
 		return len(on["agg-00"]) >= 40 && len(on["agg-04"]) >= 40 && len(byKey(inTopic(recs, tb.ParkedTopic), "agg-03")) >= 21
 	})
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	if on := seqsOf(t, reg, c.Records, topic); !inOrder(on["agg-03"], 1, 19) || !inOrder(on["agg-01"], 1, 40) {
 		t.Fatalf("agg-03 on its topic: %v, agg-01: %d; want agg-03 1-19, agg-01 1-40", on["agg-03"], len(on["agg-01"]))
 	}
@@ -287,24 +318,18 @@ func TestParkedKeyOnSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd, err := p.Ops().RequestRedrive(context.Background(), park.Selector{Key: "agg-03"}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if left, err := p.Ops().WatchRedrive(context.Background(), rd); err != nil || len(left) != 0 {
-		t.Fatalf("redrive: %v, %d left parked", err, len(left))
-	}
+	redriveAll(t, p, park.Selector{Key: "agg-03"}, false)
 	c.WaitFor(t, time.Minute, "agg-03's 40 events on its topic", func(recs []*kgo.Record) bool {
 		return len(seqsOf(t, reg, recs, topic)["agg-03"]) >= 40
 	})
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	if on := seqsOf(t, reg, c.Records, topic); !inOrder(on["agg-03"], 1, 40) {
 		t.Fatalf("agg-03 after the redrive: %v; want 1 to 40 in order, each once", on["agg-03"])
 	}
 }
 
 // seqsOf is seqs for records encoded for the registry reg.
-func seqsOf(t *testing.T, reg *testenv.Registry, recs []*kgo.Record, topic string) map[string][]int {
+func seqsOf(t *testing.T, reg *testregistry.Registry, recs []*kgo.Record, topic string) map[string][]int {
 	t.Helper()
 	out := map[string][]int{}
 	for _, r := range recs {

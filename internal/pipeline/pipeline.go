@@ -17,15 +17,17 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/relay"
+	"github.com/outboxcdc/cdc/internal/request"
 	"github.com/outboxcdc/cdc/internal/retry"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/setup"
-	"github.com/outboxcdc/cdc/internal/sink"
 )
 
 // Options are hooks for tests and the demo; the zero value is what cdc run
@@ -100,9 +102,13 @@ type Pipeline struct {
 	// bf is the backfill jobs as the stream has reached them.
 	bf  *backfill.Jobs
 	ops *ops.Ops // the operator commands for cfg
-	// announced is what the stream made of the backfill requests it met
-	// (session.request), across sessions.
-	announced checkpoint.Announced
+	// requests is the one way in for the operator's requests the
+	// stream meets (package request): what it refused, and its budget of
+	// look-ups, across sessions.
+	requests request.Gate
+	// refused are the topics the brokers refused an event's record for
+	// (relay.RefusedTopics): a row's topic, never a stop of every table.
+	refused relay.RefusedTopics
 	// carry is what Kafka acknowledged in a session that Postgres ended,
 	// past its last checkpoint: the next session that resumes checkpoints
 	// it first. It is the pipeline's, not a session's: the sessions that
@@ -201,16 +207,21 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.log.Info("stopped", append(l, "dead_lettered", p.DeadLettered.Load(), "ignored_messages", p.IgnoredMessages.Load())...)
 		}
 	}()
-	defer background(ctx, func(ctx context.Context) { p.Ops().WatchSlots(ctx, p.m) })()
+	slots, stopSlots := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); p.Ops().WatchSlots(slots, p.m) }()
+	defer func() { stopSlots(); <-watched }()
 	backoff := retry.New(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax)
-	var streak errorStreak
+	var streak fault.Streak
 	for {
 		started := time.Now()
 		err := p.runSession(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		err, fatal := p.classify(ctx, err, &streak)
+		err, fatal := streak.Classify(err, fault.Session{Streamed: p.streamed.Load(), Log: p.log, HeldByOther: func() bool {
+			return setup.HeldByOther(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot, p.walsender.Load())
+		}})
 		if fatal {
 			return err
 		}
@@ -222,62 +233,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// errorStreak counts the errors of the sessions in a row that a few of
-// may be retried, and not more.
-type errorStreak struct {
-	refused  int // AuthErrors
-	timeouts int // TxnTimeoutErrors
-}
-
-// classify tells a session's error that stops the connector (fatal) from
-// one a new session may get past, and words the latter for the log.
-func (p *Pipeline) classify(ctx context.Context, err error, streak *errorStreak) (_ error, fatal bool) {
-	if isFenced(err) && !setup.HeldByOther(ctx, p.cfg.Postgres, p.cfg.Postgres.Slot, p.walsender.Load()) {
-		// No other instance streams: the broker ended the transaction
-		// itself (it outlived the transaction timeout, during a long
-		// outage say). Its events were not committed; a new session
-		// sends them again.
-		p.log.Warn("kafka aborted the open transaction; sending its events again in a new one", "error", errtext.OneLine(err))
-		err = errors.New("kafka aborted the open transaction: " + errtext.OneLine(err))
-	}
-	var timedOut *delivery.TxnTimeoutError
-	if errors.As(err, &timedOut) {
-		// Once may be an outage that outlasted the timeout; the same
-		// again, with Kafka up, is a transaction too large for it.
-		if streak.timeouts++; streak.timeouts < 2 {
-			p.log.Warn("kafka aborted a transaction that outlived exactly_once.transaction_timeout; sending its events again in a new one", "error", errtext.OneLine(err))
-			err = errors.New("kafka aborted a transaction that was open too long")
-		}
-	} else if err != nil {
-		streak.timeouts = 0
-	}
-	if Permanent(err) {
-		return err, true
-	}
-	var tlsErr *postgres.TLSError
-	if errors.As(err, &tlsErr) && !p.streamed.Load() {
-		return err, true // a CA or host name to fix; once streamed, maybe a rotation
-	}
-	var auth *postgres.AuthError
-	if errors.As(err, &auth) {
-		// Refused credentials never fix themselves at start. Once it
-		// has streamed, it may be a password being rotated: retry a
-		// few times, then stop.
-		if !p.streamed.Load() {
-			return err, true
-		}
-		if streak.refused++; streak.refused > maxRefused {
-			return fmt.Errorf("%w (refused %d times in a row)", err, streak.refused), true
-		}
-	} else {
-		streak.refused = 0
-	}
-	if err == nil {
-		err = errors.New("session ended without an error")
-	}
-	return err, false
 }
 
 // retryWait says why the connector is not streaming (the log, /readyz)
@@ -300,13 +255,14 @@ func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Back
 	}
 	p.setState(false, fmt.Sprintf("standby: waiting for replication slot %q (%v)", p.cfg.Postgres.Slot, inUse.Err))
 	p.health.Busy() // the holder is alive, or will be taken over
-	if after := p.cfg.TakeoverAfter(); after > 0 && !errors.Is(err, postgres.ErrStarting) {
+	// A replica starting (a first start's backfill) holds the start lock,
+	// not the slot: it is looked at as often, never taken over.
+	if after := p.cfg.TakeoverAfter(); after > 0 {
 		wait = min(wait, after/4)
+	}
+	if p.cfg.TakeoverAfter() > 0 && !errors.Is(err, postgres.ErrStarting) {
 		if now, ended := p.takeover.Try(ctx); now {
-			wait = 0
-			if ended {
-				p.waitingLogged = false
-			}
+			wait, p.waitingLogged = 0, p.waitingLogged && !ended
 		}
 	}
 	if wait > 0 && !p.waitingLogged {
@@ -314,40 +270,6 @@ func (p *Pipeline) retryWait(ctx context.Context, err error, backoff *retry.Back
 		p.waitingLogged = true
 	}
 	return wait
-}
-
-// newTracker is a session's tracker, with the in-flight limits.
-func (p *Pipeline) newTracker(from pglogrepl.LSN) *delivery.Tracker {
-	tr := delivery.NewTracker(from, p.cfg.MaxInFlight)
-	tr.LimitBytes(p.cfg.MaxInFlightBytes)
-	return tr
-}
-
-// maxRefused is how many times in a row a connector that has streamed
-// retries Postgres refusing its credentials before it stops.
-const maxRefused = 5
-
-// decodeError marks an undecodable replication message. The same bytes would
-// arrive again after a reconnect, so it is fatal.
-type decodeError struct{ err error }
-
-func (e *decodeError) Error() string {
-	return e.err.Error() + "; the connector cannot continue past this message without losing it: check the tables' definitions against the config"
-}
-func (e *decodeError) Unwrap() error { return e.err }
-
-// Permanent reports whether err must stop the connector rather than start
-// a new session. This is the one place that decides.
-func Permanent(err error) bool {
-	for _, target := range []any{new(*errtext.Fatal), new(*outbox.EventError), new(*decodeError), new(*checkpoint.GapError),
-		new(*checkpoint.TopicError), new(*sink.ConnectError), new(*backfill.Error), new(*sink.FencedError), new(*delivery.TxnTimeoutError),
-		new(*schema.RefusedError)} {
-		if errors.As(err, target) {
-			return true
-		}
-	}
-	var prod *sink.ProduceError
-	return errors.As(err, &prod) && prod.Permanent()
 }
 
 // kafkaOpts are the producer's extra options: the caller's, and the hook

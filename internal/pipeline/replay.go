@@ -2,14 +2,12 @@ package pipeline
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/session"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -54,28 +52,8 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 	if err != nil {
 		return replay.Summary{}, err
 	}
-	s := &session{p: p, kafka: k, tracker: p.newTracker(start), replay: f, ctx: ctx}
-	pt := &tablewatch.Partitions{Postgres: p.cfg.Postgres, Tables: p.cfg.Tables}
-	defer pt.Close(ctx)
-	s.dec = s.newDecoder(pt, nil)
-	s.out = s.newSender()
-	acks := replay.NewAcks(s.tracker, f)
-
-	report := func() replay.Status { return f.Progress(start, s.tracker.Acked()) }
-	stopReports := replay.Report(progress, report)
-	runErr := stream.Run(ctx, s.handle, acks, k)
-	if errors.Is(runErr, replay.ErrDone) {
-		runErr = nil
-		// Every event is produced: wait for Kafka to acknowledge them.
-		if err := k.Flush(ctx); err != nil {
-			runErr = fmt.Errorf("wait for kafka's acks: %w", err)
-		} else if err := s.tracker.Err(); err != nil {
-			runErr = err
-		}
-	}
-	stopReports()
-	stream.Close(context.WithoutCancel(ctx), acks)
-	sum := f.Summary(report(), time.Since(started))
+	status, runErr := session.Replay(ctx, p.sessionDeps(), k, stream, start, f, progress)
+	sum := f.Summary(status, time.Since(started))
 	if progress != nil {
 		progress(sum.Status)
 	}

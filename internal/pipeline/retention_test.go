@@ -127,7 +127,7 @@ func TestRetentionKeepsWhatKafkaHasNot(t *testing.T) {
 					before = append(before, id)
 				}
 				mu.Unlock()
-				c.Settle(500 * time.Millisecond)
+				c.Settle(t)
 				delivered := ids(c.Records)
 				inTable := map[string]bool{}
 				for id := range outboxRows(t, e.db) {
@@ -140,10 +140,10 @@ func TestRetentionKeepsWhatKafkaHasNot(t *testing.T) {
 					}
 				}
 				if len(gone) > 0 {
-					// The consumer may not have read yet what Kafka
-					// acknowledged before the block; nothing new is
-					// acknowledged during it, so a longer read settles it.
-					c.Settle(3 * time.Second)
+					// A row deleted after the read above and before the
+					// table was read had its event acknowledged before
+					// it went: read to the topics' end again.
+					c.Settle(t)
 					delivered = ids(c.Records)
 					for _, id := range gone {
 						if delivered[id] == 0 {
@@ -157,6 +157,7 @@ func TestRetentionKeepsWhatKafkaHasNot(t *testing.T) {
 					}
 				}
 				checks++
+				time.Sleep(100 * time.Millisecond) // the interval between looks, each a connection: the sweeps run on their own
 			}
 			unblock()
 			close(stop)
@@ -219,13 +220,19 @@ func TestRetentionDropsPartitions(t *testing.T) {
 		testenv.QueryRow(t, e.db, `INSERT INTO outbox (created_at, aggregatetype, aggregateid, type, payload) VALUES ($1, 'order', 'p-1', 'E', '{}') RETURNING id::text`, []any{at(d)}, &id)
 		want = append(want, id)
 	}
-	// Sweeps while Kafka holds the events, until well after both old
-	// ranges ended: nothing goes.
-	for time.Now().Before(at(10 * time.Second)) {
+	// Sweeps while Kafka holds the events: nothing goes, until one that
+	// began after both old ranges ended more than retention.after ago
+	// (at 7 s; the gauge is in whole seconds, so 8) has run.
+	swept := float64(at(8 * time.Second).Unix())
+	testenv.Eventually(t, time.Minute, "a sweep after both old ranges aged past retention.after", func() bool {
 		if got := partitions(t, e.db); !got["outbox_old2"] || !got["outbox_old1"] {
 			t.Fatalf("partitions %v: one holding an unacknowledged row was dropped", got)
 		}
-		time.Sleep(250 * time.Millisecond) // the interval between looks: the sweeps run on their own
+		time.Sleep(250 * time.Millisecond) // the interval between looks, each a connection: the sweeps run on their own
+		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox") >= swept
+	})
+	if got := partitions(t, e.db); !got["outbox_old2"] || !got["outbox_old1"] {
+		t.Fatalf("partitions %v: one holding an unacknowledged row was dropped", got)
 	}
 	block.off()
 	c := kafka.NewConsumer(t, kafka.AllTopics())
@@ -259,7 +266,11 @@ func partitionOf(name string, from, to time.Time) string {
 // partitions is the outbox's partitions now, by name.
 func partitions(t *testing.T, db string) map[string]bool {
 	t.Helper()
-	rows, err := testenv.Connect(t, db).Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
+	// Closed on return, not when the test ends: a test may call this in a
+	// loop of looks, one connection each.
+	conn := testenv.Connect(t, db)
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass`)
 	if err != nil {
 		t.Fatal(err)
 	}

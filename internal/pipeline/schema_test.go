@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/replay"
@@ -27,6 +29,7 @@ import (
 	registry "github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 const (
@@ -40,11 +43,23 @@ const (
 )
 
 // schemaEnv is newEnv with the outbox table's payload under a registry
-// schema, dead-lettering what does not match.
-func schemaEnv(t *testing.T, format, idIn string) (*env, *testenv.Registry) {
+// schema, dead-lettering what does not match: the real registry of
+// CDC_TEST_REGISTRY_URL, or srfake. Its subjects carry the Kafka prefix.
+func schemaEnv(t *testing.T, format, idIn string) (*env, *testregistry.Registry) {
+	t.Helper()
+	return schemaEnvOn(t, testregistry.New(t), format, idIn)
+}
+
+// fakeSchemaEnv is schemaEnv on srfake, for the tests that take the
+// registry down or answer in its place.
+func fakeSchemaEnv(t *testing.T, format, idIn string) (*env, *testregistry.Registry) {
+	t.Helper()
+	return schemaEnvOn(t, testregistry.NewFake(t), format, idIn)
+}
+
+func schemaEnvOn(t *testing.T, reg *testregistry.Registry, format, idIn string) (*env, *testregistry.Registry) {
 	t.Helper()
 	e := newEnv(t, testenv.NewKafka(t))
-	reg := testenv.NewRegistry(t)
 	tb := e.cfg.Tables[0]
 	tb.Schema = outbox.Schema{Format: format, IDIn: idIn}
 	tb.OnInvalid, tb.DeadLetterTopic = outbox.OnInvalidDeadLetter, e.kafka.Prefix+"dead-letters"
@@ -154,7 +169,7 @@ const registryOutage = 30 * time.Second
 // confirmed, and nothing is dead-lettered. Once the registry is back, it
 // and the events behind it are delivered, in order.
 func TestSchemaRegistryDown(t *testing.T) {
-	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	e, reg := fakeSchemaEnv(t, outbox.SchemaAvro, "")
 	for _, s := range []string{"order", "payment"} {
 		if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event."+s+"-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
 			t.Fatal(err)
@@ -171,23 +186,29 @@ func TestSchemaRegistryDown(t *testing.T) {
 	_, xid := insertEventTx(t, conn, "payment", "p-1", "Paid", `'{"id": "p-1", "qty": 1}'`) // a subject not cached
 	insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 2}'`)
 	waiting := testenv.CommitLSN(t, e.db, xid, before)
-	deadline := time.Now().Add(registryOutage)
-	for time.Now().Before(deadline) {
-		c.Settle(time.Second)
+	// The registry stays down for registryOutage (the fault), and until
+	// the session has failed the lookup twice: it keeps retrying, however
+	// slowly a loaded machine lets it. Each look reads Kafka to its end:
+	// what the pipeline sent is there.
+	failed := func() float64 { return counterValue(r.p.Metrics().SchemaLookups.WithLabelValues("error")) }
+	outage := time.Now().Add(registryOutage)
+	for time.Now().Before(outage) || failed() < 2 {
+		if time.Now().After(outage.Add(time.Minute)) {
+			t.Fatalf("%v failed lookups in %s; the session should keep retrying", failed(), registryOutage+time.Minute)
+		}
+		c.Settle(t)
 		if len(c.Records) != 1 {
 			t.Fatalf("%d records while the registry is down, want only the first event's", len(c.Records))
 		}
 		if pos := testenv.SlotPosition(t, e.db, "outbox_cdc"); pos > waiting {
 			t.Fatalf("slot confirmed %s, past the commit record of the event waiting for its schema (%s)", pos, waiting)
 		}
-	}
-	if n := counterValue(r.p.Metrics().SchemaLookups.WithLabelValues("error")); n < 2 {
-		t.Fatalf("%v failed lookups in %s; the session should keep retrying", n, registryOutage)
+		time.Sleep(250 * time.Millisecond) // the interval between looks, not synchronisation
 	}
 
 	reg.Start()
 	c.WaitCount(t, time.Minute, 3)
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	// In order per key: the order Kafka keeps (one key, one partition).
 	seq := map[string][]string{}
 	for _, rec := range c.Records {
@@ -278,8 +299,10 @@ func TestCheckSchemaSubjects(t *testing.T) {
 	if probs := check(); probs != nil {
 		t.Fatalf("with both subjects registered: %q", probs)
 	}
-	reg.Stop()
-	if probs := check(); len(probs) != 1 || !strings.Contains(probs[0], "schema registry "+reg.URL+": dial tcp") || !strings.Contains(probs[0], "check schema_registry.url") {
+	down := testregistry.NewFake(t)
+	down.Stop()
+	e.cfg.SchemaRegistry.URL = down.URL
+	if probs := check(); len(probs) != 1 || !strings.Contains(probs[0], "schema registry "+down.URL+": dial tcp") || !strings.Contains(probs[0], "check schema_registry.url") {
 		t.Fatalf("registry down: %q", probs)
 	}
 }
@@ -355,7 +378,7 @@ func TestRegistryConformance(t *testing.T) {
 		{"incompatible on register", http.MethodPost, 409, registryError(409, "Schema being registered is incompatible with an earlier schema"), true, stop, "is incompatible"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+			e, reg := fakeSchemaEnv(t, outbox.SchemaAvro, "")
 			e.cfg.SchemaRegistry.MissingAfter = 2 * time.Second
 			subject := e.kafka.Prefix + "outbox.event.order-value"
 			if tc.register {
@@ -369,8 +392,13 @@ func TestRegistryConformance(t *testing.T) {
 			}
 			var failing atomic.Bool
 			failing.Store(true)
+			var mu sync.Mutex
+			var failedAt []time.Time // when each failing answer was given
 			reg.Answer(func(req *http.Request) (int, string, bool) {
 				if failing.Load() && req.Method == tc.method && strings.Contains(req.URL.Path, "/subjects/"+subject) {
+					mu.Lock()
+					failedAt = append(failedAt, time.Now())
+					mu.Unlock()
 					return tc.status, tc.body, true
 				}
 				return 0, "", false
@@ -382,7 +410,7 @@ func TestRegistryConformance(t *testing.T) {
 			switch tc.then {
 			case stop:
 				err := waitFatal(t, r)
-				if !pipeline.Permanent(err) || !strings.Contains(err.Error(), tc.want) {
+				if !fault.Permanent(err) || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Run returned %v; want a stop saying %q", err, tc.want)
 				}
 				if !testenv.Pending(t, e.db, "outbox_cdc", "outbox_cdc", first) {
@@ -409,7 +437,24 @@ func TestRegistryConformance(t *testing.T) {
 					return false
 				})
 			case wait:
-				c.Settle(3 * time.Second) // longer than missing_subject_after: a failing registry is waited for
+				// A failing registry is waited for past missing_subject_after:
+				// wait until it has failed the event's lookups for longer
+				// than that, and been asked twice since. A connector that
+				// took a failing registry for a missing subject would have
+				// dead-lettered the event at the first of those looks, and
+				// asked nothing more.
+				testenv.Eventually(t, time.Minute, "two lookups failed past missing_subject_after", func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					past := 0
+					for _, at := range failedAt {
+						if at.Sub(failedAt[0]) > e.cfg.SchemaRegistry.MissingAfter {
+							past++
+						}
+					}
+					return past >= 2
+				})
+				c.Settle(t)
 				if n := ids(c.Records)[first]; n != 0 {
 					t.Fatalf("the event went (%d records) while the registry failed", n)
 				}
@@ -444,7 +489,7 @@ func TestAutoRegisterWithRowChosenSubjects(t *testing.T) {
 // nothing past the event confirmed) and the next one waits again; once the
 // registry answers, a read_committed consumer sees each event once.
 func TestRegistryWaitExactlyOnce(t *testing.T) {
-	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	e, reg := fakeSchemaEnv(t, outbox.SchemaAvro, "")
 	e.cfg.Delivery = config.DeliveryExactlyOnce
 	e.cfg.ExactlyOnce.TransactionTimeout = 4 * time.Second // a registry wait ends the session after 2 s
 	if _, _, err := reg.RegisterSchema(e.kafka.Prefix+"outbox.event.order-value", sr.Schema{Schema: orderAvro, Type: sr.TypeAvro}); err != nil {
@@ -469,7 +514,7 @@ func TestRegistryWaitExactlyOnce(t *testing.T) {
 	reg.Start()
 	after, _ := insertEventTx(t, conn, "order", "o-1", "OrderPlaced", `'{"id": "o-1", "qty": 2}'`)
 	c.WaitFor(t, time.Minute, "the waiting event and the one after", func(recs []*kgo.Record) bool { return ids(recs)[waiting] == 1 && ids(recs)[after] == 1 })
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	for id, n := range ids(c.Records) {
 		if n != 1 {
 			t.Errorf("event %s read %d times read_committed", id, n)
@@ -482,7 +527,7 @@ func TestRegistryWaitExactlyOnce(t *testing.T) {
 // for longer than wal_sender_timeout: the replication connection, idle
 // meanwhile, survives it, and every row goes once the registry answers.
 func TestRegistryWaitDuringFirstStartBackfill(t *testing.T) {
-	e, reg := schemaEnv(t, outbox.SchemaAvro, "")
+	e, reg := fakeSchemaEnv(t, outbox.SchemaAvro, "")
 	subject := e.kafka.Prefix + "outbox.event.order-value"
 	e.cfg.Postgres.URL += "&options=-c%20wal_sender_timeout%3D2s"
 	e.cfg.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 10}
@@ -498,7 +543,7 @@ func TestRegistryWaitDuringFirstStartBackfill(t *testing.T) {
 	testenv.Eventually(t, time.Minute, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 30)
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	if n := len(ids(c.Records)); n != 30 || len(c.Records) != 30 {
 		t.Fatalf("%d records of %d rows; want each of the 30 once", len(c.Records), n)
 	}

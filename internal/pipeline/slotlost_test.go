@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/fault"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
 	"github.com/outboxcdc/cdc/internal/wal"
@@ -105,7 +105,7 @@ func TestLostSlotNamesItsCause(t *testing.T) {
 
 	err = waitFatal(t, e.launch(t, os.Stderr))
 	msg := err.Error()
-	if !errors.Is(err, postgres.ErrSlotLost) || !pipeline.Permanent(err) || strings.Contains(msg, "\n") ||
+	if !errors.Is(err, postgres.ErrSlotLost) || !fault.Permanent(err) || strings.Contains(msg, "\n") ||
 		!strings.Contains(msg, `replication slot "outbox_cdc" is lost (`+reason+`)`) || !strings.Contains(msg, setting) || strings.Contains(msg, other) ||
 		!strings.Contains(msg, "events after its confirmed position "+confirmed.String()) || !strings.Contains(msg, "cdc reset --accept-gap") {
 		t.Fatalf("Run returned %v; want one line: the slot is lost to %s (not %s), from %s, and how to recover", err, setting, other, confirmed)

@@ -16,30 +16,41 @@ import (
 )
 
 // slowMatch is a backfill condition's function that costs time per row, as
-// a selective condition on a large table does: it sleeps 2.5 s on every
+// a selective condition on a large table does: it sleeps 5 s on every
 // 20th row (sqlwhere refuses pg_sleep in the condition itself, not in a
 // function the operator wrote). A chunk of 20 rows and the count of 40
 // then each take longer than slowUnhealthyAfter.
 const slowMatch = `
 CREATE FUNCTION public.slow_match(id int) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-	IF id % 20 = 0 THEN PERFORM pg_sleep(2.5); END IF;
+	IF id % 20 = 0 THEN PERFORM pg_sleep(5); END IF;
 	RETURN true;
 END $$;`
 
-// slowUnhealthyAfter is http.unhealthy_after for the slow backfills: twice
-// the second between two looks at a statement the server works on.
-const slowUnhealthyAfter = 2 * time.Second
+// slowUnhealthyAfter is http.unhealthy_after for the slow backfills. While
+// the server works on a statement, the watch notes progress at each look:
+// looks start a second apart (postgres.backendLook) and one that takes
+// longer than two seconds (backendLookTimeout) counts for nothing, so
+// progress comes at least every three seconds, which is what the code
+// promises whatever the load. A second more keeps /healthz from failing
+// between two looks.
+const slowUnhealthyAfter = 4 * time.Second
+
+// slowLookGap is the longest the watch may go without noting progress
+// while the server works: a look's interval and its timeout.
+const slowLookGap = 3 * time.Second
 
 // slowBackfillEnv is a first start whose backfill of event_outbox's 40
-// rows runs public.slow_match on each, in chunks of 20.
+// rows runs public.slow_match on each, in chunks of 20: in keyset chunks
+// of order_by id, each chunk's query runs the condition on its own rows
+// (a Cursor, in commit order, runs it on every row at its first chunk).
 func slowBackfillEnv(t *testing.T, kafka *testenv.Kafka) *env {
 	t.Helper()
 	db := testenv.Require(t, pg).NewDatabase(t)
 	testenv.Exec(t, db, pollerSchema, slowMatch, `INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'order', 'agg-' || (i % 5), 'old', '{}' FROM generate_series(1, 40) i`)
 	e := &env{db: db, kafka: kafka, cfg: newEnvConfig(db, kafka)}
-	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{Where: "public.slow_match(id)", ChunkSize: 20})}
+	e.cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{Where: "public.slow_match(id)", OrderBy: []string{"id"}, ChunkSize: 20})}
 	e.cfg.UnhealthyAfter = slowUnhealthyAfter
 	return e
 }
@@ -124,7 +135,7 @@ func TestHealthyThroughSlowChunks(t *testing.T) {
 	if failures := stop(); len(failures) > 0 {
 		t.Fatalf("/healthz failed %d times during a backfill whose queries the server worked on; first: %s", len(failures), failures[0])
 	}
-	// Each query outlasted unhealthy_after: the count (5 s of sleep)
+	// Each query outlasted unhealthy_after: the count (10 s of sleep)
 	// before the first chunk, and the second chunk after the first.
 	_, first := produced(c.Records, 1, 20)
 	second, _ := produced(c.Records, 21, 40)
@@ -183,12 +194,14 @@ func TestUnhealthyWhileTheBackfillWaitsOnALock(t *testing.T) {
 	if failures := stop(); len(failures) > 0 {
 		t.Fatalf("/healthz failed %d times before the backfill waited on the lock, while the server worked on its chunks; first: %s", len(failures), failures[0])
 	}
-	testenv.Eventually(t, slowUnhealthyAfter+3*time.Second, "/healthz to fail while the backfill waits on a lock", func() bool { return r.p.Healthy() != nil })
+	testenv.Eventually(t, time.Minute, "/healthz to fail while the backfill waits on a lock", func() bool { return r.p.Healthy() != nil })
 	if err := r.p.Healthy(); err == nil || !strings.Contains(err.Error(), "not streaming for") {
 		t.Fatalf("Healthy() = %v", err)
 	}
-	if d := time.Since(waiting); d < slowUnhealthyAfter-time.Second {
-		t.Fatalf("/healthz failed %s after the wait began, before unhealthy_after (%s)", d.Round(time.Millisecond), slowUnhealthyAfter)
+	// The last progress came at most a look's gap before the wait was
+	// seen: /healthz may fail no sooner than unhealthy_after after that.
+	if d := time.Since(waiting); d < slowUnhealthyAfter-slowLookGap {
+		t.Fatalf("/healthz failed %s after the wait began, before unhealthy_after (%s) less a look's gap (%s)", d.Round(time.Millisecond), slowUnhealthyAfter, slowLookGap)
 	}
 
 	if err := lock.Rollback(ctx); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/replay"
+	"github.com/outboxcdc/cdc/internal/session"
 	"github.com/outboxcdc/cdc/internal/setup"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/tablewatch"
@@ -33,14 +34,14 @@ import (
 // opening, when not nil, is the checkpoint store the session started
 // opening (runSession); connected, when set, runs once the database system
 // is known (exactly once: the fence).
-func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, connected func(wal.System) error) (opened, error) {
+func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, connected func(wal.System) error) (session.Start, error) {
 	slot, cat, err := setup.Prepare(ctx, p.cfg.Postgres, p.cfg.WALTables(), p.log)
 	if err != nil {
-		return opened{}, err
+		return session.Start{}, err
 	}
 	conn, err := wal.Connect(ctx, p.cfg.Postgres, p.log.Named("wal"))
 	if err != nil {
-		return opened{}, err
+		return session.Start{}, err
 	}
 	p.log.Debug("postgres: replication connection open", "slot_exists", slot.Exists)
 	if conn.Standby() != p.onStandby {
@@ -58,31 +59,20 @@ func (p *Pipeline) start(ctx context.Context, opening *checkpoint.Opening, conne
 		// Postgres has not ended yet): wait as a standby, without
 		// touching the checkpoint or, in exactly-once mode, fencing it.
 		conn.Close(context.WithoutCancel(ctx))
-		return opened{}, &postgres.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
+		return session.Start{}, &postgres.SlotInUseError{Slot: p.cfg.Postgres.Slot, Err: fmt.Errorf("replication slot %q is active for PID %d", p.cfg.Postgres.Slot, slot.ActivePID)}
 	}
 	if connected != nil {
 		if err := connected(conn.System()); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
-			return opened{}, err
+			return session.Start{}, err
 		}
 	}
 	from, snapshot, err := p.position(ctx, conn, slot, cat, opening)
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx)) // the snapshot ends with it
-		return opened{}, err
+		return session.Start{}, err
 	}
-	return opened{conn: conn, from: from, cat: cat, snapshot: snapshot}, nil
-}
-
-// opened is what start hands the session.
-type opened struct {
-	conn *wal.Conn     // the replication connection
-	from pglogrepl.LSN // where the session streams from
-	cat  setup.Catalog // the outbox tables as the catalog has them
-	// snapshot is a first start's exported snapshot of the slot's
-	// consistent point, for its backfill ("" otherwise). It lives as long
-	// as conn runs no other command.
-	snapshot string
+	return session.Start{Conn: conn, From: from, Catalog: cat, Snapshot: snapshot}, nil
 }
 
 // position reads the checkpoint, compares it with the slot, and returns
@@ -173,7 +163,7 @@ func (p *Pipeline) adopt(ctx context.Context, conn *wal.Conn, cat setup.Catalog,
 	if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, true); err != nil {
 		return nil, err
 	}
-	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false); len(rec.Backfills) > 0 {
+	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false, rec.Tables); len(rec.Backfills) > 0 {
 		p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
 	}
 	return rec, tablewatch.Floors(ctx, p.tableDeps(), rec)
@@ -198,7 +188,7 @@ func (p *Pipeline) firstStart(ctx context.Context, conn *wal.Conn, cat setup.Cat
 	if err := tablewatch.Baseline(ctx, p.tableDeps(), rec, cat, true); err != nil {
 		return nil, 0, "", err
 	}
-	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true); len(rec.Backfills) > 0 {
+	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, true, rec.Tables); len(rec.Backfills) > 0 {
 		// A condition or order that does not work stops the first
 		// start before anything exists.
 		if err := p.backfills().Check(ctx, rec.Backfills); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,7 +28,11 @@ import (
 // rowsOf is table's rows, id → aggregate id.
 func rowsOf(t *testing.T, db, table string) map[string]string {
 	t.Helper()
-	rows, err := testenv.Connect(t, db).Query(context.Background(), `SELECT id::text, aggregateid FROM `+table)
+	// Closed on return, not when the test ends: a test may call this in a
+	// loop of looks, one connection each.
+	conn := testenv.Connect(t, db)
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), `SELECT id::text, aggregateid FROM `+table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +74,7 @@ func TestRenamedOutboxStreamsOn(t *testing.T) {
 	}
 	write(100, "renamed")
 	expectEvents(t, c, rowsOf(t, e.db, "outbox_v2"), 0)
-	testenv.Eventually(t, 10*time.Second, "the rename reported", func() bool {
+	testenv.Eventually(t, time.Minute, "the rename reported", func() bool {
 		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_renamed", "table", "public.outbox") == 1
 	})
 	if err := r.stop(t); err != nil {
@@ -218,7 +223,7 @@ func TestLeafNamedAfterDetach(t *testing.T) {
 	want = append(want, insert("2026-01-15", "leaf"))
 	// The watch sees the leaves (and sets the option back) before the
 	// partition goes.
-	testenv.Eventually(t, 10*time.Second, "publish_via_partition_root set back", func() bool {
+	testenv.Eventually(t, time.Minute, "publish_via_partition_root set back", func() bool {
 		var on bool
 		testenv.QueryRow(t, e.db, `SELECT pubviaroot FROM pg_publication WHERE pubname = 'outbox_cdc'`, nil, &on)
 		return on
@@ -251,26 +256,39 @@ func TestRetentionKeepsRecreatedTable(t *testing.T) {
 	r := e.start(t)
 	c := e.kafka.NewConsumer(t, e.kafka.AllTopics())
 	// After the watch's first look: the next is catalog_check_interval on.
-	testenv.Eventually(t, 10*time.Second, "the watch's first look", func() bool {
+	testenv.Eventually(t, time.Minute, "the watch's first look", func() bool {
 		return testenv.Value(t, r.p.Metrics().Registry, "cdc_catalog_checked_timestamp_seconds") > 0
 	})
 	testenv.Exec(t, e.db, recreateSQL)
 	testenv.Exec(t, e.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'r-' || (i % 7), 'Created', '{}' FROM generate_series(1, 200) i`)
+	inserted := time.Now()
 	want := outboxRows(t, e.db)
-	for deadline := time.Now().Add(6 * time.Second); time.Now().Before(deadline); {
+	// Until two sweeps have run that began once the rows were older than
+	// retention.after (the gauge is in whole seconds): a retention that
+	// took the unpublished rows for delivered would have deleted them.
+	// Each look reads Kafka to its end before it reads the table, and
+	// again after it, before calling a row gone: a row deleted between
+	// the two was delivered first.
+	oldEnough := float64(inserted.Add(e.cfg.Tables[0].Retention.After).Unix() + 1)
+	var swept []float64
+	testenv.Eventually(t, time.Minute, "two sweeps once the rows were older than retention.after", func() bool {
+		c.Settle(t)
 		inTable := outboxRows(t, e.db)
-		delivered := ids(c.Records)
 		for id := range want {
-			if inTable[id] == "" && delivered[id] == 0 {
-				c.Settle(time.Second)
+			if inTable[id] == "" && ids(c.Records)[id] == 0 {
+				c.Settle(t)
 				if ids(c.Records)[id] == 0 {
 					t.Fatalf("row %s left the table before its event arrived (%v deleted)", id,
 						testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_rows_deleted_total", "table", "public.outbox"))
 				}
 			}
 		}
-		c.Settle(300 * time.Millisecond)
-	}
+		if at := testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox"); at >= oldEnough && !slices.Contains(swept, at) {
+			swept = append(swept, at)
+		}
+		time.Sleep(100 * time.Millisecond) // the interval between looks, each a connection: the sweeps run on their own
+		return len(swept) >= 2
+	})
 	expectEvents(t, c, want, 0)
 	testenv.Eventually(t, time.Minute, "the repaired table's delivered rows deleted", func() bool {
 		var n int
@@ -298,11 +316,18 @@ func TestRetentionAtProductionSettings(t *testing.T) {
 			insertEvent(t, conn, fmt.Sprintf("d-%d", i%5), "E")
 		}
 		expectEvents(t, e.kafka.NewConsumer(t, e.kafka.AllTopics()), outboxRows(t, e.db), 0)
+		// Confirmed (the checkpoint, which retention reads, leads the
+		// slot), then a sweep: without the first, one could see the
+		// rows as unconfirmed and keep them for that.
+		end := testenv.CurrentWAL(t, e.db)
+		testenv.Eventually(t, time.Minute, "the slot to confirm the events", func() bool { return testenv.SlotPosition(t, e.db, "outbox_cdc") >= end })
+		delivered := time.Now()
 		deleted := func() float64 {
 			return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_rows_deleted_total", "table", "public.outbox")
 		}
-		testenv.Eventually(t, 10*time.Second, "a sweep after the events were delivered", func() bool {
-			return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox") > 0
+		// A sweep that began after that (the gauge is in whole seconds).
+		testenv.Eventually(t, time.Minute, "a sweep after the events were delivered", func() bool {
+			return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox") > float64(delivered.Unix())
 		})
 		if n := deleted(); n != 0 {
 			t.Fatalf("%v rows deleted before they were 24 h old", n)
@@ -476,7 +501,7 @@ func TestExchangedNames(t *testing.T) {
 		topic[id] = e.cfg.Tables[1].Topic + "/" + agg
 	}
 	c.WaitCount(t, time.Minute, len(topic))
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	for id, n := range ids(c.Records) {
 		if n != 1 {
 			t.Errorf("event %s arrived %d times", id, n)
@@ -583,7 +608,7 @@ func TestRewrittenOutboxKeepsUnsentRows(t *testing.T) {
 		t.Fatalf("%d of the 10 unsent rows left", n)
 	}
 	c.WaitCount(t, time.Minute, 15)
-	c.Settle(300 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	got := map[string]int{}
 	for _, rec := range c.Records {
 		got[string(rec.Key)]++
@@ -674,7 +699,7 @@ func TestNameTakenWhileStopped(t *testing.T) {
 		}
 		return true
 	})
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	for id, n := range ids(c.Records) {
 		if n != 1 {
 			t.Errorf("event %s arrived %d times", id, n)

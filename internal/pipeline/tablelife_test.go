@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -49,7 +50,11 @@ CREATE TABLE outbox_default PARTITION OF outbox DEFAULT;
 // outboxRows is the table's rows, id → aggregate id, the ground truth.
 func outboxRows(t *testing.T, db string) map[string]string {
 	t.Helper()
-	rows, err := testenv.Connect(t, db).Query(context.Background(), `SELECT id::text, aggregateid FROM outbox`)
+	// Closed on return, not when the test ends: a test may call this in a
+	// loop of looks, one connection each.
+	conn := testenv.Connect(t, db)
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), `SELECT id::text, aggregateid FROM outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +86,7 @@ func expectEvents(t *testing.T, c *testenv.Consumer, want map[string]string, max
 		}
 		return true
 	})
-	c.Settle(500 * time.Millisecond)
+	c.Settle(t)
 	dups := 0
 	for _, rec := range c.Records {
 		id := testenv.Header(rec, route.HeaderID)
@@ -227,7 +232,7 @@ func TestPartitionedOutbox(t *testing.T) {
 		}
 		return true
 	})
-	c.Settle(500 * time.Millisecond)
+	c.Settle(t)
 	for id, n := range ids(c.Records) {
 		if _, ok := want[id]; (!ok && id != detached) || n > 1 {
 			t.Errorf("event %s delivered %d times (in the table: %v)", id, n, ok)
@@ -365,11 +370,14 @@ func TestRecreatedOutboxLeastPrivileged(t *testing.T) {
 
 // expectRecreated checks a run in which the outbox table was recreated:
 // want holds every row of the new table and those of the old one the
-// test saw; every event written (total) arrives once.
+// test saw; every event written (total) arrives once, and each
+// aggregate's events with a sequence number (the writer's: one
+// connection, so in commit order) arrive in its order, across the
+// repair's point too.
 func expectRecreated(t *testing.T, c *testenv.Consumer, want map[string]string, total int) {
 	t.Helper()
 	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("all %d events written", total), func(recs []*kgo.Record) bool { return len(ids(recs)) >= total })
-	c.Settle(time.Second)
+	c.Settle(t)
 	got := ids(c.Records)
 	for id := range want {
 		if got[id] == 0 {
@@ -384,6 +392,25 @@ func expectRecreated(t *testing.T, c *testenv.Consumer, want map[string]string, 
 			t.Errorf("event %s delivered %d times", id, n)
 			logCopies(t, c, id)
 		}
+	}
+	last, reordered := map[string]int{}, 0
+	for _, rec := range c.Records {
+		var ev struct {
+			Seq *int `json:"seq"`
+		}
+		if json.Unmarshal(rec.Value, &ev) != nil || ev.Seq == nil {
+			continue
+		}
+		agg := string(rec.Key)
+		if prev, ok := last[agg]; ok && *ev.Seq <= prev {
+			if reordered++; reordered <= 5 {
+				t.Errorf("%s: seq %d arrived after seq %d", agg, *ev.Seq, prev)
+			}
+		}
+		last[agg] = *ev.Seq
+	}
+	if reordered > 0 {
+		t.Errorf("%d events arrived after a later one of their aggregate", reordered)
 	}
 }
 
@@ -512,7 +539,7 @@ func TestMigrationsThatHold(t *testing.T) {
 		t.Fatalf("%d ids kept, %d written", len(written), total)
 	}
 	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events", total), func(recs []*kgo.Record) bool { return len(ids(recs)) >= total })
-	c.Settle(500 * time.Millisecond)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	got := ids(c.Records)
 	for _, id := range written {
 		if got[id] != 1 {
@@ -562,7 +589,7 @@ func TestUnmappedRelation(t *testing.T) {
 		insertEvent(t, conn, "a", "Created")
 	}
 	expectEvents(t, c, outboxRows(t, e.db), 0)
-	testenv.Eventually(t, 10*time.Second, "the unmapped inserts counted", func() bool {
+	testenv.Eventually(t, time.Minute, "the unmapped inserts counted", func() bool {
 		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_unmapped_relation_changes_total", "relation", "public.other") == 5
 	})
 }
@@ -579,7 +606,7 @@ func TestTableMissing(t *testing.T) {
 	missing := func() float64 {
 		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_missing", "table", "public.outbox")
 	}
-	testenv.Eventually(t, 10*time.Second, "the table reported missing", func() bool { return missing() == 1 })
+	testenv.Eventually(t, time.Minute, "the table reported missing", func() bool { return missing() == 1 })
 	create := strings.TrimSuffix(strings.TrimPrefix(recreateSQL, "BEGIN;\nDROP TABLE outbox;"), "COMMIT;")
 	testenv.Exec(t, e.db, create[strings.Index(create, "CREATE"):])
 	conn := testenv.Connect(t, e.db)

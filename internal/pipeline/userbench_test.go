@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 // The benchmarks in this file measure what a user sees: the built cdc
@@ -389,6 +390,36 @@ func drainOnce(b *testing.B, per int) {
 		RefSecs: d.ref.Seconds(), Ratio: ratio, CPU: d.cpu.Seconds(), RSSMB: d.rss}.save(b)
 }
 
+// BenchmarkIdle starts the cdc binary, its slot, checkpoint and topic
+// made by an earlier run, and reads its RSS once it has streamed one event
+// and Postgres has the confirm, with nothing more to do: the connector's
+// fixed cost as a user sees it, the binary's pages (RssFile) apart from
+// the rest (RssAnon). docs/benchmarks.md, "Memory (issue 56)".
+func BenchmarkIdle(b *testing.B) {
+	p := testenv.Require(b, pg)
+	db := p.NewDatabase(b)
+	kafka := testenv.NewKafka(b)
+	conn := testenv.Connect(b, db)
+	warmUpWith(b, db, kafka, conn, settings{})
+	for i := 0; i < b.N; i++ {
+		c := startConnector(b, db, kafka)
+		testenv.Exec(b, db, "CALL fill_tx(1, 1)")
+		c.waitConfirmed(b, conn, testenv.CurrentWAL(b, db)-1)
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.stop(b)
+		for _, l := range strings.Split(string(status), "\n") {
+			k, v, _ := strings.Cut(l, ":")
+			if k == "VmRSS" || k == "RssFile" || k == "RssAnon" {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				b.ReportMetric(kb/1024, strings.ToLower(k)+"_MB")
+			}
+		}
+	}
+}
+
 // BenchmarkPayload drains backlogs of large payloads, in 1-row
 // transactions: 20,000 of 10 KB, 10,000 of 100 KB and 1,000 of 1 MB (scaled
 // by CDC_BENCH_EVENTS/100,000), against pg_recvlogical on the same
@@ -599,7 +630,7 @@ func BenchmarkExactlyOnce(b *testing.B) {
 // schema serves every drain's topic). It reports Avro's speed as a share
 // of JSON's (issue 28: at least 0.9), and the CPU each took.
 func BenchmarkSchema(b *testing.B) {
-	reg := testenv.NewRegistry(b)
+	reg := testregistry.NewFake(b)
 	const avsc = `{"type":"record","name":"OrderCreated","fields":[{"name":"i","type":"long"},{"name":"pad","type":"string"}]}`
 	if _, _, err := reg.RegisterSchema("OrderCreated", sr.Schema{Schema: avsc, Type: sr.TypeAvro}); err != nil {
 		b.Fatal(err)

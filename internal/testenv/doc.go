@@ -11,6 +11,11 @@
 // the one place that chooses; CDC_TEST_BACKEND=local|testcontainers forces
 // a path, and every run prints the one it used.
 //
+// The Schema Registry lives in package testregistry beside this one: the
+// real one CDC_TEST_REGISTRY_URL names, or franz-go's srfake served over
+// HTTP; testregistry.NewFake always gives srfake, for the tests that inject
+// faults. A registry that was asked for and does not answer fails the test.
+//
 // A missing Postgres is a test failure, not a skip: only -short skips the
 // integration tests, and CI never passes it.
 package testenv

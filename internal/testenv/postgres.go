@@ -192,6 +192,18 @@ func QueryRow(t testing.TB, dbURL, sql string, args []any, dest ...any) {
 	})
 }
 
+// WaitForLock waits until a session waits for a lock on table (as SQL
+// names it): a statement a test holds up behind another's lock has reached
+// it.
+func WaitForLock(t testing.TB, dbURL, table string) {
+	t.Helper()
+	Eventually(t, 30*time.Second, "a statement to wait for its lock on "+table, func() bool {
+		var n int
+		QueryRow(t, dbURL, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, []any{table}, &n)
+		return n > 0
+	})
+}
+
 // Main is the body of a TestMain for packages with integration tests: it
 // starts Postgres, runs the tests, and stops it. A missing Postgres fails
 // the run unless -short was given.
