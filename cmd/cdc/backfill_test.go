@@ -137,7 +137,9 @@ log:
 	})
 	first.cmd.Process.Signal(syscall.SIGTERM)
 	first.cmd.Wait()
-	write(fmt.Sprintf("    backfill: {chunk_size: %d}", chunk))
+	// In keyset chunks of order_by id: the gate holds a chunk's read (in
+	// commit order, one query reads every row at the job's start).
+	write(fmt.Sprintf("    backfill: {chunk_size: %d, order_by: id}", chunk))
 	second := startProc(t, config)
 	testenv.Eventually(t, 30*time.Second, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 
@@ -189,7 +191,7 @@ log:
 		}
 		return len(got) == len(want)
 	})
-	c.Settle(time.Second)
+	c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 	counts := map[string]int{}
 	for _, r := range c.Records {
 		id := testenv.Header(r, route.HeaderID)

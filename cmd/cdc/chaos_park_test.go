@@ -110,7 +110,7 @@ func TestChaosKillDuringRedrive(t *testing.T) {
 				testenv.Eventually(t, time.Minute, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 			}
 			c.WaitFor(t, 5*time.Minute, "every event on its topic", func(recs []*kgo.Record) bool { return delivered(recs) == aggs*per })
-			c.Settle(time.Second)
+			c.Settle(t)
 			next, dups := map[string]int{}, 0
 			seen := map[string]bool{}
 			for _, r := range c.Records {

@@ -453,7 +453,7 @@ func countDelivered(t *testing.T, db string, c *testenv.Consumer) delivered {
 		}
 		return true
 	})
-	c.Settle(2 * time.Second)
+	c.Settle(t)
 	d := delivered{events: len(want), records: len(c.Records), topics: map[string]bool{}}
 	count := map[string]int{}
 	last := map[string]int{}

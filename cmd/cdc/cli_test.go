@@ -214,3 +214,21 @@ func TestProgressLineInALog(t *testing.T) {
 		t.Fatalf("progress in a log:\n%s", out)
 	}
 }
+
+// TestShownEscapesControlCharacters: cdc parked prints keys and topics the
+// application chose; one with a control character (an escape sequence a
+// terminal would obey) is shown quoted, escaped; others as they are.
+func TestShownEscapesControlCharacters(t *testing.T) {
+	for in, want := range map[string]string{
+		"ord-42":          "ord-42",
+		"clé":             "clé",
+		"a\x1b[2Jb":       `"a\x1b[2Jb"`,
+		"tab\there":       `"tab\there"`,
+		"line\nbreak":     `"line\nbreak"`,
+		"outbox.event.ok": "outbox.event.ok",
+	} {
+		if got := shown(in); got != want {
+			t.Errorf("shown(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

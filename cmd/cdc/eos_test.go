@@ -78,7 +78,7 @@ func TestExactlyOnceFrozenInstance(t *testing.T) {
 		}
 		return len(got) >= len(want)
 	})
-	c.Settle(2 * time.Second)
+	c.SettleConfirmed(t, time.Minute, db, "outbox_cdc")
 	counts := map[string]int{}
 	for _, r := range c.Records {
 		counts[testenv.Header(r, route.HeaderID)]++

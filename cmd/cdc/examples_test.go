@@ -19,6 +19,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/pipeline"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 // expectedRecord is one entry of an example's expected.yaml.
@@ -130,7 +131,7 @@ func checkExample(t *testing.T, dir, writeDB, connectorDB, primaryURL string, ca
 	// Every transaction acked: anything more would be in Kafka now.
 	testenv.Eventually(t, 30*time.Second, "the events' transactions to be acknowledged", func() bool { return tr.Idle() && tr.Confirmed() > 0 })
 	testenv.Eventually(t, 30*time.Second, "the slot to pass the events", func() bool { return testenv.SlotPosition(t, connectorDB, "outbox_cdc") >= end })
-	c.Settle(time.Second)
+	c.Settle(t)
 	if len(c.Records) != len(want) {
 		for _, r := range c.Records {
 			t.Logf("got %s key=%s value=%s", r.Topic, r.Key, r.Value)
@@ -193,13 +194,13 @@ func checkExample(t *testing.T, dir, writeDB, connectorDB, primaryURL string, ca
 // registry/ directory, each file under the subject its name gives, with the
 // test's topic prefix (the topic naming strategy). It returns nil for an
 // example without a registry/ directory.
-func registerSchemas(t *testing.T, dir, prefix string) *testenv.Registry {
+func registerSchemas(t *testing.T, dir, prefix string) *testregistry.Registry {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "registry", "*"))
 	if len(files) == 0 {
 		return nil
 	}
-	reg := testenv.NewRegistry(t)
+	reg := testregistry.New(t)
 	for _, f := range files {
 		text, err := os.ReadFile(f)
 		if err != nil {

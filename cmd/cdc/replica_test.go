@@ -108,7 +108,7 @@ http:
 			}
 			return true
 		})
-		c.Settle(500 * time.Millisecond)
+		c.Settle(t)
 		if len(c.Records) != len(all) {
 			t.Errorf("%d records for %d rows: the stream and the backfill each send their own", len(c.Records), len(all))
 		}

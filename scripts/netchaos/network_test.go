@@ -404,7 +404,7 @@ func (n *netEnv) verify(t *testing.T, c *testenv.Consumer, written map[string]st
 		}
 		return true
 	})
-	c.Settle(time.Second)
+	c.Settle(t)
 	seen := map[string]int{}
 	last := map[string]int{}
 	for _, r := range c.Records {
@@ -512,7 +512,7 @@ func blackHole(t *testing.T, n *netEnv, px func(*netEnv) *toxiproxy.Proxy, bound
 		time.Sleep(time.Second) // the interval between looks
 	}
 	// The fault bites: no event committed well into it has arrived.
-	c.Settle(250 * time.Millisecond)
+	c.Settle(t)
 	for _, r := range c.Records {
 		if r.Timestamp.After(cut.Add(5 * time.Second)) {
 			heal()
@@ -526,7 +526,7 @@ func blackHole(t *testing.T, n *netEnv, px func(*netEnv) *toxiproxy.Proxy, bound
 	// last: the partitions are read in no order among them, so an event
 	// written during the black hole may be read after a newer one.
 	testenv.Eventually(t, bound, "an event written after the heal to arrive", func() bool {
-		c.Settle(250 * time.Millisecond)
+		c.Settle(t)
 		return slices.ContainsFunc(c.Records, func(r *kgo.Record) bool { return r.Timestamp.After(healed) })
 	})
 	recovered := time.Since(healed)

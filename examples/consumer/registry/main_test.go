@@ -22,6 +22,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/schema"
 	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
+	"github.com/outboxcdc/cdc/internal/testenv/testregistry"
 )
 
 var pg *testenv.Postgres
@@ -37,7 +38,7 @@ func TestDecodesWhatTheConnectorEncodes(t *testing.T) {
 	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
 		aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`, `CREATE TABLE payments (LIKE outbox INCLUDING ALL)`)
 	k := testenv.NewKafka(t)
-	reg := testenv.NewRegistry(t)
+	reg := testregistry.New(t)
 	ids := map[string]int{}
 	for _, r := range []struct {
 		subject string
