@@ -85,6 +85,11 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (
 	if err != nil {
 		return nil, nil, err
 	}
+	if job.Leaves != nil {
+		if err := plan.ReadLeaves(ctx, conn, job.Leaves); err != nil {
+			return nil, nil, err
+		}
+	}
 	plan.Role = r.ReaderRole
 	plan.SetBudget(r.ChunkBytes)
 	dec, err := decode.NewRowDecoder(t, plan.Columns)
@@ -237,7 +242,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 // snapshot, a chunk at a time, each chunk one transaction of events at at,
 // and saves the job's progress once every status interval and at its end.
 func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
-	plan, dec, err := r.firstStartPlan(ctx, conn, job)
+	plan, dec, err := r.firstStartPlan(ctx, conn, &job)
 	if err != nil {
 		return err
 	}
@@ -303,14 +308,27 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 // firstStartPlan plans job's read in the slot's snapshot, which is older
 // than conn's transaction: tableread.HoldFiles checks the table first,
 // before the plan reads its key and columns, since a rewrite or a
-// partition change after the snapshot would read as fewer rows.
-func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
+// partition change after the snapshot would read as fewer rows. The job
+// keeps the leaves the snapshot shows (job.Leaves), and reads only those,
+// here and beside the stream: a partition attached while it reads (ATTACH
+// takes no lock the read holds) brings rows written outside the outbox,
+// which the snapshot shows all the same.
+func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job *checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
 	if t := Table(r.Tables, job.Table); t != nil {
 		if err := tableread.HoldFiles(ctx, conn, t); err != nil {
 			return nil, nil, err
 		}
+		if job.Leaves == nil {
+			read, err := r.relation(ctx, conn, *job, t)
+			if err != nil {
+				return nil, nil, err
+			}
+			if job.Leaves, err = tableread.SnapshotLeaves(ctx, conn, read); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
-	return r.plan(ctx, conn, job)
+	return r.plan(ctx, conn, *job)
 }
 
 // sendFirstStartChunk sends a chunk's rows of table through s as one

@@ -60,7 +60,14 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 		s.Close(ctx)
 		return nil, fmt.Errorf("open a snapshot of %s: read what it shows: %w", t, err)
 	}
-	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String()}); err != nil {
+	// The leaves the snapshot shows: one attached after it is not read
+	// (tableread.SnapshotLeaves).
+	leaves, err := tableread.SnapshotLeaves(ctx, conn, t)
+	if err != nil {
+		s.Close(ctx)
+		return nil, err
+	}
+	if s.plan, s.dec, err = r.plan(ctx, conn, checkpoint.Job{ID: "repair", Table: t.String(), Leaves: leaves}); err != nil {
 		s.Close(ctx)
 		return nil, err
 	}

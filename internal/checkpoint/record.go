@@ -330,8 +330,11 @@ type Job struct {
 	// relation a first start's job reads (0: the one its table's name
 	// has): a table swapped while the job is unfinished is read by the
 	// relation the job began on, which holds its rows, not by the name.
-	Initial  bool
-	Rel      uint32
+	Initial bool
+	Rel     uint32
+	// Leaves are the leaf partitions a first start's snapshot showed, the
+	// only ones the job reads (tableread.SnapshotLeaves); nil: all.
+	Leaves   []uint32
 	Started  time.Time
 	Finished time.Time // zero while it runs
 	// Error says why a finished job stopped before its last row.
@@ -345,7 +348,7 @@ type Job struct {
 }
 
 func (b Job) toJSON() jsonBackfill {
-	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
 	if !b.RequestedAt.IsZero() {
 		t := b.RequestedAt.UTC()
 		jb.RequestedAt = &t
@@ -669,6 +672,7 @@ type jsonBackfill struct {
 	Total    int64      `json:"total"`
 	Initial  bool       `json:"initial,omitempty"`
 	Rel      uint32     `json:"rel,omitempty"`
+	Leaves   []uint32   `json:"leaves,omitempty"`
 	Started  time.Time  `json:"started_at"`
 	Finished *time.Time `json:"finished_at,omitempty"`
 	Error    string     `json:"error,omitempty"`
@@ -798,7 +802,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
-		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started, Error: b.Error, MAC: b.MAC}
 		if b.RequestedAt != nil {
 			rb.RequestedAt = *b.RequestedAt
 		}

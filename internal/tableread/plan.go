@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -56,6 +57,8 @@ type Plan struct {
 	// chunk, and shrinks to what fit when one did not.
 	budget int64
 	limit  int
+	// leaves, when set (ReadLeaves), are the only partitions read.
+	leaves []uint32
 }
 
 // Order is the order a plan reads a table's rows in (docs/design.md,
@@ -350,10 +353,27 @@ func (p *Plan) checkKey(key []string) error {
 // its own inside parentheses (sqlwhere.Check made sure it cannot close
 // them, end the statement or comment out the rest), or true.
 func (p *Plan) condition() string {
-	if p.Where == "" {
-		return "true"
+	cond := "true"
+	if p.Where != "" {
+		cond = "(\n" + p.Where + "\n)"
 	}
-	return "(\n" + p.Where + "\n)"
+	if p.leaves != nil {
+		ids := make([]string, len(p.leaves))
+		for i, l := range p.leaves {
+			ids[i] = strconv.FormatUint(uint64(l), 10)
+		}
+		cond += " AND tableoid = ANY('{" + strings.Join(ids, ",") + "}'::oid[])"
+	}
+	return cond
+}
+
+// ReadLeaves restricts the plan to the leaf partitions leaves
+// (SnapshotLeaves, checkpoint.Job.Leaves), and has the server check its
+// queries again; nil reads every leaf the table has when a query runs.
+func (p *Plan) ReadLeaves(ctx context.Context, conn *pgx.Conn, leaves []uint32) error {
+	p.leaves, p.Columns = leaves, nil
+	p.build()
+	return p.prepare(ctx, conn)
 }
 
 // from is the table, as a statement names it: always quoted.

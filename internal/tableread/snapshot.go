@@ -59,3 +59,34 @@ func HoldFiles(ctx context.Context, conn *pgx.Conn, t *outbox.Source) error {
 	}
 	return nil
 }
+
+// SnapshotLeaves returns the leaf partitions of table t that the snapshot
+// of conn's transaction shows (pg_inherits read in it), or nil when t is
+// not partitioned. A read restricted to them (Plan.ReadLeaves) reads no
+// partition attached after the snapshot, even one whose rows the
+// snapshot shows: ATTACH takes no lock a read holds, and a partition's
+// rows from before its attach were written outside the outbox. A
+// partitioned table without a leaf yields {0}, a relation id no table
+// has.
+func SnapshotLeaves(ctx context.Context, conn *pgx.Conn, t *outbox.Source) ([]uint32, error) {
+	var kind string
+	var leaves []uint32
+	err := conn.QueryRow(ctx, `WITH RECURSIVE root AS (
+			SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2),
+		tree(relid) AS (SELECT oid FROM root UNION ALL
+			SELECT i.inhrelid FROM tree JOIN pg_inherits i ON i.inhparent = tree.relid JOIN pg_class c ON c.oid = i.inhrelid AND c.relispartition)
+		SELECT (SELECT relkind::text FROM root),
+			(SELECT coalesce(array_agg(c.oid::bigint ORDER BY c.oid), '{}') FROM tree JOIN pg_class c ON c.oid = tree.relid
+				WHERE c.relispartition AND c.relkind NOT IN ('p', 'I'))`,
+		t.Name.Schema, t.Name.Name).Scan(&kind, &leaves)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: read the partitions of %s: %w", t, err)
+	}
+	if kind != "p" {
+		return nil, nil
+	}
+	if len(leaves) == 0 {
+		leaves = []uint32{0}
+	}
+	return leaves, nil
+}
