@@ -37,6 +37,12 @@ func TestCheckKafkaTopics(t *testing.T) {
 	if _, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("delete")}, e.kafka.CheckpointTopic()); err != nil {
 		t.Fatal(err)
 	}
+	// A broker knows of a topic a moment after its controller made it
+	// (Apache Kafka; kfake at once): until then check sees none.
+	testenv.Eventually(t, 30*time.Second, "the checkpoint topic to be listed with a leader", func() bool {
+		topics, err := adm.ListTopics(ctx, e.kafka.CheckpointTopic())
+		return err == nil && topics.Has(e.kafka.CheckpointTopic()) && topics[e.kafka.CheckpointTopic()].Err == nil
+	})
 
 	check := func() error {
 		t.Helper()

@@ -226,7 +226,8 @@ func (k *Kafka) CheckTopic(ctx context.Context, topic string, mayCreate, compact
 	if err != nil {
 		return fmt.Errorf("look up topic %q: %w", topic, err)
 	}
-	if d, ok := listed[topic]; ok && d.Err == nil {
+	// A topic just made may have no leader yet: it exists all the same.
+	if d, ok := listed[topic]; ok && (d.Err == nil || errors.Is(d.Err, kerr.LeaderNotAvailable)) {
 		if !compact {
 			return nil
 		}
