@@ -254,7 +254,12 @@ func startConnectorWith(b *testing.B, db string, kafka *testenv.Kafka, table, to
 
 // settings are what a benchmark adds to the default configuration: lines
 // of the outbox table's entry, of the kafka section, and top-level ones.
-type settings struct{ table, kafka, top string }
+type settings struct {
+	table, kafka, top string
+	// signing gives the checkpoint a signing key (on_invalid: park needs
+	// one).
+	signing bool
+}
 
 // connectorBrokers is where the connector finds the broker: the test's
 // broker, or CDC_BENCH_CONNECTOR_BROKERS, a proxy in front of it (make
@@ -281,6 +286,13 @@ tables:
 checkpoint:
   topic: %s
 `, db, connectorBrokers(kafka), set.kafka, kafka.Prefix+"outbox.event.{aggregate_type}", table, kafka.CheckpointTopic())
+	if set.signing {
+		key := filepath.Join(b.TempDir(), "signing.key")
+		if err := os.WriteFile(key, []byte(strings.Repeat("5a", 32)+"\n"), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		cfg += "  signing_key_file: " + key + "\n"
+	}
 	if !strings.Contains(top, "log:") {
 		cfg += "log:\n  level: warn\n"
 	}
