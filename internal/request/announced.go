@@ -71,6 +71,19 @@ func (a *Announced) Refuse(kind, id string) {
 	a.bytes += cost
 }
 
+// Charge takes from the budget what a look-up of d cost besides its
+// token: LookupsPerSecond*2 tokens a second of it, so that look-ups that
+// wait (a follower behind, brokers slow) hold the replication loop at most
+// half the time, however many ids are announced. The debt is bounded: a
+// budget never waits longer than maxDebt to refill.
+func (a *Announced) Charge(d time.Duration) {
+	a.tokens = max(a.tokens-d.Seconds()*LookupsPerSecond*2, -maxDebt.Seconds()*LookupsPerSecond)
+}
+
+// maxDebt bounds how long a budget charged for slow look-ups takes to
+// refill: two of lookupTimeout.
+const maxDebt = 2 * lookupTimeout
+
 // Allow takes a look-up from the budget, if one is left at now.
 func (a *Announced) Allow(now time.Time) bool {
 	a.tokens = min(LookupsPerSecond, a.tokens+now.Sub(a.at).Seconds()*LookupsPerSecond)

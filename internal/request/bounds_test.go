@@ -136,7 +136,9 @@ func TestLookupThatDoesNotAnswerInTimeIsARefusal(t *testing.T) {
 	if _, err := Admit(context.Background(), &g, lagging{}, kind, a); err == nil || !err.(*Refused).Quiet {
 		t.Fatalf("the same id announced again: %v, want a quiet refusal at once", err)
 	}
-	// A session ending is still an error: the announcement is read again.
+	// A session ending is still an error: the announcement is read again
+	// (on a budget of its own: the slow look above charged this one's).
+	g = Gate{}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	a.ID = "redrive-other"
@@ -155,4 +157,67 @@ func (lagging) Read(string) bool { return false }
 func (lagging) Get(ctx context.Context, _ string) ([]byte, bool, error) {
 	<-ctx.Done()
 	return nil, false, ctx.Err()
+}
+
+// slowLagging is a Follower that has read only the ids in read, and whose
+// look-ups of the others take slow on clock (a follower far behind), then
+// fail as lagging's do once their (short, real) deadline passes.
+type slowLagging struct {
+	clock *time.Time
+	slow  time.Duration
+	read  map[string]bool
+	spent time.Duration
+}
+
+func (s *slowLagging) Read(id string) bool { return s.read[id] }
+func (s *slowLagging) Get(ctx context.Context, id string) ([]byte, bool, error) {
+	if s.read[id] {
+		return []byte("x"), true, nil
+	}
+	*s.clock = s.clock.Add(s.slow)
+	s.spent += s.slow
+	<-ctx.Done()
+	return nil, false, ctx.Err()
+}
+
+// TestFloodWhileTheFollowerLagsHoldsTheLoopAtMostHalf: ids nobody wrote,
+// announced by any role while the requests follower lags, each cost a
+// look-up that waits for lookupTimeout. The budget counted look-ups, not
+// their time: 5 a second of 5 s each held the replication loop all the
+// time (a stall for as long as the flood). The budget now charges the
+// time a look-up took, so looks hold the loop at most half of it, for any
+// flood's rate and any look-up's length; and a request the follower has
+// read is still taken at once.
+func TestFloodWhileTheFollowerLagsHoldsTheLoopAtMostHalf(t *testing.T) {
+	kind := Kind[made]{Name: "backfill", Parse: func(string, []byte) (made, error) { return made{}, nil }}
+	for _, tc := range []struct {
+		every, slow time.Duration
+	}{
+		{time.Millisecond, 5 * time.Second},
+		{10 * time.Millisecond, 5 * time.Second},
+		{100 * time.Millisecond, time.Second},
+		{300 * time.Millisecond, 200 * time.Millisecond},
+		{time.Second, 2 * time.Second},
+	} {
+		// Real time at the start: a request is made (made.Made) now.
+		clock := time.Now()
+		start := clock
+		f := &slowLagging{clock: &clock, slow: tc.slow, read: map[string]bool{"backfill-mine": true}}
+		g := Gate{Now: func() time.Time { return clock }, LookupTimeout: time.Millisecond}
+		for i := 0; clock.Sub(start) < 3*time.Minute; i++ {
+			a := Admission{ID: fmt.Sprintf("backfill-forged-%d", i), At: clock, Blocking: func(fn func() error) error { return fn() }}
+			if i%1000 == 999 {
+				a.ID, a.At, a.Keys = "backfill-mine", time.Now(), [][]byte{[]byte("k")}
+				if _, err := Admit(context.Background(), &g, f, kind, a); err != nil {
+					t.Fatalf("a request the follower has read, in a flood: %v; want it taken", err)
+				}
+			} else if _, err := Admit(context.Background(), &g, f, kind, a); err == nil {
+				t.Fatal("a forged id was admitted")
+			}
+			clock = clock.Add(tc.every)
+		}
+		if share := f.spent.Seconds() / clock.Sub(start).Seconds(); share > 0.55 {
+			t.Errorf("ids every %s, look-ups of %s: look-ups held the loop %.0f%% of a 3-minute flood; want at most half", tc.every, tc.slow, 100*share)
+		}
+	}
 }

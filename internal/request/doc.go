@@ -28,7 +28,8 @@
 //     remembered; an ID refused once is remembered (at most MaxRefused,
 //     within MaxRefusedBytes) and passed over at once, and an ID the
 //     follower has not read costs a look at the checkpoint topic's end
-//     only within a budget (LookupsPerSecond); the rest are
-//     refused without a look. A look that does not answer within
+//     only within a budget (LookupsPerSecond), charged for the time each
+//     look takes too, so that looks hold the replication loop at most
+//     half the time; the rest are refused without a look. A look that does not answer within
 //     lookupTimeout is a refusal, not an error that ends the session.
 package request

@@ -1,6 +1,7 @@
 package request
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -52,6 +53,8 @@ type Gate struct {
 	Now func() time.Time
 	// Lookups counts the looks at the checkpoint topic's end.
 	Lookups int
+	// LookupTimeout bounds a look (0: lookupTimeout).
+	LookupTimeout time.Duration
 	// lines is the log's share of refusals this minute (Log).
 	lines struct {
 		since   time.Time
@@ -127,19 +130,27 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 		// few a second, not the loop.
 		return refuse(false, "ignored a %s request announced while many unknown ones were: too many to look up; if it is yours, run the command again", k.Name)
 	}
-	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	timeout := cmp.Or(g.LookupTimeout, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var v []byte
 	var found bool
-	if !f.Read(a.ID) {
+	unread, began := !f.Read(a.ID), now()
+	if unread {
 		g.Lookups++
 	}
 	err := a.Blocking(func() (err error) {
 		v, found, err = f.Get(lctx, a.ID)
 		return err
 	})
+	if unread {
+		// What the look held the loop for is the budget's too: ids
+		// nobody wrote, announced while the follower lags, would
+		// otherwise hold it for lookupTimeout each, a few a second.
+		g.announced.Charge(now().Sub(began))
+	}
 	if err != nil && ctx.Err() == nil && lctx.Err() != nil {
-		return refuse(false, "ignored a %s request that could not be looked up in the checkpoint topic within %s (its follower is behind, or the brokers slow); if it is yours, run the command again", k.Name, lookupTimeout)
+		return refuse(false, "ignored a %s request that could not be looked up in the checkpoint topic within %s (its follower is behind, or the brokers slow); if it is yours, run the command again", k.Name, timeout)
 	}
 	if err != nil {
 		return zero, fmt.Errorf("read %s request %s: %w", k.Name, a.ID, err)
