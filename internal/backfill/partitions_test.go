@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -220,5 +221,162 @@ func TestPartitionAttachedWhileTheFirstStartReads(t *testing.T) {
 				t.Fatalf("the job's plan beside the stream counts %d rows (%v); want the 20 of the leaf it kept", n, err)
 			}
 		})
+	}
+}
+
+// lateOutbox: a list-partitioned outbox with 20 rows in outbox_order, and
+// outbox_late, a table not yet attached, with 5 rows written outside the
+// outbox (aggregate ids l1..l5).
+func lateOutbox(t *testing.T) (string, *Runner, uint32) {
+	t.Helper()
+	db := pg.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
+		`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
+		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
+		`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
+		`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
+	tbl := testTable()
+	tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 4}
+	r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+	var rel uint32
+	if err := testenv.Connect(t, db).QueryRow(context.Background(), "SELECT 'outbox'::regclass::oid").Scan(&rel); err != nil {
+		t.Fatal(err)
+	}
+	return db, r, rel
+}
+
+// besideTheStream reads every row job's plan reads beside the stream (a
+// fresh cursor in commit order), and counts those of the attached
+// partition (aggregate ids l...).
+func besideTheStream(t *testing.T, r *Runner, job checkpoint.Job) (all, late int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := postgres.ConnectRows(ctx, r.Postgres, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	plan, dec, err := r.plan(ctx, conn, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close(ctx)
+	for {
+		c, err := cur.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range c.Rows {
+			m, err := dec.Row(row, 1, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			all++
+			if strings.HasPrefix(string(m.Event.Fields[outbox.FieldAggregateID].B), "l") {
+				late++
+			}
+		}
+		if c.Final {
+			return all, late
+		}
+	}
+}
+
+// failingSession attaches outbox_late as the first event arrives (while
+// the first start reads, as TestPartitionAttachedWhileTheFirstStartReads
+// does), then fails its first wait for room: Kafka went away during the
+// first chunk, before the job's progress was ever saved.
+type failingSession struct {
+	attachingSession
+}
+
+func (s *failingSession) WaitRoom(context.Context, int, int64) error {
+	return errors.New("kafka: broker not available")
+}
+
+// TestInterruptedFirstStartKeepsItsLeaves (found by an attack): the job's
+// leaves reached the checkpoint only with its first save (after
+// status_interval, once acked). A first start interrupted before that left
+// the job without them; continued beside the stream, it read every leaf
+// the table had, the one attached while the first start read included,
+// and sent its 5 rows that were never written as events. The leaves are
+// saved before anything is read.
+func TestInterruptedFirstStartKeepsItsLeaves(t *testing.T) {
+	db, r, rel := lateOutbox(t)
+	snap := exportSnapshot(t, db)
+	s := &failingSession{attachingSession{t: t, db: db, attach: []string{`ALTER TABLE outbox ATTACH PARTITION outbox_late FOR VALUES IN ('late')`}}}
+	saved := checkpoint.Job{ID: "first-start:public.outbox", Table: "public.outbox", Initial: true, Rel: rel}
+	err := r.FirstStart(context.Background(), s, []checkpoint.Job{saved}, snap, 1)
+	if err == nil {
+		t.Fatal("first start: want the Kafka error")
+	}
+	// The next session continues the checkpoint's job beside the stream:
+	// the job as the first start saved it, before it read anything.
+	if len(s.saved) == 0 || len(s.saved[0].Leaves) != 1 || s.saved[0].Rows != 0 {
+		t.Fatalf("the first start saved %+v; want the job with its one leaf before it sent anything", s.saved)
+	}
+	all, late := besideTheStream(t, r, s.saved[len(s.saved)-1])
+	if all != 20 || late != 0 {
+		t.Fatalf("the job continued beside the stream reads %d rows, %d of them the attached partition's (written outside the outbox, never events); want 20, none of those", all, late)
+	}
+}
+
+// TestAttachBeforeTheLockKeepsTheSnapshotsLeaves (found by an attack): a
+// partition attached after the slot's snapshot and before the first
+// start's job locks the table fails HoldFiles, and the job continues
+// beside the stream: it did so without leaves, and read the attached
+// partition's rows. The leaves are the snapshot's, saved before the lock.
+func TestAttachBeforeTheLockKeepsTheSnapshotsLeaves(t *testing.T) {
+	db, r, rel := lateOutbox(t)
+	snap := exportSnapshot(t, db)
+	testenv.Exec(t, db, `ALTER TABLE outbox ATTACH PARTITION outbox_late FOR VALUES IN ('late')`)
+	s := &attachingSession{t: t, db: db}
+	saved := checkpoint.Job{ID: "first-start:public.outbox", Table: "public.outbox", Initial: true, Rel: rel}
+	err := r.FirstStart(context.Background(), s, []checkpoint.Job{saved}, snap, 1)
+	if err == nil || !strings.Contains(err.Error(), "attached or detached") {
+		t.Fatalf("first start: %v; want HoldFiles' error", err)
+	}
+	if len(s.saved) == 0 || len(s.saved[0].Leaves) != 1 {
+		t.Fatalf("the first start saved %+v; want the job with the one leaf its snapshot shows", s.saved)
+	}
+	all, late := besideTheStream(t, r, s.saved[len(s.saved)-1])
+	if all != 20 || late != 0 {
+		t.Fatalf("the job continued beside the stream reads %d rows, %d of them the attached partition's; want 20, none of those", all, late)
+	}
+}
+
+// TestLeafSwappedForACopyLosesNoRow (found by an attack): a leaf swapped
+// for a copy (copy, detach, attach the copy, drop) while a first start's
+// job is unfinished: the job kept the old leaf's oid, which no longer
+// exists, and beside the stream read none of the copy's rows: 10 of the 20
+// rows committed before the slot were never sent. A job whose leaves are
+// not all in the table any more reads every leaf it has, saying so.
+func TestLeafSwappedForACopyLosesNoRow(t *testing.T) {
+	db, r := outboxWith20(t, true)
+	var rel uint32
+	if err := testenv.Connect(t, db).QueryRow(context.Background(), "SELECT 'outbox'::regclass::oid").Scan(&rel); err != nil {
+		t.Fatal(err)
+	}
+	snap := exportSnapshot(t, db)
+	s := &attachingSession{t: t, db: db}
+	if err := r.FirstStart(context.Background(), s, []checkpoint.Job{{ID: "first", Table: "public.outbox", Initial: true, Rel: rel}}, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	job := s.saved[len(s.saved)-1]
+	if len(job.Leaves) != 2 {
+		t.Fatalf("leaves %v", job.Leaves)
+	}
+	// As if interrupted before any chunk was acked.
+	job.After, job.Finished, job.Rows = nil, time.Time{}, 0
+	testenv.Exec(t, db, "CREATE TABLE outbox_1n (LIKE outbox_1 INCLUDING ALL)", "INSERT INTO outbox_1n SELECT * FROM outbox_1",
+		"ALTER TABLE outbox DETACH PARTITION outbox_1", "ALTER TABLE outbox ATTACH PARTITION outbox_1n FOR VALUES WITH (MODULUS 2, REMAINDER 1)", "DROP TABLE outbox_1")
+	all, _ := besideTheStream(t, r, job)
+	if all != 20 {
+		t.Fatalf("after a leaf was swapped for a copy, the job beside the stream reads %d of the 20 rows committed before the slot, and ends", all)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -86,8 +87,20 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (
 		return nil, nil, err
 	}
 	if job.Leaves != nil {
-		if err := plan.ReadLeaves(ctx, conn, job.Leaves); err != nil {
+		gone, err := tableread.MissingLeaves(ctx, conn, read, job.Leaves)
+		if err != nil {
 			return nil, nil, err
+		}
+		if len(gone) == 0 {
+			if err := plan.ReadLeaves(ctx, conn, job.Leaves); err != nil {
+				return nil, nil, err
+			}
+		} else {
+			// A leaf swapped for a copy holds rows committed before the
+			// job began in a table attached since: reading none of it
+			// would lose them, reading it may send a foreign table's
+			// rows. The loss is the worse.
+			r.Log.Error("backfill: partitions the job began with were detached or dropped since (a leaf swapped for a copy?); it reads every partition the table has now, any attached since with rows not written as events included, so that no row committed before it began is lost", "job", job.ID, "table", job.Table, "gone", fmt.Sprint(gone))
 		}
 	}
 	plan.Role = r.ReaderRole
@@ -226,6 +239,10 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 	if err := tableread.SetRole(ctx, conn, r.ReaderRole); err != nil {
 		return err
 	}
+	jobs = slices.Clone(jobs)
+	if err := r.keepLeaves(ctx, s, conn, jobs); err != nil {
+		return err
+	}
 	for _, job := range jobs {
 		if job.Done() || !job.Initial {
 			continue
@@ -242,7 +259,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 // snapshot, a chunk at a time, each chunk one transaction of events at at,
 // and saves the job's progress once every status interval and at its end.
 func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
-	plan, dec, err := r.firstStartPlan(ctx, conn, &job)
+	plan, dec, err := r.firstStartPlan(ctx, conn, job)
 	if err != nil {
 		return err
 	}
@@ -308,27 +325,42 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 // firstStartPlan plans job's read in the slot's snapshot, which is older
 // than conn's transaction: tableread.HoldFiles checks the table first,
 // before the plan reads its key and columns, since a rewrite or a
-// partition change after the snapshot would read as fewer rows. The job
-// keeps the leaves the snapshot shows (job.Leaves), and reads only those,
-// here and beside the stream: a partition attached while it reads (ATTACH
-// takes no lock the read holds) brings rows written outside the outbox,
-// which the snapshot shows all the same.
-func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job *checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
+// partition change after the snapshot would read as fewer rows.
+func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
 	if t := Table(r.Tables, job.Table); t != nil {
 		if err := tableread.HoldFiles(ctx, conn, t); err != nil {
 			return nil, nil, err
 		}
-		if job.Leaves == nil {
-			read, err := r.relation(ctx, conn, *job, t)
-			if err != nil {
-				return nil, nil, err
-			}
-			if job.Leaves, err = tableread.SnapshotLeaves(ctx, conn, read); err != nil {
-				return nil, nil, err
+	}
+	return r.plan(ctx, conn, job)
+}
+
+// keepLeaves gives each of the first start's jobs of a partitioned table
+// the leaves the slot's snapshot shows (job.Leaves), and saves them before
+// anything is read or sent: the job reads only those, here and beside the
+// stream after any interruption, since a partition attached while it
+// reads (ATTACH takes no lock the read holds), or before its lock, brings
+// rows written outside the outbox, which the snapshot shows all the same.
+func (r *Runner) keepLeaves(ctx context.Context, s Session, conn *pgx.Conn, jobs []checkpoint.Job) error {
+	for i, job := range jobs {
+		t := Table(r.Tables, job.Table)
+		if job.Done() || !job.Initial || job.Leaves != nil || t == nil {
+			continue
+		}
+		read, err := r.relation(ctx, conn, job, t)
+		if err != nil {
+			return err
+		}
+		if jobs[i].Leaves, err = tableread.SnapshotLeaves(ctx, conn, read); err != nil {
+			return err
+		}
+		if jobs[i].Leaves != nil {
+			if err := s.Save(ctx, jobs[i]); err != nil {
+				return err
 			}
 		}
 	}
-	return r.plan(ctx, conn, *job)
+	return nil
 }
 
 // sendFirstStartChunk sends a chunk's rows of table through s as one

@@ -118,8 +118,8 @@ func TestFollowerOrderBoundedForOneIdWrittenAgain(t *testing.T) {
 
 // TestLookupThatDoesNotAnswerInTimeIsARefusal pins that an announced id
 // the follower cannot look up within lookupTimeout (a checkpoint topic
-// slow to read, any role announcing an id nobody wrote) is refused, and
-// remembered, not an error that would end the session and meet the same
+// slow to read, any role announcing an id nobody wrote) is refused, its
+// look's time charged to the budget, not an error that would end the session and meet the same
 // announcement again in the next.
 func TestLookupThatDoesNotAnswerInTimeIsARefusal(t *testing.T) {
 	var g Gate
@@ -133,8 +133,14 @@ func TestLookupThatDoesNotAnswerInTimeIsARefusal(t *testing.T) {
 	if d := time.Since(start); d > lookupTimeout+time.Second {
 		t.Fatalf("the look-up held the loop %s, more than lookupTimeout (%s)", d, lookupTimeout)
 	}
-	if _, err := Admit(context.Background(), &g, lagging{}, kind, a); err == nil || !err.(*Refused).Quiet {
-		t.Fatalf("the same id announced again: %v, want a quiet refusal at once", err)
+	// Not remembered (the refusal says nothing of the request), but the
+	// look's time was charged: announced again at once, it is refused
+	// without another look.
+	looks, again := g.Lookups, time.Now()
+	if _, err := Admit(context.Background(), &g, lagging{}, kind, a); err == nil {
+		t.Fatal("the same id announced again: admitted")
+	} else if _, ok := err.(*Refused); !ok || g.Lookups != looks || time.Since(again) > time.Second {
+		t.Fatalf("the same id announced again: %v after %d more looks, %s; want a refusal at once, without a look", err, g.Lookups-looks, time.Since(again))
 	}
 	// A session ending is still an error: the announcement is read again
 	// (on a budget of its own: the slow look above charged this one's).
@@ -219,5 +225,39 @@ func TestFloodWhileTheFollowerLagsHoldsTheLoopAtMostHalf(t *testing.T) {
 		if share := f.spent.Seconds() / clock.Sub(start).Seconds(); share > 0.55 {
 			t.Errorf("ids every %s, look-ups of %s: look-ups held the loop %.0f%% of a 3-minute flood; want at most half", tc.every, tc.slow, 100*share)
 		}
+	}
+}
+
+// TestGenuineIDAnnouncedFirstByAnotherIsStillTaken: a
+// principal who may read the checkpoint topic (docs/security.md: readable
+// by principals the database is not) sees a genuine request's id as soon
+// as the command writes it, and any role may announce it. Announced first,
+// while the look-up budget is spent by a flood and the follower has not
+// read it yet, it is refused for the budget and remembered as refused; the
+// command's own announcement, once the follower has read the request, is
+// was then refused quietly (not even logged). A refusal for the budget or
+// a look's time is not remembered now, and an id the follower has read is
+// looked at again whatever was refused of it before.
+func TestGenuineIDAnnouncedFirstByAnotherIsStillTaken(t *testing.T) {
+	kind := Kind[made]{Name: "backfill", Parse: func(string, []byte) (made, error) { return made{}, nil }}
+	clock := time.Now()
+	f := &slowLagging{clock: &clock, slow: 10 * time.Millisecond, read: map[string]bool{}}
+	g := Gate{Now: func() time.Time { return clock }, LookupTimeout: time.Millisecond}
+	blocking := func(fn func() error) error { return fn() }
+	// The flood spends the budget.
+	for i := 0; i < 20; i++ {
+		_, _ = Admit(context.Background(), &g, f, kind, Admission{ID: fmt.Sprintf("backfill-forged-%d", i), At: clock, Blocking: blocking})
+	}
+	// The genuine id, announced by someone else before the follower read it.
+	if _, err := Admit(context.Background(), &g, f, kind, Admission{ID: "backfill-genuine", At: clock, Blocking: blocking}); err == nil {
+		t.Fatal("pre-announced: admitted")
+	}
+	// The follower reads it; the command announces it, a moment later.
+	f.read["backfill-genuine"] = true
+	clock = clock.Add(100 * time.Millisecond)
+	_, err := Admit(context.Background(), &g, f, kind, Admission{ID: "backfill-genuine", At: time.Now(), Keys: [][]byte{[]byte("k")}, Blocking: blocking})
+	if err != nil {
+		r, _ := err.(*Refused)
+		t.Fatalf("the command's announcement of a genuine request the follower has read: refused (quiet %v): %v; want it taken", r != nil && r.Quiet, err)
 	}
 }

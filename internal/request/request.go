@@ -113,6 +113,14 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 		g.announced.Refuse(k.Name, a.ID)
 		return zero, &Refused{Msg: fmt.Sprintf(format, args...), Forged: forged}
 	}
+	// A refusal for the loop's sake (the budget spent, a look that did
+	// not answer in time) says nothing of the request: it is not
+	// remembered, so that the operator's own announcement of an id
+	// someone announced first, in a flood or while the follower lagged,
+	// is looked at again.
+	busy := func(format string, args ...any) (T, error) {
+		return zero, &Refused{Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case a.ID == "":
 		return zero, &Refused{Msg: "ignored a " + k.Name + " announcement without an id", Quiet: true}
@@ -122,13 +130,17 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 		return zero, &Refused{Msg: fmt.Sprintf("ignored a %s announcement whose id is longer than %d bytes", k.Name, MaxIDBytes), Quiet: true}
 	case a.Taken != nil && a.Taken(a.ID):
 		return zero, &Refused{Msg: "ignored a " + k.Name + " request announced again: it ran already", Quiet: true}
-	case g.announced.Refused(k.Name, a.ID):
+	case g.announced.Refused(k.Name, a.ID) && !f.Read(a.ID):
+		// Refused before, and still not in the topic as the follower
+		// read it: passed over at once. One the follower has read since
+		// (announced by someone before the command wrote it) is looked
+		// at, at no look-up's cost.
 		return zero, &Refused{Msg: "ignored a " + k.Name + " request refused before", Quiet: true}
 	case !f.Read(a.ID) && !g.announced.Allow(now()):
 		// An id the follower has not read costs a look at the topic's end,
 		// on the replication loop: a role announcing ids at will gets a
 		// few a second, not the loop.
-		return refuse(false, "ignored a %s request announced while many unknown ones were: too many to look up; if it is yours, run the command again", k.Name)
+		return busy("ignored a %s request announced while many unknown ones were: too many to look up; if it is yours, run the command again", k.Name)
 	}
 	timeout := cmp.Or(g.LookupTimeout, lookupTimeout)
 	lctx, cancel := context.WithTimeout(ctx, timeout)
@@ -150,7 +162,7 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 		g.announced.Charge(now().Sub(began))
 	}
 	if err != nil && ctx.Err() == nil && lctx.Err() != nil {
-		return refuse(false, "ignored a %s request that could not be looked up in the checkpoint topic within %s (its follower is behind, or the brokers slow); if it is yours, run the command again", k.Name, timeout)
+		return busy("ignored a %s request that could not be looked up in the checkpoint topic within %s (its follower is behind, or the brokers slow); if it is yours, run the command again", k.Name, timeout)
 	}
 	if err != nil {
 		return zero, fmt.Errorf("read %s request %s: %w", k.Name, a.ID, err)

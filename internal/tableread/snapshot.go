@@ -90,3 +90,16 @@ func SnapshotLeaves(ctx context.Context, conn *pgx.Conn, t *outbox.Source) ([]ui
 	}
 	return leaves, nil
 }
+
+// MissingLeaves returns those of leaves (SnapshotLeaves') that are not
+// in table t's tree now: detached, or dropped.
+func MissingLeaves(ctx context.Context, conn *pgx.Conn, t *outbox.Source, leaves []uint32) ([]uint32, error) {
+	var gone []uint32
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(l::bigint ORDER BY l), '{}') FROM unnest($2::oid[]) l
+		WHERE l <> 0 AND l NOT IN (SELECT relid FROM pg_partition_tree($1::regclass))`,
+		pgident.QualifiedIdent(t.Name.Schema, t.Name.Name), leaves).Scan(&gone)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: read the partitions of %s: %w", t, err)
+	}
+	return gone, nil
+}
