@@ -145,22 +145,7 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 	timeout := cmp.Or(g.LookupTimeout, lookupTimeout)
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var v []byte
-	var found bool
-	unread, began := !f.Read(a.ID), now()
-	if unread {
-		g.Lookups++
-	}
-	err := a.Blocking(func() (err error) {
-		v, found, err = f.Get(lctx, a.ID)
-		return err
-	})
-	if unread {
-		// What the look held the loop for is the budget's too: ids
-		// nobody wrote, announced while the follower lags, would
-		// otherwise hold it for lookupTimeout each, a few a second.
-		g.announced.Charge(now().Sub(began))
-	}
+	v, found, err := g.look(lctx, f, a)
 	if err != nil && ctx.Err() == nil && lctx.Err() != nil {
 		return busy("ignored a %s request that could not be looked up in the checkpoint topic within %s (its follower is behind, or the brokers slow); if it is yours, run the command again", k.Name, timeout)
 	}
@@ -187,4 +172,24 @@ func Admit[T Signed](ctx context.Context, g *Gate, f Follower, k Kind[T], a Admi
 		return refuse(false, "ignored a %s request: too many requests were taken in the last %d minutes for the checkpoint to remember another, and each must be remembered to run once; run the command again later", k.Name, int(LedgerKeeps.Minutes()))
 	}
 	return req, nil
+}
+
+// look gets a's request from f, on the replication loop (a.Blocking). A
+// look at the topic's end (an id f has not read) is counted, and what it
+// held the loop for is charged to the budget: ids nobody wrote, announced
+// while the follower lags, would otherwise hold it for lookupTimeout each,
+// a few a second.
+func (g *Gate) look(ctx context.Context, f Follower, a Admission) (v []byte, found bool, err error) {
+	unread, began := !f.Read(a.ID), g.now()
+	if unread {
+		g.Lookups++
+	}
+	err = a.Blocking(func() (err error) {
+		v, found, err = f.Get(ctx, a.ID)
+		return err
+	})
+	if unread {
+		g.announced.Charge(g.now().Sub(began))
+	}
+	return v, found, err
 }
