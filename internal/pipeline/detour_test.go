@@ -191,9 +191,19 @@ func TestRedriveRefusesWhatIsGone(t *testing.T) {
 				if _, err := adm.DeleteTopic(ctx, d.parked); err != nil {
 					t.Fatal(err)
 				}
+				var made kadm.CreateTopicResponse
 				testenv.Eventually(t, 30*time.Second, "the parked topic to be made again", func() bool {
-					_, err := adm.CreateTopic(ctx, 3, -1, nil, d.parked)
+					var err error
+					made, err = adm.CreateTopic(ctx, 3, -1, nil, d.parked)
 					return err == nil
+				})
+				// A broker serves the new topic a moment after its
+				// controller made it (Apache Kafka): a consumer that
+				// looked it up before then fetched with the old topic's
+				// id, UNKNOWN_TOPIC_ID, for a minute.
+				testenv.Eventually(t, 30*time.Second, "the parked topic made again to be listed by its new id", func() bool {
+					topics, err := adm.ListTopics(ctx, d.parked)
+					return err == nil && topics.Has(d.parked) && topics[d.parked].Err == nil && topics[d.parked].ID == made.ID && len(topics[d.parked].Partitions) == 3
 				})
 				c = d.consumer(t) // the first one's positions are past the new topic's end
 			default:
