@@ -2,7 +2,9 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,6 +20,9 @@ import (
 // before it was published again. Its snapshot is taken when it opens, and
 // held, in a read-only repeatable read transaction, until Close.
 type Snapshot struct {
+	// mu guards conn: the watch may close a snapshot (a repair dropped)
+	// while the session reads it; a read in progress ends first.
+	mu    sync.Mutex
 	conn  *pgx.Conn
 	plan  *tableread.Plan
 	cur   *tableread.Cursor // in commit order
@@ -89,8 +94,13 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 // rows were committed in, unless backfill.order_by says otherwise); final
 // once no row is left.
 func (s *Snapshot) Next(ctx context.Context) (rows [][][]byte, final bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.final {
 		return nil, true, nil
+	}
+	if s.conn == nil {
+		return nil, false, errors.New("read a repair's snapshot: it was closed")
 	}
 	read := func() (tableread.Chunk, error) { return s.plan.Read(ctx, s.conn, s.after, nil) }
 	if s.cur != nil {
@@ -112,6 +122,8 @@ func (s *Snapshot) Decoder() *decode.RowDecoder { return s.dec }
 
 // Close ends the snapshot's transaction and connection.
 func (s *Snapshot) Close(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.conn != nil {
 		s.conn.Close(context.WithoutCancel(ctx))
 		s.conn = nil
