@@ -26,10 +26,15 @@
 //   - An announcement costs bounded work however many come, in any order
 //     or form: an ID longer than MaxIDBytes is refused quietly and not
 //     remembered; an ID refused once is remembered (at most MaxRefused,
-//     within MaxRefusedBytes) and passed over at once, and an ID the
+//     within MaxRefusedBytes) and passed over at once while the follower
+//     has not read it (a refusal for the budget or a look's time is not
+//     remembered; one the follower has read is checked again, without a
+//     look, so that an ID someone announced first is still the
+//     command's), and an ID the
 //     follower has not read costs a look at the checkpoint topic's end
 //     only within a budget (LookupsPerSecond), charged for the time each
 //     look takes too, so that looks hold the replication loop at most
-//     half the time; the rest are refused without a look. A look that does not answer within
-//     lookupTimeout is a refusal, not an error that ends the session.
+//     half the time; the rest are refused without a look. A look that
+//     does not answer within lookupTimeout is a refusal, not an error
+//     that ends the session.
 package request
