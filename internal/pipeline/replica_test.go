@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -94,7 +95,21 @@ func TestReplica(t *testing.T) {
 		}
 		testenv.Exec(t, primary, `CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true)`)
 		pair.CaughtUp(t)
-		r := e.start(t)
+		// Without primary_url the slot's creation waits for the primary to
+		// log its running transactions, which its bgwriter does about every
+		// 15 s while it writes, later on a loaded machine: the test logs
+		// them itself, as an operator would, until the connector streams.
+		r := e.launch(t, os.Stderr)
+		testenv.Eventually(t, 2*time.Minute, "the pipeline to start streaming from the standby", func() bool {
+			select {
+			case err := <-r.done:
+				close(r.done)
+				t.Fatalf("the pipeline stopped before it streamed: %v", err)
+			default:
+			}
+			testenv.Exec(t, primary, `SELECT pg_log_standby_snapshot()`)
+			return r.tracker.Load() != nil
+		})
 		conn := testenv.Connect(t, primary)
 		for i := 0; i < 50; i++ {
 			insertEvent(t, conn, fmt.Sprintf("agg-%d", i%3), "Created")
