@@ -132,8 +132,13 @@ func TestCrashBeforeOffsetCommit(t *testing.T) {
 	db := newDB(t)
 	k := testenv.NewKafka(t)
 	topic := k.Prefix + "outbox.event.order"
-	ctx := context.Background()
-	prod, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.AllowAutoTopicCreation())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// The broker creates the topic at the first produce, and answers
+	// UNKNOWN_TOPIC_OR_PARTITION until its partitions have leaders, which
+	// on a loaded box outlasts franz-go's default four tries: retry until
+	// the deadline, as the connector does.
+	prod, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.AllowAutoTopicCreation(), kgo.UnknownTopicRetries(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
