@@ -217,28 +217,14 @@ type Session interface {
 // The events are tracked in transactions that end at at, so nothing is
 // confirmed past it until the stream runs; the jobs' progress goes to the
 // checkpoint as it is acknowledged, and an interruption is continued
-// beside the stream (docs/design.md, "Backfill consistency").
+// before the next session's stream (Continue; docs/design.md, "Backfill
+// consistency").
 func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Job, snapshot string, at pglogrepl.LSN) error {
-	conn, err := postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout)
+	conn, done, err := r.beginBeforeStream(ctx, s, snapshot)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	// Nothing is sent while a statement runs, and the count or a chunk of
-	// a selective condition on a large table can take longer than
-	// http.unhealthy_after: the server working on it is progress, so that
-	// /healthz does not have the backfill restarted again and again; one
-	// waiting on a lock is not, so that it fails on a backfill stuck.
-	defer postgres.WatchBackend(ctx, r.Postgres, conn.PgConn().PID(), s.Working)()
-	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-		return fmt.Errorf("backfill: begin: %w", err)
-	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", snapshot)); err != nil {
-		return fmt.Errorf("backfill: import the slot's snapshot %s: %w", snapshot, err)
-	}
-	if err := tableread.SetRole(ctx, conn, r.ReaderRole); err != nil {
-		return err
-	}
+	defer done()
 	jobs = slices.Clone(jobs)
 	if err := r.keepLeaves(ctx, s, conn, jobs); err != nil {
 		return err
@@ -253,6 +239,91 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 	}
 	_, err = conn.Exec(ctx, "COMMIT")
 	return err
+}
+
+// Continue sends, before the stream starts at at, what the
+// configuration's backfills have left: a first start's job interrupted
+// (its snapshot ended with its session) and the job of a slot adopted
+// without a checkpoint. Beside the stream, an aggregate's event committed
+// after the slot's point reached its topic before that aggregate's older
+// rows the job had yet to send (rule 32, "An aggregate keeps its order on
+// every path"); before it, the job's rows come first, as in a first start
+// that was not interrupted. It reads in a snapshot of now, so the rows
+// committed since the slot's point that match are sent by the job and
+// again by the stream: duplicates, never a reorder. A job that cannot run
+// as asked (its table dropped, a condition the server refuses) is left to
+// the jobs beside the stream, which end it with the reason in the
+// checkpoint, as before.
+func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
+	for _, job := range jobs {
+		if job.Done() || !configured(job) {
+			continue
+		}
+		r.Log.Info("backfill: the configuration's backfill continues before the stream, in a snapshot of now; the rows committed since the slot's position that match are sent again by the stream", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "lsn", at.String())
+		err := r.continueJob(ctx, s, job, at)
+		var bad *tableread.Error
+		if errors.As(err, &bad) || jobEnding(err) {
+			r.Log.Error("backfill: the configuration's backfill cannot continue; it is ended beside the stream, with the reason in the checkpoint", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// configured reports whether job is one the configuration started (a
+// first start's, or an adopted slot's), not an operator's request.
+func configured(job checkpoint.Job) bool { return strings.HasPrefix(job.ID, firstStartPrefix) }
+
+// continueJob runs job to its end in a transaction of its own.
+func (r *Runner) continueJob(ctx context.Context, s Session, job checkpoint.Job, at pglogrepl.LSN) error {
+	conn, done, err := r.beginBeforeStream(ctx, s, "")
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := r.firstStartJob(ctx, s, conn, job, at); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+// beginBeforeStream connects for a read before the stream, in a
+// read-only REPEATABLE READ transaction in snapshot (the slot's), or in
+// one of its own when snapshot is empty. Nothing is sent while a
+// statement runs, and the count or a chunk of a selective condition on a
+// large table can take longer than http.unhealthy_after: the server
+// working on it is progress, so that /healthz does not have the backfill
+// restarted again and again; one waiting on a lock is not, so that it
+// fails on a backfill stuck. done ends the watch and the connection.
+func (r *Runner) beginBeforeStream(ctx context.Context, s Session, snapshot string) (conn *pgx.Conn, done func(), err error) {
+	if conn, err = postgres.ConnectRows(ctx, r.Postgres, r.StatementTimeout); err != nil {
+		return nil, nil, err
+	}
+	stopWatch := postgres.WatchBackend(ctx, r.Postgres, conn.PgConn().PID(), s.Working)
+	done = func() {
+		stopWatch()
+		conn.Close(context.WithoutCancel(ctx))
+	}
+	fail := func(err error) (*pgx.Conn, func(), error) {
+		done()
+		return nil, nil, err
+	}
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return fail(fmt.Errorf("backfill: begin: %w", err))
+	}
+	if snapshot != "" {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", snapshot)); err != nil {
+			return fail(fmt.Errorf("backfill: import the slot's snapshot %s: %w", snapshot, err))
+		}
+	}
+	if err := tableread.SetRole(ctx, conn, r.ReaderRole); err != nil {
+		return fail(err)
+	}
+	return conn, done, nil
 }
 
 // firstStartJob sends job's rows from conn's transaction, in the slot's

@@ -137,7 +137,8 @@ func Run(ctx context.Context, d Deps, k *sink.Kafka, st Start) (End, error) {
 
 // open makes the session of what start opened: its tracker, decoder and
 // table watch, a first start's backfill (in the snapshot of the slot's
-// consistent point), the follower of backfill requests, and the stream,
+// consistent point) or what the configuration's backfills left (in a
+// snapshot of now), the follower of backfill requests, and the stream,
 // started. It closes st.Conn when it fails; close releases what it
 // opened, once the stream is closed.
 func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, close func(), err error) {
@@ -198,6 +199,10 @@ func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, clo
 		if err := d.Backfill.FirstStart(ctx, s, saved.Backfills, st.Snapshot, st.From); err != nil {
 			return fail(err)
 		}
+	} else if err := d.Backfill.Continue(ctx, s, saved.Backfills, st.From); err != nil {
+		// What the configuration's backfills left goes before the stream,
+		// so that an aggregate's older rows come before its newer events.
+		return fail(err)
 	}
 	saved = d.Progress.Saved()
 	if s.requests, err = request.Follow(d.Store, saved.Key()); err != nil {
