@@ -28,6 +28,11 @@
 //   - The first start's job reads in the snapshot the slot exported, and
 //     is sent before the stream's first transaction, in transactions that end
 //     at the slot's consistent point (docs/design.md, "Backfill consistency").
+//     What the configuration's jobs left (a first start interrupted, a slot
+//     adopted without a checkpoint) runs to its end before the next
+//     session's stream too (Runner.Continue), in a snapshot of now: an
+//     aggregate's older rows come before its events after the slot, at the
+//     cost of sending those events twice (TestUnfinishedBackfillKeepsOrder).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the
@@ -39,7 +44,7 @@
 //     read-only transaction of its own, begun after its low watermark
 //     committed.
 //
-//   - Any other job reads each chunk between a low and a high watermark,
+//   - An operator's job reads each chunk between a low and a high watermark,
 //     logical decoding messages it writes (the DBLog approach). The chunk is
 //     sent at the high watermark, in its transaction, less the rows the stream
 //     met between the watermarks: a chunk neither overtakes nor doubles the
