@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
@@ -24,8 +25,10 @@ import (
 )
 
 // Runner runs the jobs: the first start's in the slot's snapshot
-// (FirstStart), the others beside the stream, chunk by chunk between
-// watermarks (Run). Its fields are the pipeline's config.
+// (FirstStart), what the configuration's jobs left before the next
+// session's stream (Continue), and the operator's beside the stream,
+// chunk by chunk between watermarks (Run). Its fields are the pipeline's
+// config.
 type Runner struct {
 	Postgres         postgres.Config
 	StatementTimeout time.Duration // backfill.statement_timeout
@@ -233,7 +236,7 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 		if job.Done() || !job.Initial {
 			continue
 		}
-		if err := r.firstStartJob(ctx, s, conn, job, at); err != nil {
+		if err := r.firstStartJob(ctx, s, conn, &job, at); err != nil {
 			return err
 		}
 	}
@@ -250,35 +253,74 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 // every path"); before it, the job's rows come first, as in a first start
 // that was not interrupted. It reads in a snapshot of now, so the rows
 // committed since the slot's point that match are sent by the job and
-// again by the stream: duplicates, never a reorder. A job that cannot run
-// as asked (its table dropped, a condition the server refuses) is left to
-// the jobs beside the stream, which end it with the reason in the
-// checkpoint, as before.
+// again by the stream: duplicates, never a reorder.
+//
+// None of these jobs is left to the runner beside the stream, which would
+// run it there once its cause had gone. A job that cannot run as asked
+// (its table dropped or no longer configured, a condition the server
+// refuses) is ended here, with the reason in the checkpoint, before the
+// stream starts; one the server stopped for a reason that passes (a
+// statement timeout, which is also how a lock held by a migration ends, a
+// privilege not granted yet) fails the session, which tries again, and the
+// stream waits for it.
 func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
 	for _, job := range jobs {
 		if job.Done() || !configured(job) {
 			continue
 		}
 		r.Log.Info("backfill: the configuration's backfill continues before the stream, in a snapshot of now; the rows committed since the slot's position that match are sent again by the stream", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "lsn", at.String())
-		err := r.continueJob(ctx, s, job, at)
-		var bad *tableread.Error
-		if errors.As(err, &bad) || jobEnding(err) {
-			r.Log.Error("backfill: the configuration's backfill cannot continue; it is ended beside the stream, with the reason in the checkpoint", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
-			continue
-		}
-		if err != nil {
+		err := r.continueJob(ctx, s, &job, at)
+		switch {
+		case err == nil:
+		case passing(err):
+			return fmt.Errorf("backfill %s of %s could not continue, and the stream waits for it so that no aggregate's newer event goes before its older rows: %w (end the transaction that holds a lock on the table, raise backfill.statement_timeout, or grant what is missing; it is tried again)", job.ID, job.Table, err)
+		case cannotRun(err):
+			if err := r.endBeforeStream(ctx, s, job, err); err != nil {
+				return err
+			}
+		default:
 			return err
 		}
 	}
 	return nil
 }
 
+// passing reports whether err is the server's refusal for a reason that
+// can pass without a change to the job: a statement timeout or a cancel
+// (57014: a lock held by another transaction ends this way), a privilege
+// not granted (42501).
+func passing(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "57014" || pe.Code == "42501")
+}
+
+// cannotRun reports whether err means the job cannot run as asked, now or
+// on any try: the job is ended, with the reason in the checkpoint.
+func cannotRun(err error) bool {
+	var bad *tableread.Error
+	return errors.As(err, &bad) || jobEnding(err)
+}
+
+// endBeforeStream ends job, which failed on err, once what it sent is
+// acknowledged, and saves it: its rows not sent yet are not sent (the log
+// and the checkpoint say so, and cdc backfill can send them once the cause
+// is fixed), and nothing runs it beside the stream.
+func (r *Runner) endBeforeStream(ctx context.Context, s Session, job checkpoint.Job, err error) error {
+	r.Log.Error("backfill: the configuration's backfill cannot run as asked; it is ended before the stream, and cdc backfill can send its rows once the cause is fixed", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "error", errtext.OneLine(err))
+	if err := s.WaitRoom(ctx, 0, -1); err != nil {
+		return err
+	}
+	job.Finished, job.Error = time.Now(), storedError(err)
+	return s.Save(ctx, job)
+}
+
 // configured reports whether job is one the configuration started (a
 // first start's, or an adopted slot's), not an operator's request.
 func configured(job checkpoint.Job) bool { return strings.HasPrefix(job.ID, firstStartPrefix) }
 
-// continueJob runs job to its end in a transaction of its own.
-func (r *Runner) continueJob(ctx context.Context, s Session, job checkpoint.Job, at pglogrepl.LSN) error {
+// continueJob runs job to its end in a transaction of its own; job has
+// its progress when it returns.
+func (r *Runner) continueJob(ctx context.Context, s Session, job *checkpoint.Job, at pglogrepl.LSN) error {
 	conn, done, err := r.beginBeforeStream(ctx, s, "")
 	if err != nil {
 		return err
@@ -328,14 +370,18 @@ func (r *Runner) beginBeforeStream(ctx context.Context, s Session, snapshot stri
 
 // firstStartJob sends job's rows from conn's transaction, in the slot's
 // snapshot, a chunk at a time, each chunk one transaction of events at at,
-// and saves the job's progress once every status interval and at its end.
-func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job checkpoint.Job, at pglogrepl.LSN) error {
-	plan, dec, err := r.firstStartPlan(ctx, conn, job)
+// and saves the job's progress once every status interval and at its end;
+// job has its progress when it returns. A job continued keeps the count
+// it saved: a count of a large table can take longer than the chunks do.
+func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job *checkpoint.Job, at pglogrepl.LSN) error {
+	plan, dec, err := r.firstStartPlan(ctx, conn, *job)
 	if err != nil {
 		return err
 	}
-	if job.Total, err = plan.Count(ctx, conn); err != nil {
-		return err
+	if job.Total == 0 {
+		if job.Total, err = plan.Count(ctx, conn); err != nil {
+			return err
+		}
 	}
 	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
 	r.logOrder("the first start's backfill", plan)
@@ -377,17 +423,17 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 			return err
 		}
 		if c.Final || time.Since(saved) >= r.StatusInterval {
-			if err := saveAcked(ctx, s, job); err != nil {
+			if err := saveAcked(ctx, s, *job); err != nil {
 				return err
 			}
 			saved = time.Now()
 		}
 		if c.Final {
-			r.progressLog(job, job.Rows-rows0, started, true)
+			r.progressLog(*job, job.Rows-rows0, started, true)
 			return nil
 		}
 		if time.Since(logged) >= progressEvery {
-			r.progressLog(job, job.Rows-rows0, started, false)
+			r.progressLog(*job, job.Rows-rows0, started, false)
 			logged = time.Now()
 		}
 	}

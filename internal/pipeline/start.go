@@ -155,8 +155,9 @@ func (p *Pipeline) position(ctx context.Context, conn *wal.Conn, slot setup.Slot
 
 // adopt starts a checkpoint record at from, the position of a slot that
 // has none: one made by someone else, or by a first start that stopped
-// before its checkpoint. The rows before it can only be backfilled beside
-// the stream now.
+// before its checkpoint. The rows before it are backfilled before the
+// stream, in a snapshot of now (backfill.Runner.Continue): that snapshot
+// shows some rows the stream sends too, which arrive twice.
 func (p *Pipeline) adopt(ctx context.Context, conn *wal.Conn, cat setup.Catalog, from pglogrepl.LSN) (*checkpoint.Record, error) {
 	p.log.Info("the replication slot has no checkpoint yet; starting one at its position", "slot", p.cfg.Postgres.Slot, "lsn", from.String(), "topic", p.cfg.Checkpoint.Topic)
 	rec := p.newRecord(conn, from)
@@ -164,7 +165,7 @@ func (p *Pipeline) adopt(ctx context.Context, conn *wal.Conn, cat setup.Catalog,
 		return nil, err
 	}
 	if rec.Backfills = backfill.InitialJobs(p.cfg.Tables, false, rec.Tables); len(rec.Backfills) > 0 {
-		p.log.Info("the configured backfills run beside the stream", "tables", len(rec.Backfills))
+		p.log.Info("the configured backfills run before the stream, in a snapshot of now; the rows committed since the slot's position that match arrive twice", "tables", len(rec.Backfills))
 	}
 	return rec, tablewatch.Floors(ctx, p.tableDeps(), rec)
 }

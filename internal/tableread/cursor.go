@@ -65,7 +65,7 @@ func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon
 			return nil, err
 		}
 		if horizon == 0 {
-			return nil, fmt.Errorf("backfill of %s: the saved position in commit order has no horizon; start the backfill again", p.Table)
+			return nil, errorf("backfill of %s: the saved position in commit order has no horizon; start the backfill again", p.Table)
 		}
 		q = p.rowsQuery(p.resume)
 		for _, v := range after[:p.group] {
