@@ -60,11 +60,8 @@ func insertSeq(t *testing.T, conn *pgx.Conn, agg string, seq int) string {
 	return id
 }
 
-// expectCommitOrder waits until every id in want arrived, then checks
-// that each arrived exactly once and that, within each aggregate, the
-// sequence numbers arrived in increasing order (an aggregate's records
-// share a key, so a partition: the consumer reads them in its order).
-func expectCommitOrder(t *testing.T, c *testenv.Consumer, want map[string]bool) {
+// waitForIDs waits until every id in want (the keys) arrived at c.
+func waitForIDs[V any](t *testing.T, c *testenv.Consumer, want map[string]V) {
 	t.Helper()
 	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events", len(want)), func(recs []*kgo.Record) bool {
 		got := ids(recs)
@@ -75,6 +72,15 @@ func expectCommitOrder(t *testing.T, c *testenv.Consumer, want map[string]bool) 
 		}
 		return true
 	})
+}
+
+// expectCommitOrder waits until every id in want arrived, then checks
+// that each arrived exactly once and that, within each aggregate, the
+// sequence numbers arrived in increasing order (an aggregate's records
+// share a key, so a partition: the consumer reads them in its order).
+func expectCommitOrder(t *testing.T, c *testenv.Consumer, want map[string]bool) {
+	t.Helper()
+	waitForIDs(t, c, want)
 	c.Settle(t)
 	last := map[string]int{}
 	reordered := map[string]bool{}

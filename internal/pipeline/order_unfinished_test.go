@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -110,6 +109,14 @@ func (c orderCase) writeAfter(t *testing.T, e *env, want map[string]bool) {
 }
 
 func interruptedFirstStartKeepsOrder(t *testing.T, seed uint64) {
+	e, kafka, want := interruptedCase(t, seed)
+	e.start(t)
+	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), want, want)
+}
+
+// interruptedCase draws a case, interrupts its first start, and writes
+// its events after the slot; want has every id written.
+func interruptedCase(t *testing.T, seed uint64) (*env, *testenv.Kafka, map[string]bool) {
 	c := drawOrderCase(t, seed)
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
@@ -117,8 +124,7 @@ func interruptedFirstStartKeepsOrder(t *testing.T, seed uint64) {
 	fast := c.interruptFirstStart(t, e, kafka, "")
 	c.writeAfter(t, e, want)
 	fast()
-	e.start(t)
-	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), want, want)
+	return e, kafka, want
 }
 
 // interruptFirstStart starts the case's first start, slowed by Kafka,
@@ -153,13 +159,7 @@ func (c orderCase) interruptFirstStart(t *testing.T, e *env, kafka *testenv.Kafk
 // migration's transaction for longer than backfill.statement_timeout; the
 // job's statements time out until it commits. The stream must wait.
 func lockedFirstStartKeepsOrder(t *testing.T, seed uint64) {
-	c := drawOrderCase(t, seed)
-	kafka := testenv.NewFakeKafka(t)
-	e := newEnv(t, kafka)
-	want := c.writeBefore(t, e)
-	fast := c.interruptFirstStart(t, e, kafka, "")
-	c.writeAfter(t, e, want)
-	fast()
+	e, kafka, want := interruptedCase(t, seed)
 	ctx := context.Background()
 	lock, err := testenv.Connect(t, e.db).Begin(ctx)
 	if err != nil {
@@ -228,15 +228,7 @@ func adoptedSlotKeepsOrder(t *testing.T, seed uint64) {
 // duplicates.
 func expectFirstArrivalsInOrder(t *testing.T, c *testenv.Consumer, want, allowed map[string]bool) {
 	t.Helper()
-	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events", len(want)), func(recs []*kgo.Record) bool {
-		got := ids(recs)
-		for id := range want {
-			if got[id] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitForIDs(t, c, want)
 	seen := map[string]bool{}
 	last := map[string]int{}
 	reordered := 0

@@ -77,15 +77,7 @@ func outboxRows(t *testing.T, db string) map[string]string {
 // the table's topic with its key, and nothing else arrived.
 func expectEvents(t *testing.T, c *testenv.Consumer, want map[string]string, maxDups int) {
 	t.Helper()
-	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events", len(want)), func(recs []*kgo.Record) bool {
-		got := ids(recs)
-		for id := range want {
-			if got[id] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitForIDs(t, c, want)
 	c.Settle(t)
 	dups := 0
 	for _, rec := range c.Records {
