@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
@@ -48,16 +49,28 @@ func TestUnfinishedBackfillKeepsOrder(t *testing.T) {
 	// A statement timeout while a migration holds the table's lock is no
 	// reason to run the job beside the stream: the lock goes, and the
 	// job's older rows came after the newer events (35-38 of them).
-	t.Run("interrupted first start behind a lock", func(t *testing.T) {
-		seed := uint64(time.Now().UnixNano())
-		lockedFirstStartKeepsOrder(t, seed)
-	})
-	// A job the server refuses for good (its condition names a column
-	// dropped since) is ended before the stream, never run beside it.
-	t.Run("interrupted first start refused", func(t *testing.T) {
-		seed := uint64(time.Now().UnixNano())
-		refusedFirstStartEnds(t, seed)
-	})
+	// Both in each delivery mode: a job ended before the stream saves its
+	// end in exactly-once mode's transaction too.
+	for _, mode := range []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce} {
+		t.Run("interrupted first start behind a lock/"+mode, func(t *testing.T) {
+			seed := uint64(time.Now().UnixNano())
+			lockedFirstStartKeepsOrder(t, seed, mode)
+		})
+		// A job the server refuses for good (its condition names a column
+		// dropped since) is ended before the stream, never run beside it.
+		t.Run("interrupted first start refused/"+mode, func(t *testing.T) {
+			seed := uint64(time.Now().UnixNano())
+			refusedFirstStartEnds(t, seed, mode)
+		})
+	}
+}
+
+// consumer reads e's topics as mode's consumers do.
+func consumer(t *testing.T, e *env, mode string) *testenv.Consumer {
+	if mode == config.DeliveryExactlyOnce {
+		return e.kafka.NewCommittedConsumer(t, e.kafka.AllTopics())
+	}
+	return e.kafka.NewConsumer(t, e.kafka.AllTopics())
 }
 
 // orderCase is one drawn case: aggs aggregates with rows[a] rows each
@@ -109,17 +122,18 @@ func (c orderCase) writeAfter(t *testing.T, e *env, want map[string]bool) {
 }
 
 func interruptedFirstStartKeepsOrder(t *testing.T, seed uint64) {
-	e, kafka, want := interruptedCase(t, seed)
+	e, kafka, want := interruptedCase(t, seed, config.DeliveryAtLeastOnce)
 	e.start(t)
 	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), want, want)
 }
 
 // interruptedCase draws a case, interrupts its first start, and writes
 // its events after the slot; want has every id written.
-func interruptedCase(t *testing.T, seed uint64) (*env, *testenv.Kafka, map[string]bool) {
+func interruptedCase(t *testing.T, seed uint64, mode string) (*env, *testenv.Kafka, map[string]bool) {
 	c := drawOrderCase(t, seed)
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
+	e.cfg.Delivery = mode
 	want := c.writeBefore(t, e)
 	fast := c.interruptFirstStart(t, e, kafka, "")
 	c.writeAfter(t, e, want)
@@ -158,8 +172,8 @@ func (c orderCase) interruptFirstStart(t *testing.T, e *env, kafka *testenv.Kafk
 // lockedFirstStartKeepsOrder: the next start finds the table locked by a
 // migration's transaction for longer than backfill.statement_timeout; the
 // job's statements time out until it commits. The stream must wait.
-func lockedFirstStartKeepsOrder(t *testing.T, seed uint64) {
-	e, kafka, want := interruptedCase(t, seed)
+func lockedFirstStartKeepsOrder(t *testing.T, seed uint64, mode string) {
+	e, _, want := interruptedCase(t, seed, mode)
 	ctx := context.Background()
 	lock, err := testenv.Connect(t, e.db).Begin(ctx)
 	if err != nil {
@@ -179,13 +193,14 @@ func lockedFirstStartKeepsOrder(t *testing.T, seed uint64) {
 	if err := lock.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), want, want)
+	expectFirstArrivalsInOrder(t, consumer(t, e, mode), want, want)
 }
 
-func refusedFirstStartEnds(t *testing.T, seed uint64) {
+func refusedFirstStartEnds(t *testing.T, seed uint64, mode string) {
 	c := drawOrderCase(t, seed)
 	kafka := testenv.NewFakeKafka(t)
 	e := newEnv(t, kafka)
+	e.cfg.Delivery = mode
 	testenv.Exec(t, e.db, `ALTER TABLE outbox ADD COLUMN tenant text NOT NULL DEFAULT 'a'`)
 	before := c.writeBefore(t, e)
 	fast := c.interruptFirstStart(t, e, kafka, "tenant = 'a'")
@@ -204,7 +219,7 @@ func refusedFirstStartEnds(t *testing.T, seed uint64) {
 	}
 	allowed := maps.Clone(before)
 	maps.Copy(allowed, after)
-	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), after, allowed)
+	expectFirstArrivalsInOrder(t, consumer(t, e, mode), after, allowed)
 }
 
 func adoptedSlotKeepsOrder(t *testing.T, seed uint64) {
