@@ -33,9 +33,11 @@
 //     session's stream too (Runner.Continue), in a snapshot of now: an
 //     aggregate's older rows come before its events after the slot, at the
 //     cost of sending those events twice (TestUnfinishedBackfillKeepsOrder).
-//     Such a job never runs beside the stream: one that cannot run as asked
-//     is ended before it, one stopped for a reason that passes (a statement
-//     timeout behind a lock) fails the session, and the stream waits.
+//     Such a job never runs beside the stream: one whose table is gone, or
+//     that the configuration no longer asks for, is ended before it; any
+//     other failure holds the stream (retried, or a stop saying what to
+//     fix). It resumes in its saved order (checkpoint.Job.Key), with the
+//     configuration's condition (Trusted), on the relation it began on.
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

@@ -100,6 +100,7 @@ type liveChunk struct {
 	// tableread.Cursor.
 	order   tableread.Order
 	horizon uint64
+	key     []string      // the plan's key, in the order of columns
 	done    chan struct{} // closed once the stream handled the high watermark
 	// Set by High, for Sent.
 	high pglogrepl.LSN
@@ -280,6 +281,9 @@ func (b *Jobs) Sent(sent int) ([]checkpoint.Job, ChunkSent) {
 		if j.Order == "" && j.Horizon == 0 {
 			j.Order, j.Horizon = string(ch.order), ch.horizon
 		}
+		if j.Order == "" && j.Key == nil {
+			j.Key = ch.key
+		}
 		if read.Final {
 			j.Finished = time.Now()
 		}
@@ -329,16 +333,26 @@ var RequestKind = request.Kind[checkpoint.Request]{Name: "backfill", Parse: chec
 // Trusted splits the jobs of a checkpoint read back from the topic into
 // those that may run and those refused: anyone who may produce to the
 // topic could have written a job, and a job's condition runs as the
-// connector's role (docs/security.md). A first start's job runs when its
-// condition is the configuration's; any other when the signed request that
-// started it verifies with keys for the checkpoint's key. Finished jobs run
-// nothing, and are kept.
+// connector's role (docs/security.md). A first start's job of a configured
+// table is kept with the configuration's condition, whatever the topic
+// holds: an operator's edit of tables[].backfill.where while it was
+// unfinished (an equivalent condition, a fix) continues it, where dropping
+// it lost its rows not sent, and a forged condition never runs. One whose
+// table has no backfill configured any more is kept for Runner.Continue
+// to end, with the reason. Any other job is kept when the signed request
+// that started it verifies with keys for the checkpoint's key. Finished
+// jobs run nothing, and are kept.
 func Trusted(jobs []checkpoint.Job, keys [][]byte, key string, tables []*outbox.Source) (kept, refused []checkpoint.Job) {
 	for _, j := range jobs {
 		ok := j.Done()
 		if name, first := strings.CutPrefix(j.ID, firstStartPrefix); first && !ok {
 			t := Table(tables, name)
-			ok = t != nil && t.Backfill != nil && j.Table == name && j.Where == t.Backfill.Where
+			if ok = t != nil && j.Table == name; ok {
+				j.Where = ""
+				if t.Backfill != nil {
+					j.Where = t.Backfill.Where
+				}
+			}
 		} else if !ok {
 			ok = len(keys) > 0 && checkpoint.RequestOf(j).Verify(keys, key)
 		}

@@ -130,7 +130,8 @@ func TestWatermarksFail(t *testing.T) {
 // TestTrustedJobs (issue 37): a checkpoint read back from the topic runs
 // only the jobs that the configuration or a signed request started; a job
 // someone wrote into a record (a copy of the latest with a condition of
-// theirs) is refused, whatever it claims.
+// theirs) is refused, whatever it claims; a first start's job runs with
+// the configuration's condition, whatever the record says.
 func TestTrustedJobs(t *testing.T) {
 	tbl := testTable()
 	tbl.Backfill = &outbox.BackfillOptions{Where: "published_at IS NULL"}
@@ -156,12 +157,17 @@ func TestTrustedJobs(t *testing.T) {
 		{"a signed request's, condition changed", tampered, [][]byte{key}, false},
 		{"unsigned", checkpoint.Job{ID: "f00df00df00df00d", Table: tbl.String(), Where: "public.seen()"}, [][]byte{key}, false},
 		{"a signed request's, no key to check it", signedJob, nil, false},
-		{"the first start's, another condition", forgedFirst, [][]byte{key}, false},
-		{"the first start's, of a table without backfill", checkpoint.Job{ID: "first-start:public.other", Table: "public.other"}, nil, false},
+		// Kept with the configuration's condition: the forged one never
+		// runs, and an operator's edit continues the job.
+		{"the first start's, another condition", forgedFirst, [][]byte{key}, true},
+		{"the first start's, of a table not configured", checkpoint.Job{ID: "first-start:public.other", Table: "public.other"}, nil, false},
 	} {
 		kept, refused := Trusted([]checkpoint.Job{tc.job}, tc.keys, "slot/1", []*outbox.Source{tbl})
 		if got := len(kept) == 1 && len(refused) == 0; got != tc.ok {
 			t.Errorf("%s: kept %v refused %v; want kept %v", tc.name, kept, refused, tc.ok)
+		}
+		if len(kept) == 1 && configured(kept[0]) && !kept[0].Done() && kept[0].Where != tbl.Backfill.Where {
+			t.Errorf("%s: kept with the condition %q; want the configuration's %q", tc.name, kept[0].Where, tbl.Backfill.Where)
 		}
 	}
 }

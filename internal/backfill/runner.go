@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
@@ -68,7 +67,7 @@ func ChunkBytes(inFlight int64) int64 { return min(inFlight/16, 4<<20) }
 func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
 	t := Table(r.Tables, job.Table)
 	if t == nil {
-		return nil, nil, &tableread.Error{Msg: fmt.Sprintf("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)}
+		return nil, nil, gone("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)
 	}
 	// The plan reads the relation the job began on; its rows are the
 	// configured table's events (the decoder's source).
@@ -82,8 +81,20 @@ func (r *Runner) plan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (
 		orderBy, chunk = t.Backfill.OrderBy, t.Backfill.ChunkSize
 	}
 	order := tableread.Order(job.Order)
-	if job.After == nil && order == tableread.OrderColumns {
+	switch {
+	case job.After == nil && order == tableread.OrderColumns:
 		order = tableread.OrderAuto
+	// A saved position is read in its own order, whatever
+	// backfill.order_by says now: another order's values, read as this
+	// one's, skip rows without a word, and a job that could not resume
+	// has no remedy before the stream.
+	case job.After != nil && order != tableread.OrderColumns:
+		orderBy = nil
+	case job.After != nil && job.Key != nil:
+		orderBy = job.Key
+	}
+	if job.After != nil && t.Backfill != nil && len(t.Backfill.OrderBy) > 0 && !slices.Equal(orderBy, t.Backfill.OrderBy) {
+		r.Log.Warn("backfill: backfill.order_by changed since the job began; it resumes in the order its saved position is in", "job", job.ID, "table", job.Table, "order", job.Order, "key", strings.Join(job.Key, ","))
 	}
 	plan, err := tableread.NewPlan(ctx, conn, read, job.Where, orderBy, order, chunk)
 	if err != nil {
@@ -129,7 +140,7 @@ func (r *Runner) relation(ctx context.Context, conn *pgx.Conn, job checkpoint.Jo
 	var schema, name string
 	err := conn.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, job.Rel).Scan(&schema, &name)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, &tableread.Error{Msg: fmt.Sprintf("backfill %s of %s: the table it began on (relation %d) was dropped before it finished: its %d rows not sent yet are gone (%d sent)", job.ID, job.Table, job.Rel, max(job.Total-job.Rows, 0), job.Rows)}
+		return nil, gone("backfill %s of %s: the table it began on (relation %d) was dropped before it finished: its %d rows not sent yet are gone (%d sent)", job.ID, job.Table, job.Rel, max(job.Total-job.Rows, 0), job.Rows)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backfill %s: look up its table: %w", job.ID, err)
@@ -256,13 +267,15 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 // again by the stream: duplicates, never a reorder.
 //
 // None of these jobs is left to the runner beside the stream, which would
-// run it there once its cause had gone. A job that cannot run as asked
-// (its table dropped or no longer configured, a condition the server
-// refuses) is ended here, with the reason in the checkpoint, before the
-// stream starts; one the server stopped for a reason that passes (a
-// statement timeout, which is also how a lock held by a migration ends, a
-// privilege not granted yet) fails the session, which tries again, and the
-// stream waits for it.
+// run it there once its cause had gone. A job whose rows are not there to
+// send (its table dropped), or that the configuration no longer asks for
+// (its table, or its tables[].backfill, removed), is ended here, with the
+// reason in the checkpoint and the log. Any other failure fails the
+// session, which tries again, and the stream waits: a statement timeout
+// (the way a migration's lock on the table ends it), a privilege not
+// granted yet, a condition the server refuses. The job reads with the
+// configuration's condition, so that fixing tables[].backfill.where is a
+// remedy for the last.
 func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
 	for _, job := range jobs {
 		if job.Done() || !configured(job) {
@@ -270,43 +283,39 @@ func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job,
 		}
 		r.Log.Info("backfill: the configuration's backfill continues before the stream, in a snapshot of now; the rows committed since the slot's position that match are sent again by the stream", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "lsn", at.String())
 		err := r.continueJob(ctx, s, &job, at)
+		var gone *goneError
 		switch {
 		case err == nil:
-		case passing(err):
-			return fmt.Errorf("backfill %s of %s could not continue, and the stream waits for it so that no aggregate's newer event goes before its older rows: %w (end the transaction that holds a lock on the table, raise backfill.statement_timeout, or grant what is missing; it is tried again)", job.ID, job.Table, err)
-		case cannotRun(err):
+		case errors.As(err, &gone):
 			if err := r.endBeforeStream(ctx, s, job, err); err != nil {
 				return err
 			}
-		default:
+		case ctx.Err() != nil:
 			return err
+		default:
+			return fmt.Errorf("backfill %s of %s could not continue, and the stream waits for it so that no aggregate's newer event goes before its older rows: %w (fix what this names: end the transaction that holds a lock on the table, raise backfill.statement_timeout, grant what is missing, or fix tables[].backfill.where; it is tried again; removing tables[].backfill gives up its rows not sent)", job.ID, job.Table, err)
 		}
 	}
 	return nil
 }
 
-// passing reports whether err is the server's refusal for a reason that
-// can pass without a change to the job: a statement timeout or a cancel
-// (57014: a lock held by another transaction ends this way), a privilege
-// not granted (42501).
-func passing(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "57014" || pe.Code == "42501")
+// goneError is a configured job's end before the stream: its rows are
+// not there to send any more, or the configuration no longer asks for
+// them. It is a tableread.Error, which ends a job beside the stream too.
+type goneError struct{ err *tableread.Error }
+
+func gone(format string, args ...any) error {
+	return &goneError{&tableread.Error{Msg: fmt.Sprintf(format, args...)}}
 }
 
-// cannotRun reports whether err means the job cannot run as asked, now or
-// on any try: the job is ended, with the reason in the checkpoint.
-func cannotRun(err error) bool {
-	var bad *tableread.Error
-	return errors.As(err, &bad) || jobEnding(err)
-}
+func (e *goneError) Error() string { return e.err.Error() }
+func (e *goneError) Unwrap() error { return e.err }
 
 // endBeforeStream ends job, which failed on err, once what it sent is
 // acknowledged, and saves it: its rows not sent yet are not sent (the log
-// and the checkpoint say so, and cdc backfill can send them once the cause
-// is fixed), and nothing runs it beside the stream.
+// and the checkpoint say so), and nothing runs it beside the stream.
 func (r *Runner) endBeforeStream(ctx context.Context, s Session, job checkpoint.Job, err error) error {
-	r.Log.Error("backfill: the configuration's backfill cannot run as asked; it is ended before the stream, and cdc backfill can send its rows once the cause is fixed", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "error", errtext.OneLine(err))
+	r.Log.Error("backfill: the configuration's backfill is ended before the stream; its rows not sent yet are not sent", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "error", errtext.OneLine(err))
 	if err := s.WaitRoom(ctx, 0, -1); err != nil {
 		return err
 	}
@@ -321,6 +330,14 @@ func configured(job checkpoint.Job) bool { return strings.HasPrefix(job.ID, firs
 // continueJob runs job to its end in a transaction of its own; job has
 // its progress when it returns.
 func (r *Runner) continueJob(ctx context.Context, s Session, job *checkpoint.Job, at pglogrepl.LSN) error {
+	t := Table(r.Tables, job.Table)
+	switch {
+	case t == nil:
+		return gone("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)
+	case t.Backfill == nil:
+		return gone("backfill %s of %s: tables[].backfill was removed from the configuration before it finished", job.ID, job.Table)
+	}
+	// Trusted gave the job the configuration's condition.
 	conn, done, err := r.beginBeforeStream(ctx, s, "")
 	if err != nil {
 		return err
@@ -386,6 +403,9 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
 	r.logOrder("the first start's backfill", plan)
 	read := func() (tableread.Chunk, error) { return plan.Read(ctx, conn, job.After, nil) }
+	if !plan.InCommitOrder() {
+		job.Key = plan.Key
+	}
 	if plan.InCommitOrder() {
 		cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
 		if err != nil {
@@ -439,13 +459,18 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 	}
 }
 
-// firstStartPlan plans job's read in the slot's snapshot, which is older
-// than conn's transaction: tableread.HoldFiles checks the table first,
-// before the plan reads its key and columns, since a rewrite or a
+// firstStartPlan plans job's read in a snapshot taken before the table's
+// lock (the slot's, or continueJob's own): tableread.HoldFiles checks the
+// relation the job reads (job.Rel's, renamed or swapped away or not)
+// first, before the plan reads its key and columns, since a rewrite or a
 // partition change after the snapshot would read as fewer rows.
 func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job checkpoint.Job) (*tableread.Plan, *decode.RowDecoder, error) {
 	if t := Table(r.Tables, job.Table); t != nil {
-		if err := tableread.HoldFiles(ctx, conn, t); err != nil {
+		read, err := r.relation(ctx, conn, job, t)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := tableread.HoldFiles(ctx, conn, read); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -621,7 +646,7 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 				return err
 			}
 		}
-		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, until: until, done: make(chan struct{})}
+		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, until: until, key: plan.Key, done: make(chan struct{})}
 		jobs.setChunk(ch)
 		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err

@@ -307,11 +307,12 @@ type Job struct {
 	// nil before the first.
 	After []string
 	// Order is the order the job reads rows in (tableread.Order): "" for
-	// backfill.order_by's columns and the primary key (the primary key
-	// alone for a job saved before commit order was the default),
-	// "commit" or "commit-time" for the order the rows were committed in.
-	// It is kept so that a job resumes in the order its After is in.
+	// columns, Key's (nil if saved before Key was kept: order_by's and the
+	// primary key, the primary key alone before commit order was the
+	// default), "commit" or "commit-time" for the rows' commit order. Kept
+	// so that a job resumes in the order After is in, whatever order_by says.
 	Order string
+	Key   []string
 	// Horizon, for a job in commit order, is the 64-bit xid below which
 	// every transaction had ended when the job's rows were first read: a
 	// row changed since (an UPDATE gives it its transaction's xid, so its
@@ -348,7 +349,7 @@ type Job struct {
 }
 
 func (b Job) toJSON() jsonBackfill {
-	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
 	if !b.RequestedAt.IsZero() {
 		t := b.RequestedAt.UTC()
 		jb.RequestedAt = &t
@@ -667,6 +668,7 @@ type jsonBackfill struct {
 	After    []string   `json:"after,omitempty"`
 	Until    []string   `json:"until,omitempty"`
 	Order    string     `json:"order,omitempty"`
+	Key      []string   `json:"key,omitempty"`
 	Horizon  uint64     `json:"horizon,omitempty"`
 	Rows     int64      `json:"rows"`
 	Total    int64      `json:"total"`
@@ -802,7 +804,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
-		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started, Error: b.Error, MAC: b.MAC}
 		if b.RequestedAt != nil {
 			rb.RequestedAt = *b.RequestedAt
 		}
