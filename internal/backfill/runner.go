@@ -293,7 +293,7 @@ func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job,
 		case ctx.Err() != nil:
 			return err
 		default:
-			return fmt.Errorf("backfill %s of %s could not continue, and the stream waits for it so that no aggregate's newer event goes before its older rows: %w (fix what this names: end the transaction that holds a lock on the table, raise backfill.statement_timeout, grant what is missing, or fix tables[].backfill.where; it is tried again; removing tables[].backfill gives up its rows not sent)", job.ID, job.Table, err)
+			return fmt.Errorf("backfill %s of %s could not continue; the stream does not start before it, so that no aggregate's newer event goes before its older rows: %w (a lock held on the table or a timeout is tried again: end that transaction, or raise backfill.statement_timeout; otherwise fix what this names, in tables[].backfill.where, backfill.reader_role or a grant, and start again; removing tables[].backfill gives its rows not sent up)", job.ID, job.Table, err)
 		}
 	}
 	return nil

@@ -199,18 +199,24 @@ func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, clo
 		if err := d.Backfill.FirstStart(ctx, s, saved.Backfills, st.Snapshot, st.From); err != nil {
 			return fail(err)
 		}
-	} else if err := d.Backfill.Continue(ctx, s, saved.Backfills, st.From); err != nil {
-		// What the configuration's backfills left goes before the stream,
-		// so that an aggregate's older rows come before its newer events.
-		return fail(err)
 	}
 	saved = d.Progress.Saved()
 	if s.requests, err = request.Follow(d.Store, saved.Key()); err != nil {
 		return fail(err)
 	}
 	// Under the start lock, before the stream: no other replica runs them.
+	// Before what the configuration's backfill left, too: a key it parked
+	// holds its older rows, and a redrive asked while the connector was
+	// stopped (at max_parked_keys, say) is how it starts again.
 	if err := s.pendingRedrives(ctx); err != nil {
 		return fail(err)
+	}
+	if st.Snapshot == "" {
+		// What the configuration's backfills left goes before the stream,
+		// so that an aggregate's older rows come before its newer events.
+		if err := d.Backfill.Continue(ctx, s, saved.Backfills, st.From); err != nil {
+			return fail(err)
+		}
 	}
 	d.Walsender.Store(st.Conn.PID())
 	if s.stream, err = st.Conn.Start(ctx, cfg.Postgres.Slot, st.From); err != nil {
