@@ -380,3 +380,43 @@ func TestLeafSwappedForACopyLosesNoRow(t *testing.T) {
 		t.Fatalf("after a leaf was swapped for a copy, the job beside the stream reads %d of the 20 rows committed before the slot, and ends", all)
 	}
 }
+
+// TestAdoptedJobKeepsItsLeaves: the job of a slot adopted without a
+// checkpoint keeps the leaves its first snapshot shows, as a first
+// start's does: a partition attached while it reads, with rows written
+// outside the outbox, brings none of them. Before, the job had no leaves
+// and each chunk in keyset order read every leaf the table had by then
+// (5 of 25 events the attached partition's rows).
+func TestAdoptedJobKeepsItsLeaves(t *testing.T) {
+	for _, orderBy := range [][]string{{"seq"}, nil} {
+		t.Run(fmt.Sprintf("order_by %v", orderBy), func(t *testing.T) {
+			db := pg.NewDatabase(t)
+			testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
+				aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
+				`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
+				`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
+				`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
+				`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
+			tbl := testTable()
+			tbl.Backfill = &outbox.BackfillOptions{OrderBy: orderBy, ChunkSize: 4}
+			r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+			s := &attachingSession{t: t, db: db, attach: []string{`ALTER TABLE outbox ATTACH PARTITION outbox_late FOR VALUES IN ('late')`}}
+			job := checkpoint.Job{ID: firstStartPrefix + "public.outbox", Table: "public.outbox", Started: time.Now()}
+			if err := r.Continue(context.Background(), s, []checkpoint.Job{job}, 1); err != nil {
+				t.Fatalf("continue: %v", err)
+			}
+			var late int
+			for _, m := range s.events {
+				if strings.HasPrefix(string(m.Event.Fields[outbox.FieldAggregateID].B), "l") {
+					late++
+				}
+			}
+			if late != 0 {
+				t.Fatalf("the adopted slot's job, continued before the stream with a partition attached while it read: %d events, %d of them the attached partition's rows, never written as events", len(s.events), late)
+			}
+			if len(s.events) != 20 {
+				t.Fatalf("%d events; want the 20 rows", len(s.events))
+			}
+		})
+	}
+}

@@ -343,6 +343,15 @@ func (r *Runner) continueJob(ctx context.Context, s Session, job *checkpoint.Job
 		return err
 	}
 	defer done()
+	// An adopted slot's job has no leaves yet: it keeps those its first
+	// snapshot shows, as a first start's does, so that a partition
+	// attached while it reads does not bring rows written outside the
+	// outbox.
+	one := []checkpoint.Job{*job}
+	if err := r.keepLeaves(ctx, s, conn, one); err != nil {
+		return err
+	}
+	job.Leaves = one[0].Leaves
 	if err := r.firstStartJob(ctx, s, conn, job, at); err != nil {
 		return err
 	}
@@ -477,16 +486,17 @@ func (r *Runner) firstStartPlan(ctx context.Context, conn *pgx.Conn, job checkpo
 	return r.plan(ctx, conn, job)
 }
 
-// keepLeaves gives each of the first start's jobs of a partitioned table
-// the leaves the slot's snapshot shows (job.Leaves), and saves them before
-// anything is read or sent: the job reads only those, here and beside the
-// stream after any interruption, since a partition attached while it
+// keepLeaves gives each of the configuration's jobs of a partitioned
+// table the leaves conn's snapshot shows (job.Leaves: the slot's for a
+// first start, its own for an adopted slot's job), and saves them before
+// anything is read or sent: the job reads only those, here and before the
+// next stream after any interruption, since a partition attached while it
 // reads (ATTACH takes no lock the read holds), or before its lock, brings
 // rows written outside the outbox, which the snapshot shows all the same.
 func (r *Runner) keepLeaves(ctx context.Context, s Session, conn *pgx.Conn, jobs []checkpoint.Job) error {
 	for i, job := range jobs {
 		t := Table(r.Tables, job.Table)
-		if job.Done() || !job.Initial || job.Leaves != nil || t == nil {
+		if job.Done() || !(job.Initial || configured(job)) || job.Leaves != nil || t == nil {
 			continue
 		}
 		read, err := r.relation(ctx, conn, job, t)
