@@ -193,36 +193,45 @@ func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, clo
 		pt.Close(ctx)
 		return nil, nil, err
 	}
-	if st.Snapshot != "" {
-		// Before anything else on the replication connection, which would end
-		// the snapshot's export (docs/design.md, "Backfill consistency").
-		if err := d.Backfill.FirstStart(ctx, s, saved.Backfills, st.Snapshot, st.From); err != nil {
-			return fail(err)
-		}
-	}
-	saved = d.Progress.Saved()
-	if s.requests, err = request.Follow(d.Store, saved.Key()); err != nil {
+	if err := s.beforeStream(ctx, st, saved.Backfills); err != nil {
 		return fail(err)
-	}
-	// Under the start lock, before the stream: no other replica runs them.
-	// Before what the configuration's backfill left, too: a key it parked
-	// holds its older rows, and a redrive asked while the connector was
-	// stopped (at max_parked_keys, say) is how it starts again.
-	if err := s.pendingRedrives(ctx); err != nil {
-		return fail(err)
-	}
-	if st.Snapshot == "" {
-		// What the configuration's backfills left goes before the stream,
-		// so that an aggregate's older rows come before its newer events.
-		if err := d.Backfill.Continue(ctx, s, saved.Backfills, st.From); err != nil {
-			return fail(err)
-		}
 	}
 	d.Walsender.Store(st.Conn.PID())
 	if s.stream, err = st.Conn.Start(ctx, cfg.Postgres.Slot, st.From); err != nil {
 		return fail(err)
 	}
 	return s, func() { s.requests.Close(); pt.Close(ctx) }, nil
+}
+
+// beforeStream is what a session does under the start lock before the
+// stream: the first start's backfill, the redrives asked while the
+// connector was stopped, and what the configuration's backfill left.
+func (s *session) beforeStream(ctx context.Context, st Start, jobs []checkpoint.Job) (err error) {
+	d := s.d
+	if st.Snapshot != "" {
+		// Before anything else on the replication connection, which would end
+		// the snapshot's export (docs/design.md, "Backfill consistency").
+		if err := d.Backfill.FirstStart(ctx, s, jobs, st.Snapshot, st.From); err != nil {
+			return err
+		}
+	}
+	saved := d.Progress.Saved()
+	if s.requests, err = request.Follow(d.Store, saved.Key()); err != nil {
+		return err
+	}
+	// Under the start lock, before the stream: no other replica runs them.
+	// Before what the configuration's backfill left, too: a key it parked
+	// holds its older rows, and a redrive asked while the connector was
+	// stopped (at max_parked_keys, say) is how it starts again.
+	if err := s.pendingRedrives(ctx); err != nil {
+		return err
+	}
+	if st.Snapshot == "" {
+		// What the configuration's backfills left goes before the stream,
+		// so that an aggregate's older rows come before its newer events.
+		return d.Backfill.Continue(ctx, s, jobs, st.From)
+	}
+	return nil
 }
 
 // newTracker is a session's tracker, with the in-flight limits.
