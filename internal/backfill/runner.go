@@ -271,11 +271,12 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 // send (its table dropped), or that the configuration no longer asks for
 // (its table, or its tables[].backfill, removed), is ended here, with the
 // reason in the checkpoint and the log. Any other failure fails the
-// session, which tries again, and the stream waits: a statement timeout
-// (the way a migration's lock on the table ends it), a privilege not
-// granted yet, a condition the server refuses. The job reads with the
-// configuration's condition, so that fixing tables[].backfill.where is a
-// remedy for the last.
+// session, and the stream waits: one that can pass (a statement timeout,
+// the way a migration's lock on the table ends it; a lost connection) is
+// tried again; one only the operator can fix (a condition the server
+// refuses, a missing backfill.reader_role: a tableread.Error) stops the
+// connector, saying what to fix. The job reads with the configuration's
+// condition (Trusted), so that fixing tables[].backfill.where is a remedy.
 func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
 	for _, job := range jobs {
 		if job.Done() || !configured(job) {
