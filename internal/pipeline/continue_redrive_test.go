@@ -22,7 +22,9 @@ import (
 // backfill first, met C again and stopped, so the redrive never ran.
 // Pending redrives now run before what the backfill left.
 func TestRedriveBeforeTheContinuedBackfill(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
+	// The in-process broker, on a real one too: its produce requests are
+	// slowed.
+	d := newDetourOn(t, config.DeliveryAtLeastOnce, testenv.NewFakeKafka(t))
 	d.cfg.MaxParkedKeys = 2
 	d.cfg.MaxInFlight = 20
 	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}

@@ -49,7 +49,13 @@ type detour struct {
 }
 
 func newDetour(t *testing.T, mode string) *detour {
-	e := newEnv(t, testenv.NewKafka(t))
+	return newDetourOn(t, mode, testenv.NewKafka(t))
+}
+
+// newDetourOn is newDetour on kafka: testenv.NewFakeKafka's for a test
+// that injects faults.
+func newDetourOn(t *testing.T, mode string, kafka *testenv.Kafka) *detour {
+	e := newEnv(t, kafka)
 	e.cfg.Delivery = mode
 	e.cfg.Kafka.MaxMessageBytes = 16384
 	d := &detour{env: e, tbl: e.cfg.Tables[0], topic: e.kafka.Prefix + "orders",
