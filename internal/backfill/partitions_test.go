@@ -160,6 +160,23 @@ func (s *attachingSession) Save(_ context.Context, j checkpoint.Job) error {
 	return nil
 }
 
+// lateAttachCase is a table partitioned by aggregatetype with 20 rows in
+// its one leaf, and a table of 5 rows of its own (outbox_late) to attach
+// while a job reads; r runs its jobs, in orderBy's order.
+func lateAttachCase(t *testing.T, orderBy []string) (db string, r *Runner) {
+	t.Helper()
+	db = pg.NewDatabase(t)
+	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
+		aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
+		`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
+		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
+		`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
+		`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
+	tbl := testTable()
+	tbl.Backfill = &outbox.BackfillOptions{OrderBy: orderBy, ChunkSize: 4}
+	return db, &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+}
+
 // TestPartitionAttachedWhileTheFirstStartReads: rows a partition brings
 // when it is attached were written outside the outbox (docs/design.md,
 // "Partitions"), and are never sent. A partition attached while the first
@@ -173,16 +190,7 @@ func (s *attachingSession) Save(_ context.Context, j checkpoint.Job) error {
 func TestPartitionAttachedWhileTheFirstStartReads(t *testing.T) {
 	for _, orderBy := range [][]string{{"seq"}, nil} {
 		t.Run(fmt.Sprintf("order_by %v", orderBy), func(t *testing.T) {
-			db := pg.NewDatabase(t)
-			testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
-				aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
-				`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
-				`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
-				`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
-				`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
-			tbl := testTable()
-			tbl.Backfill = &outbox.BackfillOptions{OrderBy: orderBy, ChunkSize: 4}
-			r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+			db, r := lateAttachCase(t, orderBy)
 			snap := exportSnapshot(t, db)
 			s := &attachingSession{t: t, db: db, attach: []string{`ALTER TABLE outbox ATTACH PARTITION outbox_late FOR VALUES IN ('late')`}}
 			// The job names its relation, as the pipeline's first start does.
@@ -229,16 +237,7 @@ func TestPartitionAttachedWhileTheFirstStartReads(t *testing.T) {
 // outbox (aggregate ids l1..l5).
 func lateOutbox(t *testing.T) (string, *Runner, uint32) {
 	t.Helper()
-	db := pg.NewDatabase(t)
-	testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
-		aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
-		`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
-		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
-		`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
-		`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
-	tbl := testTable()
-	tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 4}
-	r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+	db, r := lateAttachCase(t, nil)
 	var rel uint32
 	if err := testenv.Connect(t, db).QueryRow(context.Background(), "SELECT 'outbox'::regclass::oid").Scan(&rel); err != nil {
 		t.Fatal(err)
@@ -390,16 +389,7 @@ func TestLeafSwappedForACopyLosesNoRow(t *testing.T) {
 func TestAdoptedJobKeepsItsLeaves(t *testing.T) {
 	for _, orderBy := range [][]string{{"seq"}, nil} {
 		t.Run(fmt.Sprintf("order_by %v", orderBy), func(t *testing.T) {
-			db := pg.NewDatabase(t)
-			testenv.Exec(t, db, `CREATE TABLE outbox (id uuid NOT NULL DEFAULT gen_random_uuid(), seq bigserial, aggregatetype text NOT NULL,
-				aggregateid text NOT NULL, type text NOT NULL, payload jsonb, PRIMARY KEY (id, aggregatetype)) PARTITION BY LIST (aggregatetype)`,
-				`CREATE TABLE outbox_order PARTITION OF outbox FOR VALUES IN ('order')`,
-				`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'a' || i, 'E', '{}' FROM generate_series(1, 20) i`,
-				`CREATE TABLE outbox_late (LIKE outbox INCLUDING DEFAULTS)`,
-				`INSERT INTO outbox_late (aggregatetype, aggregateid, type, payload) SELECT 'late', 'l' || i, 'E', '{}' FROM generate_series(1, 5) i`)
-			tbl := testTable()
-			tbl.Backfill = &outbox.BackfillOptions{OrderBy: orderBy, ChunkSize: 4}
-			r := &Runner{Postgres: postgres.Config{URL: db}, Tables: []*outbox.Source{tbl}, MaxInFlight: 1000, StatusInterval: time.Hour, ChunkBytes: 1 << 20, Log: hclog.NewNullLogger(), Metrics: metrics.New("test")}
+			db, r := lateAttachCase(t, orderBy)
 			s := &attachingSession{t: t, db: db, attach: []string{`ALTER TABLE outbox ATTACH PARTITION outbox_late FOR VALUES IN ('late')`}}
 			job := checkpoint.Job{ID: firstStartPrefix + "public.outbox", Table: "public.outbox", Started: time.Now()}
 			if err := r.Continue(context.Background(), s, []checkpoint.Job{job}, 1); err != nil {
