@@ -65,19 +65,15 @@ type Record struct {
 	// changes"). nil in records written before it was kept. The map is
 	// never changed once in a record: a change makes a new one.
 	Tables map[string]Table
-	// RetentionMarks pair, over time, the oldest transaction a snapshot
-	// saw running with a WAL position after it, for the outbox tables'
-	// retention to tell a row's age and acknowledgement (internal/retention),
-	// oldest first.
+	// RetentionMarks pair, over time, the oldest transaction a snapshot saw
+	// running with a WAL position after it, oldest first, for retention.
 	RetentionMarks []RetentionMark
 	// Skips are invalid events an operator chose to send to the
 	// dead-letter topic rather than stop on (cdc skip), until the stream
 	// delivered their transaction (Progress drops them then).
 	Skips []Skip
 	// Parked are the keys on_invalid: park holds back up to Confirmed
-	// (package park): a restart, a takeover and exactly-once mode keep
-	// them parked. The list is never changed once in a record: a change
-	// makes a new one.
+	// (package park), never changed once in a record.
 	Parked []Parked
 	// Used are the operator's requests taken, newest last (at most
 	// MaxUsed).
@@ -127,6 +123,7 @@ type Parked struct {
 	// Released is how many of its records (1 to Released) a redrive that
 	// has not finished has sent on: exactly once, committed with them.
 	Released int64
+	Read     bool // some records are of rows read from the table (a backfill, a repair): no rewind's stream carries them again
 }
 
 // Run is one session's share of a parking's record numbers (Parked.Runs),
@@ -556,6 +553,7 @@ type jsonParked struct {
 	Start     int64     `json:"start_offset"`
 	Runs      []jsonRun `json:"runs,omitempty"`
 	Released  int64     `json:"released,omitempty"`
+	Read      bool      `json:"read,omitempty"`
 }
 
 type jsonRun struct {
@@ -566,7 +564,7 @@ type jsonRun struct {
 
 func toJSONParked(p Parked) jsonParked {
 	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
-		Since: p.Since.UTC(), Events: p.Events, Topic: p.Topic, Partition: p.Partition, Start: p.Start, Released: p.Released}
+		Since: p.Since.UTC(), Events: p.Events, Topic: p.Topic, Partition: p.Partition, Start: p.Start, Released: p.Released, Read: p.Read}
 	for _, r := range p.Runs {
 		j.Runs = append(j.Runs, jsonRun(r))
 	}
@@ -579,7 +577,7 @@ func (j jsonParked) parked() (Parked, error) {
 		return Parked{}, fmt.Errorf("checkpoint parked key %q: first_lsn %q: %w", j.Key, j.FirstLSN, err)
 	}
 	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstLSN: lsn, Episode: j.Episode,
-		Since: j.Since, Events: j.Events, Topic: j.Topic, Partition: j.Partition, Start: j.Start, Released: j.Released}
+		Since: j.Since, Events: j.Events, Topic: j.Topic, Partition: j.Partition, Start: j.Start, Released: j.Released, Read: j.Read}
 	for _, r := range j.Runs {
 		p.Runs = append(p.Runs, Run(r))
 	}

@@ -139,26 +139,28 @@ func (o *Ops) recreateSlot(ctx context.Context, sql *pgx.Conn, conn *wal.Conn, e
 // invalid still), and one that began before keeps only its records of
 // events before at (the stream parks the key's later ones again, behind
 // them). Without that, re-streamed older events would go behind newer
-// parked ones, and a redrive would end the key on a stale event.
+// parked ones, and a redrive would end the key on a stale event. Records
+// of rows read from the table (a backfill's, a repair's) are kept
+// whatever at is, since no stream carries them again: a parking that
+// holds them is cut, never given up (redrive.Runner.Cut).
 func (o *Ops) rewindParked(ctx context.Context, rec checkpoint.Record, at pglogrepl.LSN) ([]checkpoint.Parked, int, error) {
 	var kept []checkpoint.Parked
 	dropped := 0
 	r := &redrive.Runner{Kafka: sink.ClientOpts(o.Config.Kafka, o.Log.Named("kafka")), Committed: o.Config.IsExactlyOnce(),
 		Keys: o.Config.Checkpoint.SigningKeys, Key: rec.Key(), ChunkRecords: 1000, ChunkBytes: 1 << 20, Log: o.Log}
 	for _, p := range rec.Parked {
-		if p.FirstLSN >= at {
+		if p.FirstLSN >= at && !p.Read {
 			dropped++
 			o.Log.Warn("rewind: a parking that began after the rewind's position is given up; the stream parks the key again where its first event is, if it is invalid still", "key", p.Key, "first_lsn", p.FirstLSN.String(), "episode", p.Episode)
 			continue
 		}
 		cut, err := r.Cut(ctx, &p, at)
+		var refused *errtext.Fatal
+		if errors.As(err, &refused) {
+			return nil, 0, err
+		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("read the parked records of key %q: %w", p.Key, err)
-		}
-		if cut == 0 {
-			// Its first event is before at, and its record is not in the
-			// parked topic: the parking cannot be kept whole from here.
-			return nil, 0, &errtext.Fatal{Msg: fmt.Sprintf("key %q is parked since %s, and the parked topic %q no longer holds its records from before %s: rewind to the parking's start or before (cdc rewind --to-lsn %s), which gives the parking up and parks the key again from its first event", p.Key, p.FirstLSN, p.Topic, at, p.FirstLSN)}
 		}
 		if cut < p.Events {
 			o.Log.Info("rewind: a parking keeps its events from before the rewind's position; the stream parks the key's later events again behind them", "key", p.Key, "kept", cut, "of", p.Events)

@@ -196,9 +196,9 @@ func (s *Set) Number(p *checkpoint.Parked) (run string, n int64, err error) {
 }
 
 // Count counts record n of p (Number) as parked.
-func (s *Set) Count(p *checkpoint.Parked, n int64) {
+func (s *Set) Count(p *checkpoint.Parked, n int64, read bool) {
 	s.bytes -= size(p)
-	p.Events = n
+	p.Events, p.Read = n, p.Read || read
 	s.bytes += size(p)
 }
 

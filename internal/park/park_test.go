@@ -50,7 +50,7 @@ func TestSet(t *testing.T) {
 	if err != nil || n != 1 || p.RunOf(1) != run {
 		t.Fatalf("the first record: run %q number %d (%v); runs %+v", run, n, err, p.Runs)
 	}
-	s.Count(p, n)
+	s.Count(p, n, false)
 	list := s.List()
 	if len(list) != 2 || list[0].Key != "a" || list[1].Key != "b" || list[0].Events != 1 {
 		t.Fatalf("list %+v", list)
@@ -118,7 +118,7 @@ func TestSetFitsTheCheckpoint(t *testing.T) {
 			}
 			break
 		} else {
-			again.Count(q, n)
+			again.Count(q, n, false)
 		}
 		runs, p = again, q
 	}

@@ -36,6 +36,10 @@ const (
 	HeaderEvent     = "parked_event"
 	HeaderPartition = "parked_partition"
 	HeaderSeal      = "parked_seal"
+	// HeaderRead marks a record of a row read from the table (a backfill,
+	// a repair), which the stream, from wherever a rewind puts it, never
+	// carries again: a rewind keeps it parked (checkpoint.Parked.Read).
+	HeaderRead = "parked_read"
 )
 
 // NewEpisode is a parking's random name.
@@ -287,8 +291,16 @@ func Header(r *kgo.Record, key string) string {
 	return ""
 }
 
+// Read reports whether parked record r is of a row read from the table
+// (HeaderRead): that header is the one before the seal, where a row's own
+// header of the name never is (HeaderLSN is there on the others).
+func Read(r *kgo.Record) bool {
+	n := len(r.Headers)
+	return n >= 2 && r.Headers[n-1].Key == HeaderSeal && r.Headers[n-2].Key == HeaderRead
+}
+
 // Ours reports which of r's headers are the connector's, named in keys:
-// the last of each name.
+// the last of each name, and HeaderRead where Read finds it.
 func Ours(r *kgo.Record, keys ...string) []bool {
 	ours := make([]bool, len(r.Headers))
 	for _, k := range keys {
@@ -298,6 +310,9 @@ func Ours(r *kgo.Record, keys ...string) []bool {
 				break
 			}
 		}
+	}
+	if Read(r) {
+		ours[len(r.Headers)-2] = true
 	}
 	return ours
 }
@@ -310,3 +325,6 @@ func Made(v []byte) (time.Time, bool) {
 	}
 	return r.RequestedAt, json.Unmarshal(v, &r) == nil && !r.RequestedAt.IsZero()
 }
+
+// ShellQuote is k quoted for a shell, for the commands errors suggest.
+func ShellQuote(k string) string { return "'" + strings.ReplaceAll(k, "'", `'\''`) + "'" }

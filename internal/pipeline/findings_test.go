@@ -14,10 +14,8 @@ import (
 	"fmt"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/relay"
-	"github.com/outboxcdc/cdc/internal/replay"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -27,49 +25,6 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
-
-// TestAttackRewindToABackfilledParkingsStart: a key parked by the first
-// start's backfill (its first event too large) has its parking's first_lsn
-// at the slot's consistent point, where the replay window starts too. The
-// runbook's remedy for a parking whose records are gone, "rewind to the
-// parking's start (cdc rewind --to-lsn <first_lsn>): the rewind gives the
-// parking up, and the stream parks the key again from its first event",
-// gives up the parking, but the stream never had the backfilled events:
-// they are in no topic, and nothing says so.
-func TestAttackRewindToABackfilledParkingsStart(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
-	d.cfg.Replay.Window = time.Hour
-	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
-	conn := testenv.Connect(t, d.db)
-	d.emit(t, conn, "K", 1, "", true) // too large: parks K in the backfill
-	d.emit(t, conn, "K", 2, "", false)
-	d.emit(t, conn, "K", 3, "", false)
-	r := d.start(t)
-	c := d.consumer(t)
-	p := d.waitParked(t, c, "K", 3, 3)
-	d.emit(t, conn, "K", 4, "", false)
-	p = d.waitParked(t, c, "K", 4, 4)
-	t.Logf("parking %+v", p)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-	rw, err := d.newPipeline(t).Ops().Rewind(context.Background(), replay.Range{FromLSN: p.FirstLSN})
-	if err != nil {
-		t.Logf("the rewind to the parking's start is refused: %v", err)
-		return
-	}
-	t.Logf("rewound %+v", rw)
-	d.cfg.Kafka.MaxMessageBytes = 1 << 20
-	d.start(t)
-	c.WaitFor(t, time.Minute, "K's event 4 on its topic", func(recs []*kgo.Record) bool {
-		return slices.Contains(seqs(t, recs, d.topic)["K"], 4)
-	})
-	c.Settle(t)
-	rec, _ := loadCheckpoint(t, d.env)
-	if k := seqs(t, c.Records, d.topic)["K"]; !slices.Contains(k, 1) || !slices.Contains(k, 2) || !slices.Contains(k, 3) {
-		t.Fatalf("after the rewind to the parking's start (%s), K on its topic: %v, parked now: %+v; K's events 1-3 (backfilled before the slot, then parked) are in no topic but the old parked copies", p.FirstLSN, k, rec.Parked)
-	}
-}
 
 // TestAttackMaxParkedKeysInTheFirstStartsBackfill (rule 36): the first
 // start's backfill meets a third invalid key at max_parked_keys 2. The

@@ -44,6 +44,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/route"
@@ -530,19 +531,60 @@ func (r *Runner) first(ctx context.Context, p *checkpoint.Parked) (int64, error)
 // (park.Header).
 func header(r *kgo.Record, key string) string { return park.Header(r, key) }
 
-// Cut is the number of p's last record whose event committed before to:
-// a rewind to to keeps p's records 1 to Cut parked, and the stream parks
-// the key's events from to on again, behind them. Records missing are
-// passed over here: a redrive finds them.
+// Cut is how many of p's records (1 to Cut) a rewind to to keeps parked:
+// those before the first that the stream from to carries again, which is
+// a record of an event committed at or after to, not of a row read from
+// the table (park.Read): no stream carries those again. The stream parks
+// the key's events from to on again, behind the cut. A record missing
+// before that first is kept, as missing, for the redrive to find and
+// refuse, never cut away unseen; but in a parking that holds rows read
+// from the table (p.Read) one missing anywhere may be one of those, which
+// nothing would send again, and a read record behind the first the
+// stream carries again cannot be kept in order: both are a
+// *errtext.Fatal naming the key.
 func (r *Runner) Cut(ctx context.Context, p *checkpoint.Parked, to pglogrepl.LSN) (int64, error) {
-	var cut int64
+	c := &cutter{to: to}
 	s := Session{Blocking: func(fn func() error) error { return fn() }}
 	q := &checkpoint.Parked{Episode: p.Episode, Events: p.Events, Runs: p.Runs, Topic: p.Topic, Partition: p.Partition, Start: p.Start}
-	_, _, err := r.scan(ctx, s, q, func() { cut = 0 }, func(_ *walk, n int64, rec *kgo.Record) error {
-		if lsn, err := pglogrepl.ParseLSN(header(rec, park.HeaderLSN)); err == nil && lsn < to {
-			cut = n
-		}
+	w, _, err := r.scan(ctx, s, q, func() { *c = cutter{to: to} }, func(_ *walk, n int64, rec *kgo.Record) error {
+		c.take(n, rec)
 		return nil
 	})
-	return cut, err
+	if err != nil {
+		return 0, err
+	}
+	return c.result(p, w)
+}
+
+// cutter is Cut's decision, a record of the parking at a time.
+type cutter struct {
+	to     pglogrepl.LSN
+	gaveUp int64  // the first record given up, or 0
+	behind string // a read record behind it
+}
+
+func (c *cutter) take(n int64, rec *kgo.Record) {
+	read := park.Read(rec)
+	lsn, err := pglogrepl.ParseLSN(header(rec, park.HeaderLSN))
+	switch keep := read || (err == nil && lsn < c.to); {
+	case !keep && c.gaveUp == 0:
+		c.gaveUp = n
+	case read && c.gaveUp > 0 && c.behind == "":
+		c.behind = fmt.Sprintf("event %d (id %s), read from the table by a backfill or a repair, is behind event %d, committed at or after %s", n, header(rec, route.HeaderDeadLetterID), c.gaveUp, c.to)
+	}
+}
+
+// result is the cut, once w has walked all of p.
+func (c *cutter) result(p *checkpoint.Parked, w *walk) (int64, error) {
+	redrive := fmt.Sprintf("redrive the key first (cdc redrive --key %s), then rewind", park.ShellQuote(p.Key))
+	if c.behind != "" {
+		return 0, &errtext.Fatal{Msg: fmt.Sprintf("key %q is parked, and its %s: the stream from there carries the one again and never the other, so the parking cannot be kept in order; %s", p.Key, c.behind, redrive)}
+	}
+	if p.Read && w.lost > 0 {
+		return 0, &errtext.Fatal{Msg: fmt.Sprintf("key %q is parked with events read from the table by a backfill or a repair, which no stream carries again, and the parked topic %q no longer holds its %s: a rewind cannot keep or give up the parking whole; %s (with --accept-gap, then cdc backfill --where for the rows missing, which stay in the outbox table while the key is parked)", p.Key, p.Topic, w.spans(), redrive)}
+	}
+	if c.gaveUp > 0 {
+		return c.gaveUp - 1, nil
+	}
+	return p.Events, nil
 }

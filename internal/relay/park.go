@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
@@ -187,7 +186,7 @@ func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox
 	if gone, err := s.partitionGone(ctx, p); err != nil || gone {
 		if err == nil {
 			err = outbox.Invalid(ev, "its key %q is parked on partition %d of the parked topic %q, which the topic no longer has (it was made again?): the parking's records are gone, so no more can join it; send what is left and un-park the key with cdc redrive --key %s --accept-gap (a redrive asked while the connector is stopped runs as it starts again), or rewind to the parking's start (cdc rewind --to-lsn %s)",
-				p.Key, p.Partition, p.Topic, shellQuote(p.Key), p.FirstLSN)
+				p.Key, p.Partition, p.Topic, park.ShellQuote(p.Key), p.FirstLSN)
 		}
 		return err
 	}
@@ -197,6 +196,12 @@ func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox
 		kgo.RecordHeader{Key: park.HeaderEpisode, Value: []byte(p.Episode)},
 		kgo.RecordHeader{Key: park.HeaderSeq, Value: park.Seq(run, n)},
 		kgo.RecordHeader{Key: park.HeaderLSN, Value: []byte(ev.CommitLSN.String())})
+	// A WAL transaction's XID is never 0 (InvalidTransactionId): an event
+	// without one is a row a backfill or a repair read from the table.
+	read := ev.XID == 0
+	if read {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: park.HeaderRead, Value: []byte("1")})
+	}
 	park.Seal(rec, s.SealKey, s.PipelineKey)
 	err = s.produce(ctx, tx, rec, ev, KindParked)
 	if invalid(err) {
@@ -208,7 +213,7 @@ func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox
 	if err != nil {
 		return err
 	}
-	s.Parked.Count(p, n)
+	s.Parked.Count(p, n, read)
 	s.parkedDirty = true
 	s.Metrics.Parked(ev.Source.String(), s.Parked.Len())
 	return nil
@@ -231,8 +236,6 @@ func (s *Sender) partitionGone(ctx context.Context, p *checkpoint.Parked) (bool,
 	return p.Partition >= n, nil
 }
 
-// shellQuote is k as a shell argument.
-func shellQuote(k string) string { return "'" + strings.ReplaceAll(k, "'", `'\''`) + "'" }
 
 // NoteParked attaches the parked keys to tx when a record was parked since
 // the last note: the session calls it before each transaction's commit,
