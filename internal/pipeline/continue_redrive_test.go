@@ -3,15 +3,19 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/relay"
+	"github.com/outboxcdc/cdc/internal/route"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -60,5 +64,55 @@ func TestRedriveBeforeTheContinuedBackfill(t *testing.T) {
 	used, err := p.Ops().WatchRedrive(ctx, rd)
 	if err != nil || !allDone(used) {
 		t.Fatalf("the redrive asked while the connector was stopped: %+v, %v; want it run as the connector starts", used, err)
+	}
+}
+
+// TestDropFirstAfterContinue (rule 36): an event committed after the slot
+// while the first start is interrupted is sent twice, by the continued
+// job (its snapshot of now shows it) and by the stream. When it is
+// invalid, its key's parking held it twice, so --drop-first, the
+// runbook's remedy for "the first event invalid still", dropped one copy
+// and the other kept the key parked. The parking's first event is parked
+// once, and the remedy works: the key's next event reaches its topic.
+func TestDropFirstAfterContinue(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	testenv.Exec(t, d.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'agg', 'E', jsonb_build_object('k', 'agg-' || (i % 5), 'seq', i) FROM generate_series(1, 300) i`)
+	c := orderCase{rng: rand.New(rand.NewPCG(1, 2)), aggs: 5, rows: 60}
+	fast := c.interruptFirstStart(t, d.env, d.kafka, outbox.BackfillOptions{})
+	conn := testenv.Connect(t, d.db)
+	first := d.emit(t, conn, "K", 1, "", true)
+	fast()
+	d.start(t)
+	cons := d.consumer(t)
+	d.waitParked(t, cons, "K", 1, 1)
+	testenv.Eventually(t, time.Minute, "the job to end", func() bool {
+		rec, _ := loadCheckpoint(t, d.env)
+		return len(rec.Backfills) > 0 && rec.Backfills[0].Done()
+	})
+	// The stream's copy is past the job's end; wait until the slot is past
+	// K's event too, so that a second copy would be parked by now.
+	d.emit(t, conn, "L", 1, "", false)
+	cons.WaitFor(t, time.Minute, "L's event, after K's in the stream", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["L"]) >= 1 })
+	cons.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
+	if got := d.parkedSeqs(t, cons.Records)["K"]; !slices.Equal(got, []int{1}) {
+		t.Fatalf("K's parked records: %v; want its one event once", got)
+	}
+	used := d.redrive(t, park.Selector{Key: "K"}, true, false)
+	if !allDone(used) {
+		t.Fatalf("redrive --drop-first of K: %+v", used)
+	}
+	d.emit(t, conn, "K", 2, "", false)
+	cons.WaitFor(t, time.Minute, "K's next event on its topic", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["K"]) >= 1 })
+	if k := seqs(t, cons.Records, d.topic)["K"]; !slices.Equal(k, []int{2}) {
+		t.Fatalf("K on its topic: %v; want only 2 (1 was dropped)", k)
+	}
+	dropped := 0
+	for _, r := range cons.Records {
+		if r.Topic == d.dead && testenv.Header(r, route.HeaderDeadLetterID) == first {
+			dropped++
+		}
+	}
+	if dropped != 1 {
+		t.Fatalf("K's first event in the dead-letter topic %d times, want once", dropped)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/relay"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
@@ -134,37 +133,3 @@ func TestAttackBackfillAcrossTwoTables(t *testing.T) {
 	expectFirstArrivalsInOrder(t, kafka.NewConsumer(t, kafka.AllTopics()), want, want)
 }
 
-// TestAttackDropFirstAfterContinue (rule 36): an event committed after the
-// slot while the first start is interrupted is sent twice (the continued
-// job's snapshot of now shows it, and the stream sends it again). When it
-// is invalid, its key's parking holds it twice: --drop-first, the
-// runbook's remedy for "the first event invalid still", drops the first
-// copy and the second keeps the key parked.
-func TestAttackDropFirstAfterContinue(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
-	testenv.Exec(t, d.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'agg', 'E', jsonb_build_object('k', 'agg-' || (i % 5), 'seq', i) FROM generate_series(1, 300) i`)
-	c := orderCase{rng: rand.New(rand.NewPCG(1, 2)), aggs: 5, rows: 60}
-	fast := c.interruptFirstStart(t, d.env, d.kafka, outbox.BackfillOptions{})
-	conn := testenv.Connect(t, d.db)
-	d.emit(t, conn, "K", 1, "", true)
-	fast()
-	d.start(t)
-	cons := d.consumer(t)
-	p := d.waitParked(t, cons, "K", 1, 1)
-	testenv.Eventually(t, time.Minute, "the job to end", func() bool {
-		rec, _ := loadCheckpoint(t, d.env)
-		return rec.Backfills[0].Done()
-	})
-	cons.Settle(t)
-	rec, _ := loadCheckpoint(t, d.env)
-	for _, q := range rec.Parked {
-		if q.Key == "K" {
-			p = q
-		}
-	}
-	t.Logf("K parked with %d events: %v", p.Events, d.parkedSeqs(t, cons.Records)["K"])
-	used := d.redrive(t, park.Selector{Key: "K"}, true, false)
-	if !allDone(used) {
-		t.Fatalf("redrive --drop-first of K (parked with %d events, one event committed): %+v", p.Events, used)
-	}
-}

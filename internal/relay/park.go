@@ -145,6 +145,15 @@ func (s *Sender) parkEvent(ctx context.Context, tx *delivery.Txn, ev *outbox.Eve
 // its record, rec, as it would have been, or, when it is invalid itself
 // (cause; rec nil), its event form.
 func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, cause error, p *checkpoint.Parked) error {
+	if ev.ID() == p.First && ev.Source.String() == p.Table {
+		// The parking's first event again: a row committed after the slot
+		// while a first start was interrupted is sent by the backfill that
+		// continues it (a snapshot of now) and again by the stream. Parked
+		// twice, its copy would be first after cdc redrive --drop-first
+		// dropped it, and the key would stay parked on the event dropped.
+		s.Log.Debug("the parking's first event met again (a backfill's row the stream sends too): parked once", "key", p.Key, "id", p.First)
+		return nil
+	}
 	if rec == nil {
 		reason := errtext.OneLine(cause)
 		var ee *outbox.EventError
