@@ -436,8 +436,11 @@ func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, j
 		if err != nil {
 			return err
 		}
-		if err := r.sendFirstStartChunk(s, dec, job.Table, c.Rows, at); err != nil {
-			return err
+		if sent, err := r.sendFirstStartChunk(s, dec, job.Table, c.Rows, at); err != nil {
+			if sent > 0 {
+				job.Rows, job.After = job.Rows+int64(sent), plan.KeyOf(c.Rows[sent-1])
+			}
+			return r.stopOnEvent(ctx, s, *job, err)
 		}
 		job.Rows += int64(len(c.Rows))
 		if c.Last != nil {
@@ -517,24 +520,50 @@ func (r *Runner) keepLeaves(ctx context.Context, s Session, conn *pgx.Conn, jobs
 }
 
 // sendFirstStartChunk sends a chunk's rows of table through s as one
-// transaction of events committed at at, the slot's consistent point.
-func (r *Runner) sendFirstStartChunk(s Session, dec *decode.RowDecoder, table string, rows [][][]byte, at pglogrepl.LSN) error {
+// transaction of events committed at at, the slot's consistent point, and
+// says how many it sent.
+func (r *Runner) sendFirstStartChunk(s Session, dec *decode.RowDecoder, table string, rows [][][]byte, at pglogrepl.LSN) (int, error) {
 	now := time.Now()
 	if err := s.Begin(now); err != nil {
-		return err
+		return 0, err
 	}
-	for _, row := range rows {
+	for i, row := range rows {
 		m, err := dec.Row(row, at, now)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if err := s.Event(&m); err != nil {
-			return err
+			if !errors.As(err, new(*outbox.EventError)) {
+				return 0, err
+			}
+			// What the chunk sent before the event it stops on is kept
+			// (stopOnEvent), counted with its transaction.
+			s.Commit(at, now)
+			r.Metrics.BackfillRows(table).Add(float64(i))
+			return i, err
 		}
 	}
 	s.Commit(at, now)
 	r.Metrics.BackfillRows(table).Add(float64(len(rows)))
-	return nil
+	return len(rows), nil
+}
+
+// stopOnEvent is err, that of an event of job's chunk the connector
+// stops on (on_invalid: fail, max_parked_keys reached), once what it sent
+// before is acknowledged and the checkpoint lists the keys it parked, as
+// the stream does before it stops on an event: cdc parked then shows what
+// to redrive. The job's position is the last row sent, so the next start
+// reads again from the event it stopped on: a redrive asked meanwhile
+// (max_parked_keys) makes room for it, and nothing before it is sent
+// twice.
+func (r *Runner) stopOnEvent(ctx context.Context, s Session, job checkpoint.Job, err error) error {
+	if !errors.As(err, new(*outbox.EventError)) {
+		return err
+	}
+	if serr := saveAcked(ctx, s, job); serr != nil {
+		r.Log.Warn("backfill: the keys parked before the event it stops on are not in the checkpoint: they are parked again as it starts again", "table", job.Table, "error", errtext.OneLine(serr))
+	}
+	return err
 }
 
 // saveAcked saves job's progress once every event sent is acknowledged:

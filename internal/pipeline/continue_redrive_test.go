@@ -116,3 +116,95 @@ func TestDropFirstAfterContinue(t *testing.T) {
 		t.Fatalf("K's first event in the dead-letter topic %d times, want once", dropped)
 	}
 }
+
+// TestMaxParkedKeysInTheFirstStartsBackfill (rule 36): the first start's
+// backfill meets a third invalid key at max_parked_keys 2, in the chunk
+// that parked the other two. The error names two remedies, a redrive
+// (which "runs as it starts again") and cdc skip; each is tried from the
+// state the stop left. The stop saved nothing of that chunk, so cdc
+// parked listed nothing to redrive; now it checkpoints what the chunk
+// sent before the event, as the stream does, and the next start reads on
+// from that event: the redrive's room takes it, and D arrives once.
+func TestMaxParkedKeysInTheFirstStartsBackfill(t *testing.T) {
+	for _, run := range []struct{ mode, remedy string }{{config.DeliveryAtLeastOnce, "redrive"}, {config.DeliveryAtLeastOnce, "skip"}, {config.DeliveryExactlyOnce, "redrive"}} {
+		remedy := run.remedy
+		t.Run(run.mode+"/"+remedy, func(t *testing.T) {
+			d := newDetour(t, run.mode)
+			d.cfg.MaxParkedKeys = 2
+			d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
+			conn := testenv.Connect(t, d.db)
+			d.emit(t, conn, "A", 1, "", true)
+			d.emit(t, conn, "B", 1, "", true)
+			third := d.emit(t, conn, "C", 1, "", true)
+			d.emit(t, conn, "D", 1, "", false)
+			r := d.launch(t, ioDiscard{})
+			err := waitFatal(t, r)
+			var full *relay.FullError
+			if !errors.As(err, &full) {
+				t.Fatalf("got %v; want the max_parked_keys error", err)
+			}
+			t.Logf("stopped: %v", err)
+			rec, _ := loadCheckpoint(t, d.env)
+			t.Logf("checkpoint at the stop: parked %d, jobs %+v", len(rec.Parked), rec.Backfills)
+			c := d.consumer(t)
+			switch remedy {
+			case "redrive":
+				if len(rec.Parked) != 2 {
+					t.Fatalf("the checkpoint lists %d parked keys at the stop, want A and B: cdc parked must show what to redrive", len(rec.Parked))
+				}
+				p := d.newPipeline(t)
+				rd, err := p.Ops().RequestRedrive(context.Background(), park.Selector{Key: "A"}, true, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := d.launch(t, ioDiscard{})
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				used, err := p.Ops().WatchRedrive(ctx, rd)
+				if err != nil || !allDone(used) {
+					select {
+					case ferr := <-r.done:
+						close(r.done)
+						t.Fatalf("the redrive made while the connector was stopped never ran (%+v, %v): the next start stopped again before it: %v", used, err, ferr)
+					default:
+					}
+					t.Fatalf("a redrive made while the connector was stopped: %+v, %v", used, err)
+				}
+			case "skip":
+				if full.Cause.EventID != third {
+					t.Fatalf("stopped on %s, want C's event %s", full.Cause.EventID, third)
+				}
+				if _, err := d.newPipeline(t).Ops().Skip(context.Background(), full.Cause.CommitLSN, third); err != nil {
+					t.Fatalf("cdc skip of the event it stopped on (lsn %s): %v", full.Cause.CommitLSN, err)
+				}
+				r := d.launch(t, ioDiscard{})
+				ok := false
+				testenv.Eventually(t, time.Minute, "the connector to stream, or stop again", func() bool {
+					select {
+					case ferr := <-r.done:
+						close(r.done)
+						t.Fatalf("after cdc skip the next start stopped again: %v", ferr)
+					default:
+					}
+					ok = r.tracker.Load() != nil
+					return ok
+				})
+			}
+			c.WaitFor(t, time.Minute, "D on its topic", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["D"]) >= 1 })
+			c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
+			if got := seqs(t, c.Records, d.topic)["D"]; !slices.Equal(got, []int{1}) {
+				t.Fatalf("D on its topic: %v; want its event once", got)
+			}
+			var keys []string
+			rec, _ = loadCheckpoint(t, d.env)
+			for _, p := range rec.Parked {
+				keys = append(keys, p.Key)
+			}
+			slices.Sort(keys)
+			want := map[string][]string{"redrive": {"B", "C"}, "skip": {"A", "B"}}[remedy]
+			if !slices.Equal(keys, want) {
+				t.Fatalf("parked after the remedy: %v, want %v", keys, want)
+			}
+		})
+	}
+}

@@ -10,93 +10,12 @@ package pipeline_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"github.com/outboxcdc/cdc/internal/park"
-	"github.com/outboxcdc/cdc/internal/relay"
-	"os"
 	"testing"
-	"time"
 
-	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
-
-// TestAttackMaxParkedKeysInTheFirstStartsBackfill (rule 36): the first
-// start's backfill meets a third invalid key at max_parked_keys 2. The
-// error names two remedies, a redrive (which "runs as it starts again")
-// and cdc skip; each is tried from the state the stop left.
-func TestAttackMaxParkedKeysInTheFirstStartsBackfill(t *testing.T) {
-	for _, remedy := range []string{"redrive", "skip"} {
-		t.Run(remedy, func(t *testing.T) {
-			d := newDetour(t, config.DeliveryAtLeastOnce)
-			d.cfg.MaxParkedKeys = 2
-			d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
-			conn := testenv.Connect(t, d.db)
-			d.emit(t, conn, "A", 1, "", true)
-			d.emit(t, conn, "B", 1, "", true)
-			third := d.emit(t, conn, "C", 1, "", true)
-			d.emit(t, conn, "D", 1, "", false)
-			r := d.launch(t, os.Stderr)
-			err := waitFatal(t, r)
-			var full *relay.FullError
-			if !errors.As(err, &full) {
-				t.Fatalf("got %v; want the max_parked_keys error", err)
-			}
-			t.Logf("stopped: %v", err)
-			rec, _ := loadCheckpoint(t, d.env)
-			t.Logf("checkpoint at the stop: parked %d, jobs %+v", len(rec.Parked), rec.Backfills)
-			c := d.consumer(t)
-			switch remedy {
-			case "redrive":
-				if len(rec.Parked) != 2 {
-					t.Fatalf("the checkpoint lists %d parked keys at the stop, want A and B: cdc parked must show what to redrive", len(rec.Parked))
-				}
-				p := d.newPipeline(t)
-				rd, err := p.Ops().RequestRedrive(context.Background(), park.Selector{Key: "A"}, true, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := d.launch(t, os.Stderr)
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				used, err := p.Ops().WatchRedrive(ctx, rd)
-				if err != nil || !allDone(used) {
-					select {
-					case ferr := <-r.done:
-						close(r.done)
-						t.Fatalf("the redrive made while the connector was stopped never ran (%+v, %v): the next start stopped again before it: %v", used, err, ferr)
-					default:
-					}
-					t.Fatalf("a redrive made while the connector was stopped: %+v, %v", used, err)
-				}
-			case "skip":
-				if full.Cause.EventID != third {
-					t.Fatalf("stopped on %s, want C's event %s", full.Cause.EventID, third)
-				}
-				if _, err := d.newPipeline(t).Ops().Skip(context.Background(), full.Cause.CommitLSN, third); err != nil {
-					t.Fatalf("cdc skip of the event it stopped on (lsn %s): %v", full.Cause.CommitLSN, err)
-				}
-				r := d.launch(t, os.Stderr)
-				ok := false
-				testenv.Eventually(t, time.Minute, "the connector to stream, or stop again", func() bool {
-					select {
-					case ferr := <-r.done:
-						close(r.done)
-						t.Fatalf("after cdc skip the next start stopped again: %v", ferr)
-					default:
-					}
-					ok = r.tracker.Load() != nil
-					return ok
-				})
-			}
-			c.WaitFor(t, time.Minute, "D on its topic", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["D"]) >= 1 })
-		})
-	}
-}
 
 // TestAttackBackfillAcrossTwoTables (rule 32): two configured outbox
 // tables carry events of the same aggregates (same key, same topic). The

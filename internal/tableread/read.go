@@ -135,13 +135,19 @@ func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, c
 		p.limit = min(2*limit, p.chunk) // room for more
 	}
 	if n := len(c.Rows); n > 0 {
-		last := c.Rows[n-1][p.keyAt:]
-		c.Last = make([]string, len(last))
-		for i, v := range last {
-			c.Last[i] = string(v)
-		}
+		c.Last = p.KeyOf(c.Rows[n-1])
 	}
 	return c, read, cut
+}
+
+// KeyOf is the key of row, one of a Chunk's rows: a read after it starts
+// with the row after it.
+func (p *Plan) KeyOf(row [][]byte) []string {
+	key := make([]string, len(row)-p.keyAt)
+	for i, v := range row[p.keyAt:] {
+		key[i] = string(v)
+	}
+	return key
 }
 
 // readOnly runs fn in a read-only transaction, unless conn is in a
