@@ -38,6 +38,11 @@
 //     other failure holds the stream (retried, or a stop saying what to
 //     fix). It resumes in its saved order (checkpoint.Job.Key), with the
 //     configuration's condition (Trusted), on the relation it began on.
+//     Those reads take every table at once, merged in the order of the
+//     commits, so that an aggregate's events in two outbox tables keep
+//     their order (TestBackfillAcrossTwoTables); tables read in order_by
+//     go one after the other. A stop on an event checkpoints what was
+//     sent before it and the keys parked, and resumes at that event.
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

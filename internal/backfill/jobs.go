@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,11 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
-	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/request"
 	"github.com/outboxcdc/cdc/internal/tableread"
@@ -389,50 +386,6 @@ func InitialJobs(tables []*outbox.Source, initial bool, streamed map[string]chec
 		}
 	}
 	return jobs
-}
-
-// jobEnding reports whether err is a server error that running the job
-// again would meet again: the condition's own (a data exception, class 22;
-// a statement refused, class 42; a write in the read-only transaction,
-// 25006) or backfill.statement_timeout (57014). Connection errors and the
-// like are retried.
-func jobEnding(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return false
-	}
-	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "42") || pe.Code == "25006" || pe.Code == "57014"
-}
-
-// storedError is what the checkpoint keeps of why a job ended: the
-// SQLSTATE of a server error and what its class means, never the server's
-// message, which may quote data the condition read (a value cast to
-// regclass is named in "relation ... does not exist"), and the checkpoint
-// topic is readable by principals the database is not. The log has the
-// whole error.
-func storedError(err error) string {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		var bad *tableread.Error
-		if errors.As(err, &bad) {
-			return errtext.OneLine(err) // the plan's: names and the condition, no rows
-		}
-		return "the backfill failed (the connector's log has the error)"
-	}
-	what := "the statement failed"
-	switch {
-	case pe.Code == "57014":
-		what = "cancelled after backfill.statement_timeout"
-	case pe.Code == "25006":
-		what = "the condition tried to write in its read-only transaction"
-	case pe.Code == "42501":
-		what = "permission denied"
-	case strings.HasPrefix(pe.Code, "42"):
-		what = "the condition does not work (a name or a type in it)"
-	case strings.HasPrefix(pe.Code, "22"):
-		what = "a value the condition met does not convert"
-	}
-	return fmt.Sprintf("SQLSTATE %s: %s (the connector's log has the message)", pe.Code, what)
 }
 
 // newID is a random identifier for a job or a run.

@@ -154,23 +154,15 @@ func (r *Runner) relation(ctx context.Context, conn *pgx.Conn, job checkpoint.Jo
 	return t, nil
 }
 
-// logOrder says which order what (a job, a repair) reads plan's table in,
-// and why: once for each job's run and each repair. Rule 32 of
-// docs/design.md ("An aggregate keeps its order on every path"): where the
-// order may not be the commits', the log says so.
+// logOrder says which order what (a job, a repair) reads plan's table
+// in, and why (tableread.Plan.OrderNote): once for each job's run and each
+// repair. Rule 32: where it may not be the commits', the log says so.
 func (r *Runner) logOrder(what string, plan *tableread.Plan) {
 	l := []any{"table", plan.Table.String(), "order", strings.Join(plan.Key, ", ")}
-	switch {
-	case plan.Order == tableread.OrderCommitTime:
-		r.Log.Info(what+" reads the rows in the order they were committed: their transactions' commit timestamps (track_commit_timestamp is on), then within each in the order the rows lie in the table; rows committed before the setting was on have none and come first, in the order of their transactions' ids", l...)
-	case plan.Order == tableread.OrderCommit:
-		r.Log.Warn(what+" reads the rows in the order of their transactions' ids, then within each in the order they lie in the table, since track_commit_timestamp is off: that is the commit order only for transactions that did not overlap; "+
-			"an aggregate's rows written by two transactions where the later one took its id before the earlier one committed, or inside a savepoint, may be sent out of the order they were committed in; "+
-			"turn track_commit_timestamp on (a restart of PostgreSQL) for the rows committed from then on, or set backfill.order_by to a column that orders the events", l...)
-	case plan.Table.Backfill == nil || len(plan.Table.Backfill.OrderBy) == 0:
-		r.Log.Warn(what+" resumes in the order of the primary key, the one its saved position is in (saved before commit order was the default): a primary key is no order of the events, and an aggregate's rows may be sent out of the order they were committed in; start the backfill again to send them in commit order", l...)
-	default:
-		r.Log.Info(what+" reads the rows in backfill.order_by's order", l...)
+	if note, commits := plan.OrderNote(); commits {
+		r.Log.Info(what+note, l...)
+	} else {
+		r.Log.Warn(what+note, l...)
 	}
 }
 
@@ -243,58 +235,72 @@ func (r *Runner) FirstStart(ctx context.Context, s Session, jobs []checkpoint.Jo
 	if err := r.keepLeaves(ctx, s, conn, jobs); err != nil {
 		return err
 	}
-	for _, job := range jobs {
-		if job.Done() || !job.Initial {
-			continue
+	var todo []*checkpoint.Job
+	for i := range jobs {
+		if !jobs[i].Done() && jobs[i].Initial {
+			todo = append(todo, &jobs[i])
 		}
-		if err := r.firstStartJob(ctx, s, conn, &job, at); err != nil {
-			return err
-		}
+	}
+	if err := r.sendReads(ctx, s, conn, todo, at); err != nil {
+		return err
 	}
 	_, err = conn.Exec(ctx, "COMMIT")
 	return err
 }
 
 // Continue sends, before the stream starts at at, what the
-// configuration's backfills have left: a first start's job interrupted
-// (its snapshot ended with its session) and the job of a slot adopted
-// without a checkpoint. Beside the stream, an aggregate's event committed
-// after the slot's point reached its topic before that aggregate's older
-// rows the job had yet to send (rule 32, "An aggregate keeps its order on
-// every path"); before it, the job's rows come first, as in a first start
-// that was not interrupted. It reads in a snapshot of now, so the rows
-// committed since the slot's point that match are sent by the job and
-// again by the stream: duplicates, never a reorder.
-//
-// None of these jobs is left to the runner beside the stream, which would
-// run it there once its cause had gone. A job whose rows are not there to
-// send (its table dropped), or that the configuration no longer asks for
-// (its table, or its tables[].backfill, removed), is ended here, with the
-// reason in the checkpoint and the log. Any other failure fails the
-// session, and the stream waits: one that can pass (a statement timeout,
-// the way a migration's lock on the table ends it; a lost connection) is
-// tried again; one only the operator can fix (a condition the server
-// refuses, a missing backfill.reader_role: a tableread.Error) stops the
-// connector, saying what to fix. The job reads with the configuration's
-// condition (Trusted), so that fixing tables[].backfill.where is a remedy.
+// configuration's backfills have left (an interrupted first start's jobs,
+// an adopted slot's): beside the stream, an aggregate's newer events went
+// before its older rows (rule 32). It reads in a snapshot of now, so the
+// rows committed since the slot's point that match are sent again by the
+// stream: duplicates, never a reorder. A job whose rows are gone (its
+// table dropped), or that the configuration no longer asks for, is ended
+// here, saying why; any other failure holds the stream: one that can pass
+// (a lock's statement timeout, a lost connection) is tried again, one only
+// the operator can fix (a tableread.Error: a refused condition, a missing
+// reader role) stops the connector, saying what to fix. Jobs read with the
+// configuration's condition (Trusted), so fixing it is a remedy.
 func (r *Runner) Continue(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
+	var todo []checkpoint.Job
 	for _, job := range jobs {
 		if job.Done() || !configured(job) {
 			continue
 		}
 		r.Log.Info("backfill: the configuration's backfill continues before the stream, in a snapshot of now; the rows committed since the slot's position that match are sent again by the stream", "job", job.ID, "table", job.Table, "rows_sent", job.Rows, "lsn", at.String())
-		err := r.continueJob(ctx, s, &job, at)
+		t := Table(r.Tables, job.Table)
+		var err error
+		switch {
+		case t == nil:
+			err = gone("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)
+		case t.Backfill == nil:
+			err = gone("backfill %s of %s: tables[].backfill was removed from the configuration before it finished", job.ID, job.Table)
+		default:
+			todo = append(todo, job)
+			continue
+		}
+		if err := r.endBeforeStream(ctx, s, job, err); err != nil {
+			return err
+		}
+	}
+	// The jobs are read together (sendReads); one whose rows are gone is
+	// ended, and the others read again in a new snapshot.
+	for len(todo) > 0 {
+		err := r.continueJobs(ctx, s, todo, at)
+		je := &jobError{job: todo[0]}
+		errors.As(err, &je)
 		var gone *goneError
 		switch {
 		case err == nil:
+			return nil
 		case errors.As(err, &gone):
-			if err := r.endBeforeStream(ctx, s, job, err); err != nil {
+			if err := r.endBeforeStream(ctx, s, je.job, err); err != nil {
 				return err
 			}
+			todo = slices.DeleteFunc(todo, func(j checkpoint.Job) bool { return j.ID == je.job.ID })
 		case ctx.Err() != nil:
 			return err
 		default:
-			return fmt.Errorf("backfill %s of %s could not continue; the stream does not start before it, so that no aggregate's newer event goes before its older rows: %w (a lock held on the table or a timeout is tried again: end that transaction, or raise backfill.statement_timeout; otherwise fix what this names, in tables[].backfill.where, backfill.reader_role or a grant, and start again; removing tables[].backfill gives its rows not sent up)", job.ID, job.Table, err)
+			return fmt.Errorf("backfill %s of %s could not continue; the stream does not start before it, so that no aggregate's newer event goes before its older rows: %w (a lock held on the table or a timeout is tried again: end that transaction, or raise backfill.statement_timeout; otherwise fix what this names, in tables[].backfill.where, backfill.reader_role or a grant, and start again; removing tables[].backfill gives its rows not sent up)", je.job.ID, je.job.Table, err)
 		}
 	}
 	return nil
@@ -320,7 +326,7 @@ func (r *Runner) endBeforeStream(ctx context.Context, s Session, job checkpoint.
 	if err := s.WaitRoom(ctx, 0, -1); err != nil {
 		return err
 	}
-	job.Finished, job.Error = time.Now(), storedError(err)
+	job.Finished, job.Error = time.Now(), tableread.Redacted(err)
 	return s.Save(ctx, job)
 }
 
@@ -328,32 +334,25 @@ func (r *Runner) endBeforeStream(ctx context.Context, s Session, job checkpoint.
 // first start's, or an adopted slot's), not an operator's request.
 func configured(job checkpoint.Job) bool { return strings.HasPrefix(job.ID, firstStartPrefix) }
 
-// continueJob runs job to its end in a transaction of its own; job has
-// its progress when it returns.
-func (r *Runner) continueJob(ctx context.Context, s Session, job *checkpoint.Job, at pglogrepl.LSN) error {
-	t := Table(r.Tables, job.Table)
-	switch {
-	case t == nil:
-		return gone("backfill %s: table %s is not in the configuration any more", job.ID, job.Table)
-	case t.Backfill == nil:
-		return gone("backfill %s of %s: tables[].backfill was removed from the configuration before it finished", job.ID, job.Table)
-	}
-	// Trusted gave the job the configuration's condition.
+// continueJobs reads jobs, in a snapshot of now, before the stream.
+// Trusted gave each the configuration's condition. An adopted slot's job
+// has no leaves yet: it keeps those its first snapshot shows, as a first
+// start's does, so that a partition attached while it reads does not
+// bring rows written outside the outbox.
+func (r *Runner) continueJobs(ctx context.Context, s Session, jobs []checkpoint.Job, at pglogrepl.LSN) error {
 	conn, done, err := r.beginBeforeStream(ctx, s, "")
 	if err != nil {
 		return err
 	}
 	defer done()
-	// An adopted slot's job has no leaves yet: it keeps those its first
-	// snapshot shows, as a first start's does, so that a partition
-	// attached while it reads does not bring rows written outside the
-	// outbox.
-	one := []checkpoint.Job{*job}
-	if err := r.keepLeaves(ctx, s, conn, one); err != nil {
+	if err := r.keepLeaves(ctx, s, conn, jobs); err != nil {
 		return err
 	}
-	job.Leaves = one[0].Leaves
-	if err := r.firstStartJob(ctx, s, conn, job, at); err != nil {
+	todo := make([]*checkpoint.Job, len(jobs))
+	for i := range jobs {
+		todo[i] = &jobs[i]
+	}
+	if err := r.sendReads(ctx, s, conn, todo, at); err != nil {
 		return err
 	}
 	_, err = conn.Exec(ctx, "COMMIT")
@@ -395,83 +394,6 @@ func (r *Runner) beginBeforeStream(ctx context.Context, s Session, snapshot stri
 	return conn, done, nil
 }
 
-// firstStartJob sends job's rows from conn's transaction, in the slot's
-// snapshot, a chunk at a time, each chunk one transaction of events at at,
-// and saves the job's progress once every status interval and at its end;
-// job has its progress when it returns. A job continued keeps the count
-// it saved: a count of a large table can take longer than the chunks do.
-func (r *Runner) firstStartJob(ctx context.Context, s Session, conn *pgx.Conn, job *checkpoint.Job, at pglogrepl.LSN) error {
-	plan, dec, err := r.firstStartPlan(ctx, conn, *job)
-	if err != nil {
-		return err
-	}
-	if job.Total == 0 {
-		if job.Total, err = plan.Count(ctx, conn); err != nil {
-			return err
-		}
-	}
-	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
-	r.logOrder("the first start's backfill", plan)
-	read := func() (tableread.Chunk, error) { return plan.Read(ctx, conn, job.After, nil) }
-	if !plan.InCommitOrder() {
-		job.Key = plan.Key
-	}
-	if plan.InCommitOrder() {
-		cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
-		if err != nil {
-			return err
-		}
-		job.Order, job.Horizon, read = string(plan.Order), cur.Horizon, func() (tableread.Chunk, error) { return cur.Next(ctx) }
-	}
-	started, saved, logged := time.Now(), time.Now(), time.Now()
-	rows0 := job.Rows
-	// Room for the next chunk: at most max_in_flight events, and
-	// max_in_flight_bytes, once it is sent.
-	limit, bytes := max(r.MaxInFlight-plan.ChunkSize(), 1), int64(-1)
-	if r.MaxInFlightBytes > 0 {
-		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
-	}
-	for {
-		c, err := read()
-		if err != nil {
-			return err
-		}
-		if sent, err := r.sendFirstStartChunk(s, dec, job.Table, c.Rows, at); err != nil {
-			if sent > 0 {
-				job.Rows, job.After = job.Rows+int64(sent), plan.KeyOf(c.Rows[sent-1])
-			}
-			return r.stopOnEvent(ctx, s, *job, err)
-		}
-		job.Rows += int64(len(c.Rows))
-		if c.Last != nil {
-			job.After = c.Last
-		}
-		if c.Final {
-			job.Finished = time.Now()
-		}
-		// Keep at most max_in_flight events (and bytes) unacknowledged;
-		// save the progress once every status interval, when all of it
-		// is acked.
-		if err := s.WaitRoom(ctx, limit, bytes); err != nil {
-			return err
-		}
-		if c.Final || time.Since(saved) >= r.StatusInterval {
-			if err := saveAcked(ctx, s, *job); err != nil {
-				return err
-			}
-			saved = time.Now()
-		}
-		if c.Final {
-			r.progressLog(*job, job.Rows-rows0, started, true)
-			return nil
-		}
-		if time.Since(logged) >= progressEvery {
-			r.progressLog(*job, job.Rows-rows0, started, false)
-			logged = time.Now()
-		}
-	}
-}
-
 // firstStartPlan plans job's read in a snapshot taken before the table's
 // lock (the slot's, or continueJob's own): tableread.HoldFiles checks the
 // relation the job reads (job.Rel's, renamed or swapped away or not)
@@ -504,11 +426,11 @@ func (r *Runner) keepLeaves(ctx context.Context, s Session, conn *pgx.Conn, jobs
 			continue
 		}
 		read, err := r.relation(ctx, conn, job, t)
-		if err != nil {
-			return err
+		if err == nil {
+			jobs[i].Leaves, err = tableread.SnapshotLeaves(ctx, conn, read)
 		}
-		if jobs[i].Leaves, err = tableread.SnapshotLeaves(ctx, conn, read); err != nil {
-			return err
+		if err != nil {
+			return &jobError{job, err}
 		}
 		if jobs[i].Leaves != nil {
 			if err := s.Save(ctx, jobs[i]); err != nil {
@@ -517,53 +439,6 @@ func (r *Runner) keepLeaves(ctx context.Context, s Session, conn *pgx.Conn, jobs
 		}
 	}
 	return nil
-}
-
-// sendFirstStartChunk sends a chunk's rows of table through s as one
-// transaction of events committed at at, the slot's consistent point, and
-// says how many it sent.
-func (r *Runner) sendFirstStartChunk(s Session, dec *decode.RowDecoder, table string, rows [][][]byte, at pglogrepl.LSN) (int, error) {
-	now := time.Now()
-	if err := s.Begin(now); err != nil {
-		return 0, err
-	}
-	for i, row := range rows {
-		m, err := dec.Row(row, at, now)
-		if err != nil {
-			return 0, err
-		}
-		if err := s.Event(&m); err != nil {
-			if !errors.As(err, new(*outbox.EventError)) {
-				return 0, err
-			}
-			// What the chunk sent before the event it stops on is kept
-			// (stopOnEvent), counted with its transaction.
-			s.Commit(at, now)
-			r.Metrics.BackfillRows(table).Add(float64(i))
-			return i, err
-		}
-	}
-	s.Commit(at, now)
-	r.Metrics.BackfillRows(table).Add(float64(len(rows)))
-	return len(rows), nil
-}
-
-// stopOnEvent is err, that of an event of job's chunk the connector
-// stops on (on_invalid: fail, max_parked_keys reached), once what it sent
-// before is acknowledged and the checkpoint lists the keys it parked, as
-// the stream does before it stops on an event: cdc parked then shows what
-// to redrive. The job's position is the last row sent, so the next start
-// reads again from the event it stopped on: a redrive asked meanwhile
-// (max_parked_keys) makes room for it, and nothing before it is sent
-// twice.
-func (r *Runner) stopOnEvent(ctx context.Context, s Session, job checkpoint.Job, err error) error {
-	if !errors.As(err, new(*outbox.EventError)) {
-		return err
-	}
-	if serr := saveAcked(ctx, s, job); serr != nil {
-		r.Log.Warn("backfill: the keys parked before the event it stops on are not in the checkpoint: they are parked again as it starts again", "table", job.Table, "error", errtext.OneLine(serr))
-	}
-	return err
 }
 
 // saveAcked saves job's progress once every event sent is acknowledged:
@@ -611,11 +486,11 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 		}
 		var bad *tableread.Error
 		switch {
-		case errors.As(err, &bad), jobEnding(err):
+		case errors.As(err, &bad), tableread.Lasting(err):
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
 			r.Log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
-			err = emit(ctx, w, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: storedError(err)})
+			err = emit(ctx, w, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: tableread.Redacted(err)})
 			if err == nil {
 				err = waitDone(ctx, jobs, job.ID)
 			}

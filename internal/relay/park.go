@@ -245,7 +245,6 @@ func (s *Sender) partitionGone(ctx context.Context, p *checkpoint.Parked) (bool,
 	return p.Partition >= n, nil
 }
 
-
 // NoteParked attaches the parked keys to tx when a record was parked since
 // the last note: the session calls it before each transaction's commit,
 // so that the checkpoint of tx's end lists every record parked up to it.

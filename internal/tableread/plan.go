@@ -93,6 +93,23 @@ const (
 	OrderAuto Order = "auto"
 )
 
+// OrderNote says, for the log, which order the plan reads in and why,
+// after the reader's name; commits is false where that order may not be
+// the commits' (rule 32 of docs/design.md): a warning.
+func (p *Plan) OrderNote() (note string, commits bool) {
+	switch {
+	case p.Order == OrderCommitTime:
+		return " reads the rows in the order they were committed: their transactions' commit timestamps (track_commit_timestamp is on), then within each in the order the rows lie in the table; rows committed before the setting was on have none and come first, in the order of their transactions' ids", true
+	case p.Order == OrderCommit:
+		return " reads the rows in the order of their transactions' ids, then within each in the order they lie in the table, since track_commit_timestamp is off: that is the commit order only for transactions that did not overlap; " +
+			"an aggregate's rows written by two transactions where the later one took its id before the earlier one committed, or inside a savepoint, may be sent out of the order they were committed in; " +
+			"turn track_commit_timestamp on (a restart of PostgreSQL) for the rows committed from then on, or set backfill.order_by to a column that orders the events", false
+	case p.Table.Backfill == nil || len(p.Table.Backfill.OrderBy) == 0:
+		return " resumes in the order of the primary key, the one its saved position is in (saved before commit order was the default): a primary key is no order of the events, and an aggregate's rows may be sent out of the order they were committed in; start the backfill again to send them in commit order", false
+	}
+	return " reads the rows in backfill.order_by's order", true
+}
+
 // InCommitOrder reports whether the plan reads in an order of the
 // commits (OrderCommit, OrderCommitTime): one no index serves, which a
 // Cursor reads from one query.

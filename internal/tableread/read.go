@@ -140,6 +140,22 @@ func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, c
 	return c, read, cut
 }
 
+// CommitBefore reports whether row a of p's chunk committed before row b
+// of q's, of another table read in the same order of the commits
+// (InCommitOrder, the same Order): by the terms that name a commit (the
+// transaction's id, or its commit timestamp), which compare across
+// tables. Rows of one commit compare equal, either way.
+func (p *Plan) CommitBefore(a [][]byte, q *Plan, b [][]byte) bool {
+	for i := 0; i < p.group && i < q.group; i++ {
+		x, _ := strconv.ParseInt(string(a[p.keyAt+i]), 10, 64)
+		y, _ := strconv.ParseInt(string(b[q.keyAt+i]), 10, 64)
+		if x != y {
+			return x < y
+		}
+	}
+	return false
+}
+
 // KeyOf is the key of row, one of a Chunk's rows: a read after it starts
 // with the row after it.
 func (p *Plan) KeyOf(row [][]byte) []string {

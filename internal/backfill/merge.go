@@ -1,0 +1,228 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/tableread"
+)
+
+// reader is one job's read before the stream: its plan and decoder, and
+// the rows of its chunk not sent yet.
+type reader struct {
+	job          *checkpoint.Job
+	plan         *tableread.Plan
+	dec          *decode.RowDecoder
+	next         func() (tableread.Chunk, error)
+	rows         [][][]byte
+	final, ended bool  // the chunk in rows is the last; its end is logged
+	sent         int64 // rows sent in this session
+}
+
+// jobError is err, of job's read: Continue names the job it stops on.
+type jobError struct {
+	job checkpoint.Job
+	err error
+}
+
+func (e *jobError) Error() string { return e.err.Error() }
+func (e *jobError) Unwrap() error { return e.err }
+
+// openRead plans job's read in conn's snapshot, counts it once, and opens
+// it where the job stands.
+func (r *Runner) openRead(ctx context.Context, conn *pgx.Conn, job *checkpoint.Job, at pglogrepl.LSN) (*reader, error) {
+	plan, dec, err := r.firstStartPlan(ctx, conn, *job)
+	if err == nil && job.Total == 0 { // kept: a count can take longer than the chunks
+		job.Total, err = plan.Count(ctx, conn)
+	}
+	if err != nil {
+		return nil, &jobError{*job, err}
+	}
+	r.Log.Info("first start: backfilling the rows committed before the slot", "table", job.Table, "where", job.Where, "rows", job.Total, "lsn", at.String())
+	r.logOrder("the first start's backfill", plan)
+	rd := &reader{job: job, plan: plan, dec: dec, next: func() (tableread.Chunk, error) { return plan.Read(ctx, conn, job.After, nil) }}
+	if !plan.InCommitOrder() {
+		job.Key = plan.Key
+		return rd, nil
+	}
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	if err != nil {
+		return nil, &jobError{*job, err}
+	}
+	job.Order, job.Horizon, rd.next = string(plan.Order), cur.Horizon, func() (tableread.Chunk, error) { return cur.Next(ctx) }
+	return rd, nil
+}
+
+// sendReads sends the rows of jobs from conn's snapshot before the
+// stream, as events committed at at, the slot's consistent point. Two
+// outbox tables can carry one aggregate's events (rule 32, "An aggregate
+// keeps its order on every path"): read in the same order of the commits,
+// their rows merge as the stream would have sent them
+// (tableread.Plan.CommitBefore); a table read in order_by has no order
+// that compares across tables: it is sent alone, as soon as it is opened.
+// Each job has its progress when it returns.
+func (r *Runner) sendReads(ctx context.Context, s Session, conn *pgx.Conn, jobs []*checkpoint.Job, at pglogrepl.LSN) error {
+	var rds []*reader
+	for _, job := range jobs {
+		rd, err := r.openRead(ctx, conn, job, at)
+		switch {
+		case err != nil:
+			return err
+		case rd.plan.InCommitOrder() && (len(rds) == 0 || rd.plan.Order == rds[0].plan.Order):
+			rds = append(rds, rd)
+		default: // order_by, or another order of the commits than the others'
+			if err := r.sendMerged(ctx, s, []*reader{rd}, at); err != nil {
+				return err
+			}
+		}
+	}
+	if len(rds) == 0 {
+		return nil
+	}
+	return r.sendMerged(ctx, s, rds, at)
+}
+
+// sendMerged sends rds' rows in the order of their commits, holding a
+// chunk of each, with at most max_in_flight events (and bytes)
+// unacknowledged; it saves the jobs' progress once every status interval
+// and as one ends.
+func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pglogrepl.LSN) error {
+	started, saved, logged := time.Now(), time.Now(), time.Now()
+	chunk := 1
+	for _, rd := range rds {
+		chunk = max(chunk, rd.plan.ChunkSize())
+	}
+	limit, bytes := max(r.MaxInFlight-chunk, 1), int64(-1)
+	if r.MaxInFlightBytes > 0 {
+		bytes = max(r.MaxInFlightBytes-r.ChunkBytes*int64(len(rds)), 0)
+	}
+	for {
+		for _, rd := range rds {
+			if len(rd.rows) == 0 && !rd.final {
+				c, err := rd.next()
+				if err != nil {
+					return &jobError{*rd.job, err}
+				}
+				rd.rows, rd.final = c.Rows, c.Final
+			}
+		}
+		finished, err := r.sendInOrder(s, rds, at)
+		if err != nil {
+			return r.stopOnEvent(ctx, s, rds, err)
+		}
+		if err := s.WaitRoom(ctx, limit, bytes); err != nil {
+			return err
+		}
+		done := true
+		for _, rd := range rds {
+			done = done && rd.final && len(rd.rows) == 0
+		}
+		if finished || done || time.Since(saved) >= r.StatusInterval {
+			if err := saveAll(ctx, s, rds); err != nil {
+				return err
+			}
+			saved = time.Now()
+		}
+		tick := time.Since(logged) >= progressEvery
+		for _, rd := range rds {
+			if end := !rd.job.Finished.IsZero(); tick && !end || end && !rd.ended {
+				rd.ended = end
+				r.progressLog(*rd.job, rd.sent, started, end)
+			}
+		}
+		if tick {
+			logged = time.Now()
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// sendInOrder sends one transaction: rds' rows in the order of their
+// commits, until a read with more to read has none left in its chunk (its
+// next row may be the earliest). It moves each job past the rows sent and
+// reports whether one finished.
+func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finished bool, err error) {
+	now := time.Now()
+	if err := s.Begin(now); err != nil {
+		return false, err
+	}
+	took := make([]int, len(rds))
+	defer func() {
+		if err != nil && !errors.As(err, new(*outbox.EventError)) {
+			return // the session fails: nothing it sent counts
+		}
+		for i, rd := range rds {
+			if n := took[i]; n > 0 {
+				rd.job.Rows, rd.job.After, rd.sent = rd.job.Rows+int64(n), rd.plan.KeyOf(rd.rows[n-1]), rd.sent+int64(n)
+				rd.rows = rd.rows[n:]
+				r.Metrics.BackfillRows(rd.job.Table).Add(float64(n))
+			}
+			if err == nil && rd.final && len(rd.rows) == 0 && rd.job.Finished.IsZero() {
+				rd.job.Finished, finished = now, true
+			}
+		}
+	}()
+	for {
+		best := -1
+		for i, rd := range rds {
+			switch {
+			case took[i] == len(rd.rows) && !rd.final:
+				s.Commit(at, now)
+				return false, nil
+			case took[i] == len(rd.rows):
+			case best < 0 || rd.plan.CommitBefore(rd.rows[took[i]], rds[best].plan, rds[best].rows[took[best]]):
+				best = i
+			}
+		}
+		if best < 0 {
+			s.Commit(at, now)
+			return false, nil
+		}
+		rd := rds[best]
+		m, err := rd.dec.Row(rd.rows[took[best]], at, now)
+		if err == nil {
+			err = s.Event(&m)
+		}
+		if errors.As(err, new(*outbox.EventError)) {
+			s.Commit(at, now) // what it sent before is kept (stopOnEvent)
+		}
+		if err != nil {
+			return false, &jobError{*rd.job, err}
+		}
+		took[best]++
+	}
+}
+
+// stopOnEvent is err, an event's the connector stops on (on_invalid:
+// fail, max_parked_keys), once what was sent before is acknowledged and
+// saved with the keys parked, as the stream does: cdc parked shows what to
+// redrive. Each job then resumes at the event it stopped on.
+func (r *Runner) stopOnEvent(ctx context.Context, s Session, rds []*reader, err error) error {
+	if !errors.As(err, new(*outbox.EventError)) {
+		return err
+	}
+	if serr := saveAll(ctx, s, rds); serr != nil {
+		r.Log.Warn("backfill: the keys parked before the event it stops on are not in the checkpoint: they are parked again as it starts again", "error", errtext.OneLine(serr))
+	}
+	return err
+}
+
+// saveAll saves every job's progress once all sent is acknowledged.
+func saveAll(ctx context.Context, s Session, rds []*reader) error {
+	for _, rd := range rds {
+		if err := saveAcked(ctx, s, *rd.job); err != nil {
+			return err
+		}
+	}
+	return nil
+}
