@@ -84,6 +84,11 @@ func (r *Runner) sendReads(ctx context.Context, s Session, conn *pgx.Conn, jobs 
 			}
 		}
 	}
+	for _, rd := range rds { // they share the chunk's budget: memory holds one chunk's rows
+		if len(rds) > 1 && r.ChunkBytes > 0 {
+			rd.plan.SetBudget(max(r.ChunkBytes/int64(len(rds)), 1))
+		}
+	}
 	if len(rds) == 0 {
 		return nil
 	}
@@ -102,7 +107,7 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 	}
 	limit, bytes := max(r.MaxInFlight-chunk, 1), int64(-1)
 	if r.MaxInFlightBytes > 0 {
-		bytes = max(r.MaxInFlightBytes-r.ChunkBytes*int64(len(rds)), 0)
+		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
 	}
 	for {
 		for _, rd := range rds {
