@@ -145,12 +145,15 @@ func (s *Sender) parkEvent(ctx context.Context, tx *delivery.Txn, ev *outbox.Eve
 // its record, rec, as it would have been, or, when it is invalid itself
 // (cause; rec nil), its event form.
 func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, cause error, p *checkpoint.Parked) error {
-	if ev.ID() == p.First && ev.Source.String() == p.Table {
+	if p.Read && ev.ID() == p.First && ev.Source.String() == p.Table && (ev.XID == 0 || ev.CommitTime.Before(p.Since)) {
 		// The parking's first event again: a row committed after the slot
 		// while a first start was interrupted is sent by the backfill that
 		// continues it (a snapshot of now) and again by the stream. Parked
 		// twice, its copy would be first after cdc redrive --drop-first
 		// dropped it, and the key would stay parked on the event dropped.
+		// A backfill that resumes reads it again too. Only copies of a row
+		// a backfill read: the stream's of one committed before it read it
+		// (an event that reuses the id later is another), or a read's.
 		s.Log.Debug("the parking's first event met again (a backfill's row the stream sends too): parked once", "key", p.Key, "id", p.First)
 		return nil
 	}
