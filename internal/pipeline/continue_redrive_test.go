@@ -75,7 +75,9 @@ func TestRedriveBeforeTheContinuedBackfill(t *testing.T) {
 // and the other kept the key parked. The parking's first event is parked
 // once, and the remedy works: the key's next event reaches its topic.
 func TestDropFirstAfterContinue(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
+	// The in-process broker, on a real one too: the first start is
+	// interrupted by slowing its produce requests.
+	d := newDetourOn(t, config.DeliveryAtLeastOnce, testenv.NewFakeKafka(t))
 	testenv.Exec(t, d.db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'order', 'agg', 'E', jsonb_build_object('k', 'agg-' || (i % 5), 'seq', i) FROM generate_series(1, 300) i`)
 	c := orderCase{rng: rand.New(rand.NewPCG(1, 2)), aggs: 5, rows: 60}
 	fast := c.interruptFirstStart(t, d.env, d.kafka, outbox.BackfillOptions{})
