@@ -267,7 +267,7 @@ func (b *Jobs) Sent(sent int) ([]checkpoint.Job, ChunkSent) {
 	jobs := b.update(ch.job, func(j *checkpoint.Job) {
 		j.Rows += int64(sent)
 		if read.Last != nil {
-			j.After = read.Last
+			j.After, j.Whole = read.Last, false
 		}
 		if j.Total == 0 {
 			j.Total = total

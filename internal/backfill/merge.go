@@ -53,7 +53,7 @@ func (r *Runner) openRead(ctx context.Context, conn *pgx.Conn, job *checkpoint.J
 		job.Key = plan.Key
 		return rd, nil
 	}
-	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon, job.Whole)
 	if err != nil {
 		return nil, &jobError{*job, err}
 	}
@@ -168,7 +168,7 @@ func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finish
 		}
 		for i, rd := range rds {
 			if n := took[i]; n > 0 {
-				rd.job.Rows, rd.job.After, rd.sent = rd.job.Rows+int64(n), rd.plan.KeyOf(rd.rows[n-1]), rd.sent+int64(n)
+				rd.job.Rows, rd.job.After, rd.job.Whole, rd.sent = rd.job.Rows+int64(n), rd.plan.KeyOf(rd.rows[n-1]), false, rd.sent+int64(n)
 				rd.rows = rd.rows[n:]
 				r.Metrics.BackfillRows(rd.job.Table).Add(float64(n))
 			}
@@ -222,9 +222,11 @@ func (r *Runner) stopOnEvent(ctx context.Context, s Session, rds []*reader, err 
 	return err
 }
 
-// saveAll saves every job's progress once all sent is acknowledged.
+// saveAll saves every job's progress once all sent is acknowledged; a
+// job that sent its last commit whole resumes past it.
 func saveAll(ctx context.Context, s Session, rds []*reader) error {
 	for _, rd := range rds {
+		rd.job.Whole = rd.plan.Whole(rd.job.After, rd.rows, rd.final)
 		if err := saveAcked(ctx, s, *rd.job); err != nil {
 			return err
 		}

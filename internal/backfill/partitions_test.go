@@ -260,7 +260,7 @@ func besideTheStream(t *testing.T, r *Runner, job checkpoint.Job) (all, late int
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon, job.Whole)
 	if err != nil {
 		t.Fatal(err)
 	}

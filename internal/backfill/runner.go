@@ -600,7 +600,7 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 // the stream a chunk at a time between watermarks, as runJob does. The job
 // ends with the cursor's rows: those committed since are the stream's.
 func (r *Runner) runCursor(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, jobs *Jobs, run string, job checkpoint.Job, plan *tableread.Plan, dec *decode.RowDecoder, total int64) error {
-	cur, err := plan.Open(ctx, conn, job.After, job.Horizon)
+	cur, err := plan.Open(ctx, conn, job.After, job.Horizon, job.Whole)
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*Snapshot,
 	}
 	r.logOrder("the repair of a recreated table", s.plan)
 	if s.plan.InCommitOrder() {
-		if s.cur, err = s.plan.Open(ctx, conn, nil, 0); err != nil {
+		if s.cur, err = s.plan.Open(ctx, conn, nil, 0, false); err != nil {
 			s.Close(ctx)
 			return nil, err
 		}

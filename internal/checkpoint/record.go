@@ -317,6 +317,7 @@ type Job struct {
 	// resumed reads such rows again wherever they now sort, so none is
 	// skipped. 0 before the first read.
 	Horizon uint64
+	Whole   bool // After's commit was sent whole: a resume starts past it
 	// Until is the key of the last row that matched when a backfill
 	// beside the stream started: it stops there, since the stream sends
 	// what committed after. nil for the first start's, which reads a
@@ -346,7 +347,7 @@ type Job struct {
 }
 
 func (b Job) toJSON() jsonBackfill {
-	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
+	jb := jsonBackfill{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Whole: b.Whole, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started.UTC(), Error: b.Error, MAC: b.MAC}
 	if !b.RequestedAt.IsZero() {
 		t := b.RequestedAt.UTC()
 		jb.RequestedAt = &t
@@ -668,6 +669,7 @@ type jsonBackfill struct {
 	Order    string     `json:"order,omitempty"`
 	Key      []string   `json:"key,omitempty"`
 	Horizon  uint64     `json:"horizon,omitempty"`
+	Whole    bool       `json:"whole,omitempty"`
 	Rows     int64      `json:"rows"`
 	Total    int64      `json:"total"`
 	Initial  bool       `json:"initial,omitempty"`
@@ -802,7 +804,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Skips = append(r.Skips, Skip{CommitLSN: l, ID: s.ID})
 	}
 	for _, b := range j.Backfills {
-		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started, Error: b.Error, MAC: b.MAC}
+		rb := Job{ID: b.ID, Table: b.Table, Where: b.Where, After: b.After, Until: b.Until, Order: b.Order, Key: b.Key, Horizon: b.Horizon, Whole: b.Whole, Rows: b.Rows, Total: b.Total, Initial: b.Initial, Rel: b.Rel, Leaves: b.Leaves, Started: b.Started, Error: b.Error, MAC: b.MAC}
 		if b.RequestedAt != nil {
 			rb.RequestedAt = *b.RequestedAt
 		}

@@ -670,7 +670,7 @@ func TestBackfillChunksBoundedInBytes(t *testing.T) {
 					}
 					defer conn.Exec(ctx, "ROLLBACK")
 				}
-				cur, err := plan.Open(ctx, conn, nil, 0)
+				cur, err := plan.Open(ctx, conn, nil, 0, false)
 				if err != nil {
 					t.Fatal(err)
 				}

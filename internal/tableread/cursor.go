@@ -45,13 +45,14 @@ var cursors atomic.Int64
 // Open opens a cursor over the plan's rows, which must be in an order of
 // the commits: every matching row, or, for a job resumed after key after
 // with horizon (the job's saved position and Horizon), those after key
-// after (from the first row of its transaction and command: rows of one
-// statement are ordered by their ctid, which is not kept) and those a
+// after (from the first row of its transaction: rows of one commit are
+// ordered by their ctid, which is not kept; past it when whole, the job's
+// checkpoint.Job.Whole, says the commit was sent whole) and those a
 // transaction at or past horizon wrote, wherever they sort. A row updated since the job's first read moved in the order (the
 // update gave it its xid, which is at or past the horizon, since the
 // updater was still running or not begun then): it is read again, and not
 // skipped, wherever it now sorts (at least once, as after any restart).
-func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon uint64) (*Cursor, error) {
+func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon uint64, whole bool) (*Cursor, error) {
 	if !p.InCommitOrder() {
 		return nil, fmt.Errorf("internal: a cursor over %s in the order of columns", p.Table)
 	}
@@ -67,7 +68,10 @@ func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon
 		if horizon == 0 {
 			return nil, errorf("backfill of %s: the saved position in commit order has no horizon; start the backfill again", p.Table)
 		}
-		q = p.rowsQuery(p.resume)
+		q = p.rowsQuery(p.resume[0])
+		if whole {
+			q = p.rowsQuery(p.resume[1])
+		}
 		for _, v := range after[:p.group] {
 			params = append(params, v)
 		}

@@ -57,7 +57,7 @@ func TestResumedCursorSkipsNoMovedRow(t *testing.T) {
 		}
 		return aggs
 	}
-	cur, err := plan.Open(ctx, conn, nil, 0)
+	cur, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestResumedCursorSkipsNoMovedRow(t *testing.T) {
 	if got := fmt.Sprint(aggOf(keyOnly.Rows)); got != "[5 6 7 9]" {
 		t.Fatalf("after the saved key alone: %s; want [5 6 7 9], the moved row 8 skipped (or the test proves nothing)", got)
 	}
-	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon)
+	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon, false)
 	if err != nil {
 		t.Fatal(err)
 	}

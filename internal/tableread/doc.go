@@ -44,6 +44,11 @@
 //     wherever they sort: an UPDATE moves a row in the order, even below
 //     the saved key, but its transaction is at or past the horizon, so the
 //     row is read again, never skipped (TestResumedCursorSkipsNoMovedRow).
+//     It reads again the whole commit the key is in, from its first row
+//     (the rows of one commit are in ctid order, which is not kept),
+//     unless the job sent that commit whole (Plan.Whole, saved as
+//     checkpoint.Job.Whole): then it reads from the next commit's, and an
+//     event a redrive dropped is not read again (TestResumePastAWholeCommit).
 //
 //   - NewPlan checks the condition and the columns with the server before
 //     anything is read: a condition that does not parse, or a column that

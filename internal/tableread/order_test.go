@@ -101,7 +101,7 @@ func TestOrderNotByCmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := plan.Open(ctx, conn, nil, 0)
+	cur, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestResumedCursorReadsAgainTheWholeTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := plan.Open(ctx, conn, nil, 0)
+	cur, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestResumedCursorReadsAgainTheWholeTransaction(t *testing.T) {
 	if err := u.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon)
+	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestSavepointsInCommitTimestampOrder(t *testing.T) {
 	if plan.Order != OrderCommitTime {
 		t.Fatalf("order %s, want %s", plan.Order, OrderCommitTime)
 	}
-	whole, err := plan.Open(ctx, conn, nil, 0)
+	whole, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestSavepointsInCommitTimestampOrder(t *testing.T) {
 	whole.Close(ctx)
 	// Stopped after 1 and 2 (2 a savepoint's): the resume reads the
 	// commit again from 1, and 3 to 6 all come.
-	cur, err := plan.Open(ctx, conn, nil, 0)
+	cur, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestSavepointsInCommitTimestampOrder(t *testing.T) {
 	if len(first.Rows) != 2 || string(first.Rows[1][3]) != "2" {
 		t.Fatalf("first chunk of %d rows, want events 1 and 2", len(first.Rows))
 	}
-	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon)
+	resumed, err := plan.Open(ctx, conn, first.Last, cur.Horizon, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestConditionWithAPercentInCommitOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := plan.Open(ctx, conn, nil, 0)
+	cur, err := plan.Open(ctx, conn, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

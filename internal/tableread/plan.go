@@ -42,8 +42,11 @@ type Plan struct {
 	// order, in two parts that resume, the condition on a resumed job's
 	// rows, goes between (rowsQuery). Not a format string: the condition
 	// is the operator's SQL, and a LIKE 'a%' in it is no verb.
-	rows    [2]string
-	resume  string
+	rows [2]string
+	// resume is the condition on a resumed job's rows: from the first row
+	// of the commit it stopped in, or (resume[1]) past that commit, which
+	// it sent whole (Plan.Whole).
+	resume  [2]string
 	Columns []decode.Column
 	keyAt   int // index of the first key column in a row
 	chunk   int
@@ -329,7 +332,9 @@ func (p *Plan) build() {
 	byCtid := append(slices.Clone(keyList[:p.group]), "ctid")
 	p.rows = [2]string{fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), from, cond), " ORDER BY " + strings.Join(append(byCtid, keyList[p.group:]...), ", ")}
 	if p.group > 0 {
-		p.resume = fmt.Sprintf(" AND ((%s) >= (%s) OR %s >= $%d)", strings.Join(keyList[:p.group], ", "), params(1, p.group), xminTerm.sql, p.group+1)
+		for i, op := range []string{">=", ">"} {
+			p.resume[i] = fmt.Sprintf(" AND ((%s) %s (%s) OR %s >= $%d)", strings.Join(keyList[:p.group], ", "), op, params(1, p.group), xminTerm.sql, p.group+1)
+		}
 	}
 }
 
@@ -340,7 +345,7 @@ func (p *Plan) rowsQuery(resume string) string { return p.rows[0] + resume + p.r
 // before anything is sent. It reads the columns a chunk returns.
 func (p *Plan) prepare(ctx context.Context, conn *pgx.Conn) error {
 	t := p.Table
-	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last, p.rowsQuery(p.resume)} {
+	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last, p.rowsQuery(p.resume[0])} {
 		sd, err := conn.Prepare(ctx, "", q)
 		if err != nil {
 			return errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))

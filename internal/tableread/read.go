@@ -3,6 +3,7 @@ package tableread
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -164,6 +165,21 @@ func (p *Plan) KeyOf(row [][]byte) []string {
 		key[i] = string(v)
 	}
 	return key
+}
+
+// Whole reports whether every row of the commit of after (a key KeyOf
+// made) was read, next being the rows read after it and final whether
+// they are the last: in an order of the commits, the next row is of a
+// later commit. A job saved so resumes past that commit (Open's whole):
+// reading it again would send again an event a redrive dropped.
+func (p *Plan) Whole(after []string, next [][][]byte, final bool) bool {
+	switch {
+	case p.group == 0 || len(after) < p.group:
+		return false
+	case len(next) == 0:
+		return final
+	}
+	return !slices.Equal(after[:p.group], p.KeyOf(next[0])[:p.group])
 }
 
 // readOnly runs fn in a read-only transaction, unless conn is in a
