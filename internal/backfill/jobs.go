@@ -3,7 +3,6 @@ package backfill
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -18,40 +17,6 @@ import (
 	"github.com/outboxcdc/cdc/internal/request"
 	"github.com/outboxcdc/cdc/internal/tableread"
 )
-
-// Control is one of the connector's own logical decoding messages (with
-// decode.ControlPrefix): a request's announcement, a chunk's watermarks,
-// or a job's end.
-type Control struct {
-	Type  string `json:"type"` // ControlRequest, ControlLow, ControlHigh, ControlFail
-	ID    string `json:"id,omitempty"`
-	Run   string `json:"run,omitempty"`
-	Job   string `json:"job,omitempty"`
-	Chunk int    `json:"chunk,omitempty"`
-	Error string `json:"error,omitempty"`
-}
-
-// The kinds of Control.
-const (
-	ControlRequest = "backfill-request"
-	ControlLow     = "backfill-low"
-	ControlHigh    = "backfill-high"
-	ControlFail    = "backfill-fail"
-)
-
-// ParseControl reads a control message's content.
-func ParseControl(b []byte) (Control, error) {
-	var c Control
-	err := json.Unmarshal(b, &c)
-	return c, err
-}
-
-// ControlMessage is the SQL that announces backfill request id to a
-// running pipeline, as cdc backfill does (on a primary).
-func ControlMessage(id string) (string, []any) {
-	b, _ := json.Marshal(Control{Type: ControlRequest, ID: id})
-	return "SELECT pg_logical_emit_message(true, $1, $2::text)", []any{decode.ControlPrefix, string(b)}
-}
 
 // Jobs is the pipeline's jobs as far as the stream has read: the saved
 // checkpoint's at the start of each session, then changed by the stream's
@@ -207,7 +172,7 @@ func (b *Jobs) Seen(ev *outbox.Event) {
 
 // Low takes a low watermark, committed at commit: the stream is between
 // the watermarks of the runner's chunk from here, when c is its.
-func (b *Jobs) Low(c Control, commit pglogrepl.LSN) {
+func (b *Jobs) Low(c decode.Control, commit pglogrepl.LSN) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if ch := b.chunk; ch != nil && ch.run == c.Run && ch.job == c.Job && ch.n == c.Chunk {
@@ -221,7 +186,7 @@ func (b *Jobs) Low(c Control, commit pglogrepl.LSN) {
 // those the stream did not meet between the watermarks. ok is false for
 // a watermark that is not the window's (one of an earlier run, read again
 // after a restart). Once the rows are sent, Sent finishes the chunk.
-func (b *Jobs) High(c Control, commit pglogrepl.LSN, at time.Time) (rows []decode.Message, ok bool, err error) {
+func (b *Jobs) High(c decode.Control, commit pglogrepl.LSN, at time.Time) (rows []decode.Message, ok bool, err error) {
 	ch := b.window
 	if ch == nil || ch.run != c.Run || ch.job != c.Job || ch.n != c.Chunk {
 		return nil, false, nil
@@ -292,7 +257,7 @@ func (b *Jobs) Sent(sent int) ([]checkpoint.Job, ChunkSent) {
 // Fail takes a job's end on an error, as the runner wrote it: the jobs
 // to note, or false for a message that is not this session's runner's
 // (another role's, or an earlier session's read again: its job runs again).
-func (b *Jobs) Fail(c Control) ([]checkpoint.Job, bool) {
+func (b *Jobs) Fail(c decode.Control) ([]checkpoint.Job, bool) {
 	b.mu.Lock()
 	ours := c.Run != "" && c.Run == b.run
 	b.mu.Unlock()

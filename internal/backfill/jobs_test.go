@@ -45,11 +45,11 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 	b := NewJobs()
 	b.Reset([]checkpoint.Job{{ID: "j1", Table: tbl.String(), Started: time.Now()}})
 	ch := chunkOf(t, b, tbl, "j1", 0)
-	c := Control{Type: ControlLow, Run: b.Run(), Job: "j1", Chunk: 0}
+	c := decode.Control{Type: decode.ControlLow, Run: b.Run(), Job: "j1", Chunk: 0}
 
 	// A watermark of another run (an earlier session's, read again) opens
 	// no window, and an event before the low watermark is not noted.
-	b.Low(Control{Type: ControlLow, Run: "other", Job: "j1"}, 100)
+	b.Low(decode.Control{Type: decode.ControlLow, Run: "other", Job: "j1"}, 100)
 	if b.window != nil {
 		t.Fatal("another run's low watermark opened the window")
 	}
@@ -67,8 +67,8 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 	b.Seen(&other)
 
 	b.setRows(ch, &tableread.Chunk{Rows: [][][]byte{row("1"), row("2"), row("3")}, Last: []string{"3"}, Final: true})
-	high := Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 0}
-	if _, ok, err := b.High(Control{Type: ControlHigh, Run: b.Run(), Job: "j1", Chunk: 1}, 120, time.Now()); ok || err != nil {
+	high := decode.Control{Type: decode.ControlHigh, Run: b.Run(), Job: "j1", Chunk: 0}
+	if _, ok, err := b.High(decode.Control{Type: decode.ControlHigh, Run: b.Run(), Job: "j1", Chunk: 1}, 120, time.Now()); ok || err != nil {
 		t.Fatalf("another chunk's high watermark was taken: ok %v, err %v", ok, err)
 	}
 	at := time.Now()
@@ -115,13 +115,13 @@ func TestWatermarksSendWhatTheStreamDidNot(t *testing.T) {
 func TestWatermarksFail(t *testing.T) {
 	b := NewJobs()
 	b.Reset([]checkpoint.Job{{ID: "j1", Table: "public.outbox"}})
-	if _, ok := b.Fail(Control{Type: ControlFail, Run: "forged", Job: "j1", Error: "x"}); ok {
+	if _, ok := b.Fail(decode.Control{Type: decode.ControlFail, Run: "forged", Job: "j1", Error: "x"}); ok {
 		t.Fatal("a failure another run wrote ended the job")
 	}
-	if _, ok := b.Fail(Control{Type: ControlFail, Run: b.Run(), Job: "nope", Error: "x"}); ok {
+	if _, ok := b.Fail(decode.Control{Type: decode.ControlFail, Run: b.Run(), Job: "nope", Error: "x"}); ok {
 		t.Fatal("a failure of an unknown job was taken")
 	}
-	jobs, ok := b.Fail(Control{Type: ControlFail, Run: b.Run(), Job: "j1", Error: "SQLSTATE 42703"})
+	jobs, ok := b.Fail(decode.Control{Type: decode.ControlFail, Run: b.Run(), Job: "j1", Error: "SQLSTATE 42703"})
 	if !ok || len(jobs) != 1 || !jobs[0].Done() || jobs[0].Error != "SQLSTATE 42703" {
 		t.Fatalf("Fail = %+v, %v", jobs, ok)
 	}

@@ -60,7 +60,7 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 	if err := store.SaveRequest(ctx, rec.Key(), req); err != nil {
 		return Requested{}, err
 	}
-	b, _ := json.Marshal(Control{Type: ControlRequest, ID: job.ID})
+	b, _ := json.Marshal(decode.Control{Type: decode.ControlRequest, ID: job.ID})
 	if err := postgres.EmitMessage(ctx, r.Postgres, rows, decode.ControlPrefix, string(b), "the backfill's announcement to the connector"); err != nil {
 		return Requested{}, err
 	}

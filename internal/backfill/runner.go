@@ -490,7 +490,7 @@ func (r *Runner) Run(ctx context.Context, jobs *Jobs) {
 			// The job cannot run as asked: end it, in the stream's
 			// order, with the reason in the checkpoint.
 			r.Log.Error("backfill failed; it is ended, and cdc backfill can start it again once the cause is fixed", "job", job.ID, "table", job.Table, "error", errtext.OneLine(err))
-			err = emit(ctx, w, conn, Control{Type: ControlFail, Run: run, Job: job.ID, Error: tableread.Redacted(err)})
+			err = emit(ctx, w, conn, decode.Control{Type: decode.ControlFail, Run: run, Job: job.ID, Error: tableread.Redacted(err)})
 			if err == nil {
 				err = waitDone(ctx, jobs, job.ID)
 			}
@@ -563,7 +563,7 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 		}
 		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, until: until, key: plan.Key, done: make(chan struct{})}
 		jobs.setChunk(ch)
-		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, decode.Control{Type: decode.ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		c, err := readChunk(ctx, conn, plan, after, until)
@@ -571,7 +571,7 @@ func (r *Runner) runJob(ctx context.Context, w *postgres.Writer, conn *pgx.Conn,
 			return err
 		}
 		jobs.setRows(ch, &c)
-		if err := emit(ctx, w, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, decode.Control{Type: decode.ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		select {
@@ -614,7 +614,7 @@ func (r *Runner) runCursor(ctx context.Context, w *postgres.Writer, conn *pgx.Co
 		}
 		ch := &liveChunk{run: run, job: job.ID, n: n, table: Table(r.Tables, job.Table), dec: dec, total: total, order: plan.Order, horizon: cur.Horizon, done: make(chan struct{})}
 		jobs.setChunk(ch)
-		if err := emit(ctx, w, conn, Control{Type: ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, decode.Control{Type: decode.ControlLow, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		c, err := cur.Next(ctx)
@@ -622,7 +622,7 @@ func (r *Runner) runCursor(ctx context.Context, w *postgres.Writer, conn *pgx.Co
 			return err
 		}
 		jobs.setRows(ch, &c)
-		if err := emit(ctx, w, conn, Control{Type: ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
+		if err := emit(ctx, w, conn, decode.Control{Type: decode.ControlHigh, Run: run, Job: job.ID, Chunk: n}); err != nil {
 			return err
 		}
 		select {
@@ -656,7 +656,7 @@ func readChunk(ctx context.Context, conn *pgx.Conn, plan *tableread.Plan, after,
 // emit writes c as a transactional logical decoding message, in a
 // transaction of its own: on conn's server, or, while that is a hot
 // standby, on postgres.primary_url's (w).
-func emit(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, c Control) error {
+func emit(ctx context.Context, w *postgres.Writer, conn *pgx.Conn, c decode.Control) error {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err

@@ -98,7 +98,7 @@ func (o *Ops) Redrive(ctx context.Context, sel park.Selector, opt RedriveOptions
 		if err := store.Put(ctx, checkpoint.RequestKey(rec.Key(), req.ID), v); err != nil {
 			return Redriving{}, fmt.Errorf("write the redrive request: %w", err)
 		}
-		b, _ := json.Marshal(backfill.Control{Type: park.ControlRequest, ID: req.ID})
+		b, _ := json.Marshal(decode.Control{Type: park.ControlRequest, ID: req.ID})
 		if err := postgres.EmitMessage(ctx, o.Config.Postgres, conn, decode.ControlPrefix, string(b), "the redrive's announcement to the connector"); err != nil {
 			return Redriving{}, err
 		}

@@ -56,7 +56,7 @@ func TestForgedBackfillRequestIsIgnored(t *testing.T) {
 		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: e.cfg.Checkpoint.Topic, Key: []byte(checkpoint.RequestKey(key, req.ID)), Value: v}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
-		sql, args := backfill.ControlMessage(req.ID)
+		sql, args := decode.ControlMessage(req.ID)
 		testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
 	}
 	testenv.Eventually(t, 30*time.Second, "both requests refused", func() bool {
@@ -200,7 +200,7 @@ func TestUnknownBackfillRequestIsPassedOver(t *testing.T) {
 	var logs testenv.Buffer
 	r := e.launch(t, &logs)
 	testenv.Eventually(t, 30*time.Second, "the pipeline to stream", func() bool { return r.tracker.Load() != nil })
-	sql, args := backfill.ControlMessage("nobody-wrote-this")
+	sql, args := decode.ControlMessage("nobody-wrote-this")
 	testenv.Exec(t, e.db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
 	id := insertEvent(t, testenv.Connect(t, e.db), "agg-1", "After")
 	c := kafka.NewConsumer(t, kafka.AllTopics())
@@ -361,7 +361,7 @@ func TestReplayedBackfillRequestRunsNothing(t *testing.T) {
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	c.WaitCount(t, time.Minute, 60)
 	announce := func(id string) {
-		sql, args := backfill.ControlMessage(id)
+		sql, args := decode.ControlMessage(id)
 		testenv.Exec(t, db, strings.Replace(strings.Replace(sql, "$1", "'"+args[0].(string)+"'", 1), "$2::text", "'"+args[1].(string)+"'", 1))
 	}
 	announce(first.ID)

@@ -22,18 +22,18 @@ import (
 
 // control handles one of the connector's own messages in the stream.
 func (s *session) control(m *decode.Message) error {
-	c, err := backfill.ParseControl(m.Control)
+	c, err := decode.ParseControl(m.Control)
 	if err != nil {
 		s.d.Log.Warn("ignored a logical decoding message with the connector's prefix that does not parse", "prefix", decode.ControlPrefix, "error", err.Error())
 		return nil
 	}
 	bf := s.d.Jobs
 	switch c.Type {
-	case backfill.ControlRequest:
+	case decode.ControlRequest:
 		return s.request(c.ID, m.CommitTime)
-	case backfill.ControlLow:
+	case decode.ControlLow:
 		bf.Low(c, m.Commit)
-	case backfill.ControlHigh:
+	case decode.ControlHigh:
 		rows, ok, err := bf.High(c, m.Commit, m.CommitTime)
 		if !ok || err != nil {
 			return err
@@ -49,7 +49,7 @@ func (s *session) control(m *decode.Message) error {
 			f(sent.Low, sent.High, sent.Read, sent.Sent)
 		}
 		s.tracker.Note(s.tx, jobs)
-	case backfill.ControlFail:
+	case decode.ControlFail:
 		if jobs, ok := bf.Fail(c); ok {
 			s.tracker.Note(s.tx, jobs)
 		}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
@@ -17,7 +16,7 @@ import (
 // in m's transaction, less those the stream sent itself, unless they went
 // at a fresh event already (fresh), and notes the table's new relation in
 // the checkpoint of m's position.
-func (s *session) repairAt(c backfill.Control, m *decode.Message) error {
+func (s *session) repairAt(c decode.Control, m *decode.Message) error {
 	w := s.tables
 	r := w.Take(c.ID)
 	if r == nil {

@@ -309,7 +309,7 @@ const ControlRepair = "table-repair"
 // its own on conn, or on cfg's primary_url while conn's server is a hot
 // standby.
 func EmitRepair(ctx context.Context, cfg postgres.Config, conn *pgx.Conn, id string) error {
-	b, _ := json.Marshal(backfill.Control{Type: ControlRepair, ID: id})
+	b, _ := json.Marshal(decode.Control{Type: ControlRepair, ID: id})
 	return postgres.EmitMessage(ctx, cfg, conn, decode.ControlPrefix, string(b), "a table repair's message")
 }
 
