@@ -40,9 +40,12 @@
 //     configuration's condition (Trusted), on the relation it began on.
 //     Those reads take every table at once, merged in the order of the
 //     commits, so that an aggregate's events in two outbox tables keep
-//     their order (TestBackfillAcrossTwoTables); tables read in order_by
-//     go one after the other. A stop on an event checkpoints what was
-//     sent before it and the keys parked, and resumes at that event.
+//     their order (TestBackfillAcrossTwoTables); where the tables cannot
+//     tell it (order_by beside another table, one transaction writing an
+//     aggregate into two), they stop, unless backfill.on_unknown_order:
+//     send (tableread.Crossing). A stop on an event checkpoints what was
+//     sent before it and the keys parked, and resumes at that event, past
+//     the last transaction sent whole (checkpoint.Job.Whole).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

@@ -3,6 +3,8 @@ package backfill
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -24,6 +26,7 @@ type reader struct {
 	next         func() (tableread.Chunk, error)
 	rows         [][][]byte
 	final, ended bool  // the chunk in rows is the last; its end is logged
+	more         bool  // rows end in a commit of two tables: read the next chunk onto them
 	sent         int64 // rows sent in this session
 }
 
@@ -79,6 +82,9 @@ func (r *Runner) sendReads(ctx context.Context, s Session, conn *pgx.Conn, jobs 
 		case rd.plan.InCommitOrder() && (len(rds) == 0 || rd.plan.Order == rds[0].plan.Order):
 			rds = append(rds, rd)
 		default: // order_by, or another order of the commits than the others'
+			if len(jobs) > 1 && !r.SendUnknownOrder {
+				return &errtext.Fatal{Msg: fmt.Sprintf("the backfill before the stream reads %s in %s, which compares with no other table's rows: an aggregate with events in it and in another of the %d tables would get them out of order; remove its tables[].backfill.order_by (its rows then merge with the others' in the order of the commits), or, if no aggregate has events in two tables, set backfill.on_unknown_order: send, and start again", job.Table, "the order of "+strings.Join(rd.plan.Key, ", "), len(jobs))}
+			}
 			if err := r.sendMerged(ctx, s, []*reader{rd}, at); err != nil {
 				return err
 			}
@@ -111,12 +117,15 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 	}
 	for {
 		for _, rd := range rds {
-			if len(rd.rows) == 0 && !rd.final {
+			if (len(rd.rows) == 0 || rd.more) && !rd.final {
 				c, err := rd.next()
 				if err != nil {
 					return &jobError{*rd.job, err}
 				}
-				rd.rows, rd.final = c.Rows, c.Final
+				if len(rd.rows) > 0 { // more: the rows left, then the next chunk's
+					c.Rows = append(rd.rows, c.Rows...)
+				}
+				rd.rows, rd.final, rd.more = c.Rows, c.Final, false
 			}
 		}
 		finished, err := r.sendInOrder(s, rds, at)
@@ -162,6 +171,7 @@ func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finish
 		return false, err
 	}
 	took := make([]int, len(rds))
+	prev, prevRow := (*reader)(nil), [][]byte(nil) // the last row sent, and its read
 	defer func() {
 		if err != nil && !errors.As(err, new(*outbox.EventError)) {
 			return // the session fails: nothing it sent counts
@@ -194,6 +204,22 @@ func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finish
 			return false, nil
 		}
 		rd := rds[best]
+		if !r.SendUnknownOrder && (prev == nil || prev.plan.CommitBefore(prevRow, rd.plan, rd.rows[took[best]])) {
+			heads := make([]tableread.Head, len(rds))
+			for i, rd := range rds {
+				heads[i] = tableread.Head{Plan: rd.plan, Dec: rd.dec, Rows: rd.rows[took[i]:], Final: rd.final}
+			}
+			more, err := tableread.Crossing(heads, best, at, now)
+			if more >= 0 { // its next chunk onto it: the commit's rows across tables are checked whole
+				rds[more].more = true
+				s.Commit(at, now)
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+		}
+		prev, prevRow = rd, rd.rows[took[best]]
 		m, err := rd.dec.Row(rd.rows[took[best]], at, now)
 		if err == nil {
 			err = s.Event(&m)

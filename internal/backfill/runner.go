@@ -51,8 +51,12 @@ type Runner struct {
 	// A job that was interrupted is retried after Backoff, doubling up
 	// to BackoffMax (retry.Backoff, as the pipeline's reconnects).
 	Backoff, BackoffMax time.Duration
-	Log                 hclog.Logger
-	Metrics             *metrics.Metrics
+	// SendUnknownOrder is backfill.on_unknown_order: send: the reads
+	// before the stream send, table by table, where the tables do not tell
+	// an aggregate's order across them, instead of stopping.
+	SendUnknownOrder bool
+	Log              hclog.Logger
+	Metrics          *metrics.Metrics
 }
 
 // ChunkBytes is a chunk's byte budget for max_in_flight_bytes inFlight: a

@@ -141,7 +141,20 @@ type BackfillConfig struct {
 	// (backfill.reader_role; docs/security.md). The connector's role must
 	// be a member of it. Default none: the connector's role.
 	ReaderRole string `yaml:"reader_role"`
+	// OnUnknownOrder is what the reads before the stream (a first start's
+	// backfill of several tables) do where the tables do not tell an
+	// aggregate's order across them: OnUnknownOrderStop (default) stops
+	// and says so, OnUnknownOrderSend sends table by table
+	// (backfill.on_unknown_order; docs/operations.md, "Backfills of two
+	// outbox tables").
+	OnUnknownOrder string `yaml:"on_unknown_order"`
 }
+
+// The values of backfill.on_unknown_order.
+const (
+	OnUnknownOrderStop = "stop"
+	OnUnknownOrderSend = "send"
+)
 
 // ReplayConfig configures the replay window.
 type ReplayConfig struct {
@@ -339,6 +352,13 @@ func (c *Config) validateTimes() error {
 	}
 	if c.Backfill.StatementTimeout < time.Second {
 		return fmt.Errorf("backfill.statement_timeout %s: use at least 1s; minutes in production", c.Backfill.StatementTimeout)
+	}
+	switch c.Backfill.OnUnknownOrder {
+	case "":
+		c.Backfill.OnUnknownOrder = OnUnknownOrderStop
+	case OnUnknownOrderStop, OnUnknownOrderSend:
+	default:
+		return fmt.Errorf("backfill.on_unknown_order %q: use %s or %s", c.Backfill.OnUnknownOrder, OnUnknownOrderStop, OnUnknownOrderSend)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout

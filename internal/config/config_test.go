@@ -171,6 +171,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		// Issue 47: retention deletes on what it reads back, which must be signed.
 		{"retention unsigned", base + "tables: [{name: outbox, retention: {after: 24h}}]\n", "public.outbox: retention deletes rows on what the connector reads back from the checkpoint topic, which must then be signed: set checkpoint.signing_key_file"},
 		{"statement timeout", base + "backfill: {statement_timeout: 10ms}\n", "backfill.statement_timeout 10ms"},
+		{"unknown order", base + "backfill: {on_unknown_order: guess}\n", `backfill.on_unknown_order "guess": use stop or send`},
 		{"negative duration", base + "shutdown_timeout: -5s\n", `shutdown_timeout (line 3): "-5s" is negative`},
 		{"broker without a port", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: [kafka-1]}\n", `kafka.brokers: "kafka-1" is not host:port`},
 		{"broker port", "postgres: {url: 'postgres://u@h/d'}\nkafka: {brokers: ['k:99999']}\n", `port "99999" is not a number from 1 to 65535`},

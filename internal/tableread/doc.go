@@ -4,8 +4,11 @@
 // queries, checked with the server before any row is read; it reads
 // keyset chunks (Plan.Read), and, in an order of the commits, opens a
 // server-side Cursor. HoldFiles checks, in an older snapshot, that the
-// table is still the one the snapshot shows. What is read, where it is
-// sent and how a job's progress is kept are package backfill's.
+// table is still the one the snapshot shows. Crossing tells, for reads
+// of several tables merged in the order of the commits, a transaction
+// whose rows in two tables carry one aggregate: their order is in no
+// table (Unordered). What is read, where it is sent and how a job's
+// progress is kept are package backfill's.
 //
 // It reads the rows in an order: backfill.order_by's (OrderColumns), when
 // the operator declared one, by keyset pagination (chunks of rows in the
