@@ -35,7 +35,7 @@ type partition struct{ name, bound string }
 // inserts into the outbox wait meanwhile: for the lock (lock_timeout at
 // most) and for one read of the partition (docs/operations.md,
 // "Retention").
-func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, horizon time.Time) error {
+func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, bounds string, horizon time.Time) error {
 	rows, err := conn.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname), coalesce(pg_get_expr(c.relpartbound, c.oid), '')
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE i.inhparent = $1::oid ORDER BY c.relname`, st.Rel)
@@ -59,7 +59,7 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.
 			continue // the default partition, or not a range: never dropped
 		}
 		upper := strings.ReplaceAll(m[1], "''", "'")
-		old, keep, err := c.partitionKept(ctx, conn, t, st, mark, p, upper, horizon)
+		old, keep, err := c.partitionKept(ctx, conn, t, st, mark, bounds, p, upper, horizon)
 		if err != nil || !old || keep {
 			if errors.Is(err, errNotTime) {
 				return nil
@@ -72,7 +72,7 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, t *outbox.
 		if c.afterLook != nil {
 			c.afterLook(p.name)
 		}
-		dropped, err := c.dropPartition(ctx, conn, st, mark, p)
+		dropped, err := c.dropPartition(ctx, conn, st, mark, bounds, p)
 		if err != nil {
 			return c.failed(t, "drop partition "+p.name, err)
 		}
@@ -90,17 +90,17 @@ var errNotTime = errors.New("partitions are not ranges of time")
 // undeletable counts, in partition p (a relation of the table st covers,
 // $1), the rows mark ($2) does not allow deleting yet (young) and those
 // the stream never carried (uncovered: below the table's floor $3, or
-// written before their partition joined the table).
-func undeletable(p string) string {
+// not covered by their partition's history: coveredCTE with bounds).
+func undeletable(p, bounds string) string {
 	return fmt.Sprintf(`WITH %s SELECT
 		count(*) FILTER (WHERE %s >= $2),
-		count(*) FILTER (WHERE NOT coalesce(%s >= $3 AND ((t.tableoid = $1::oid AND lf.leaf IS NULL) OR %s > lf.joined), false))
-		FROM %s t CROSS JOIN x LEFT JOIN lf ON lf.leaf = t.tableoid`, coveredCTE, written, written, written, p)
+		count(*) FILTER (WHERE NOT (%s >= $3 AND %s))
+		FROM %s t CROSS JOIN x LEFT JOIN lf ON lf.leaf = t.tableoid`, coveredCTE(bounds), written, written, covered, p)
 }
 
 // partitionKept reads partition p without a lock: whether its range ends
 // at or before horizon (old), and whether a row in it must stay (keep).
-func (c *Cleaner) partitionKept(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, p partition, upper string, horizon time.Time) (old, keep bool, err error) {
+func (c *Cleaner) partitionKept(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, bounds string, p partition, upper string, horizon time.Time) (old, keep bool, err error) {
 	err = conn.QueryRow(ctx, `SELECT $1::timestamptz <= $2`, upper, horizon).Scan(&old)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22") {
@@ -111,7 +111,7 @@ func (c *Cleaner) partitionKept(ctx context.Context, conn *pgx.Conn, t *outbox.S
 		return old, false, err
 	}
 	var young, uncovered int64
-	if err := conn.QueryRow(ctx, undeletable(p.name), st.Rel, int64(mark.XMin), int64(st.Floor)).Scan(&young, &uncovered); err != nil {
+	if err := conn.QueryRow(ctx, undeletable(p.name, bounds), st.Rel, int64(mark.XMin), int64(st.Floor)).Scan(&young, &uncovered); err != nil {
 		return true, false, err
 	}
 	if uncovered > 0 {
@@ -123,7 +123,7 @@ func (c *Cleaner) partitionKept(ctx context.Context, conn *pgx.Conn, t *outbox.S
 // dropPartition detaches and drops partition p in one transaction, after
 // checking, under the locks, the facts and that every row of it may go.
 // dropped is false when something changed since the look without a lock.
-func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, st checkpoint.Table, mark checkpoint.RetentionMark, p partition) (dropped bool, err error) {
+func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, st checkpoint.Table, mark checkpoint.RetentionMark, bounds string, p partition) (dropped bool, err error) {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'"); err != nil {
 			return err
@@ -150,7 +150,7 @@ func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, st checkpoi
 			return errKept
 		}
 		var young, uncovered int64
-		if err := tx.QueryRow(ctx, undeletable(p.name), st.Rel, int64(mark.XMin), int64(st.Floor)).Scan(&young, &uncovered); err != nil {
+		if err := tx.QueryRow(ctx, undeletable(p.name, bounds), st.Rel, int64(mark.XMin), int64(st.Floor)).Scan(&young, &uncovered); err != nil {
 			return err
 		}
 		if young > 0 || uncovered > 0 {

@@ -50,6 +50,9 @@ type Cleaner struct {
 	Metrics  *metrics.Metrics
 
 	warned map[string]bool
+	// bounds are coveredCTE's below, by the pg_inherits row they bound
+	// (attachBounds).
+	bounds map[attachLink]int64
 	// afterLook, when set, runs between the look at a partition without a
 	// lock and its drop: tests write a late row there.
 	afterLook func(partition string)
@@ -248,6 +251,11 @@ func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, s
 		c.once("unknown "+t.String(), "retention of "+t.String()+" waits until the stream has covered the table: nothing in the checkpoint says yet which of its rows Kafka holds")
 		return nil
 	}
+	// Before any wait: the bounds are the tighter the sooner they are read.
+	bounds, err := c.attachBounds(ctx, conn, st)
+	if err != nil {
+		return c.failed(t, "read its partitions", err)
+	}
 	if c.Pending != nil && c.Pending(t.String()) {
 		c.once("backfill "+t.String(), "retention of "+t.String()+" waits while a backfill of it runs: the job may still have to read its rows")
 		return nil
@@ -268,9 +276,9 @@ func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, s
 		c.once("rewritten "+t.String()+names, fmt.Sprintf("retention keeps the rows partitions %s of %s held when they were last rewritten or altered after they were attached (ALTER TABLE ... TYPE, a volatile default, VACUUM FULL, CLUSTER, TRUNCATE, then any change of their columns or options): a table attached with rows never had them streamed, and a rewrite gives rows a new transaction id, so they cannot be told from streamed ones; send them with cdc backfill if they are events, then delete them, or drop the partition, yourself", names, t))
 	}
 	if t.Retention.Mode == outbox.RetentionDropPartitions {
-		err = c.dropPartitions(ctx, conn, t, st, mark, horizon)
+		err = c.dropPartitions(ctx, conn, t, st, mark, bounds, horizon)
 	} else {
-		err = c.delete(ctx, conn, t, st, mark)
+		err = c.delete(ctx, conn, t, st, mark, bounds)
 	}
 	var changed *errChanged
 	if errors.As(err, &changed) {
@@ -282,7 +290,7 @@ func (c *Cleaner) table(ctx context.Context, conn *pgx.Conn, t *outbox.Source, s
 
 // delete deletes t's rows that mark and the facts allow, in batches, each
 // a transaction that checks the facts under its lock (facts.go).
-func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark) error {
+func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st checkpoint.Table, mark checkpoint.RetentionMark, bounds string) error {
 	total := int64(0)
 	for ctx.Err() == nil {
 		var n int64
@@ -298,7 +306,7 @@ func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, 
 			// number their own rows.
 			q := fmt.Sprintf(`WITH %s,
 				doomed AS (SELECT t.tableoid, t.ctid FROM %s t CROSS JOIN x LEFT JOIN lf ON lf.leaf = t.tableoid WHERE %s LIMIT $4)
-				DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, coveredCTE, name, deletable, name)
+				DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, coveredCTE(bounds), name, deletable, name)
 			tag, err := tx.Exec(ctx, q, st.Rel, int64(mark.XMin), int64(st.Floor), t.Retention.BatchSize)
 			n = tag.RowsAffected()
 			return err
