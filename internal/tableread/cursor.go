@@ -46,7 +46,7 @@ var cursors atomic.Int64
 // the commits: every matching row, or, for a job resumed after key after
 // with horizon (the job's saved position and Horizon), those after key
 // after (from the first row of its transaction: rows of one commit are
-// ordered by their ctid, which is not kept; past it when whole, the job's
+// ordered by their command ids and ctids, which are not kept; past it when whole, the job's
 // checkpoint.Job.Whole, says the commit was sent whole) and those a
 // transaction at or past horizon wrote, wherever they sort. A row updated since the job's first read moved in the order (the
 // update gave it its xid, which is at or past the horizon, since the

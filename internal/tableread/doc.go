@@ -48,7 +48,8 @@
 //     the saved key, but its transaction is at or past the horizon, so the
 //     row is read again, never skipped (TestResumedCursorSkipsNoMovedRow).
 //     It reads again the whole commit the key is in, from its first row
-//     (the rows of one commit are in ctid order, which is not kept),
+//     (the rows of one commit are in the order of their command ids and
+//     ctids, which are not kept: TestCommitsReadInCommandOrder),
 //     unless the job sent that commit whole (Plan.Whole, saved as
 //     checkpoint.Job.Whole): then it reads from the next commit's, and an
 //     event a redrive dropped is not read again (TestResumePastAWholeCommit).

@@ -3,7 +3,6 @@ package tableread
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -321,16 +320,38 @@ func (p *Plan) build() {
 	}
 	p.last = fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT 1", strings.Join(keyList, ", "), from, cond, strings.Join(desc, ", "))
 	// A Cursor's order puts the rows of one commit (p.group: with commit
-	// timestamps, its savepoints' rows included) in the order they lie in
-	// the table, the order they were inserted in unless an insert reused
-	// free space in earlier pages (or, in a partitioned table, went to
-	// another partition), before the primary key. Not the command id:
-	// cmin is the tuple's command field, which another transaction's
-	// UPDATE or DELETE overwrites, even one rolled back. A ctid is not kept
-	// either (a VACUUM FULL or an update moves it): a job resumed reads
-	// again every row of the commit it stopped in, from the first.
-	byCtid := append(slices.Clone(keyList[:p.group]), "ctid")
-	p.rows = [2]string{fmt.Sprintf("SELECT %s FROM %s WHERE %s", strings.Join(sel, ", "), from, cond), " ORDER BY " + strings.Join(append(byCtid, keyList[p.group:]...), ", ")}
+	// timestamps, its savepoints' rows included) in the order of the
+	// commands that inserted them (cmin: a transaction numbers its
+	// commands, its savepoints' too), then in the order they lie in the
+	// table, before the primary key. Where they lie alone is not the order
+	// of the inserts: an insert reuses free space in earlier pages, and a
+	// partitioned table's partitions number their own rows. But cmin is
+	// the tuple's command field, which another transaction's UPDATE or
+	// DELETE overwrites, even one rolled back, leaving its xmax set: a
+	// commit with such a row is read as its rows lie, all of them, since
+	// one row's place among the others is not known. A ctid is not kept
+	// (a VACUUM FULL or an update moves it), nor is cmin: a job resumed
+	// reads again every row of the commit it stopped in, from the first.
+	// The rows are the inner query's, named by position, so that the
+	// resume's condition (between p.rows' two halves) applies before the
+	// window that looks at the commit's rows.
+	inner, outer := make([]string, len(sel)), make([]string, len(sel))
+	for i, e := range sel {
+		inner[i], outer[i] = fmt.Sprintf("%s AS c%d", e, i), fmt.Sprintf("r.c%d", i)
+	}
+	var order []string
+	for i := range keyList {
+		if i == p.group {
+			order = append(order, "r.cmd", "r.row_at")
+		}
+		order = append(order, fmt.Sprintf("r.c%d", p.keyAt+i))
+	}
+	cmd := "NULL::bigint"
+	if p.group > 0 {
+		cmd = fmt.Sprintf("CASE WHEN bool_or(xmax <> '0'::xid) OVER (PARTITION BY %s) THEN NULL ELSE cmin::text::bigint END", strings.Join(keyList[:p.group], ", "))
+	}
+	p.rows = [2]string{fmt.Sprintf("SELECT %s FROM (SELECT %s, %s AS cmd, ctid AS row_at FROM %s WHERE %s", strings.Join(outer, ", "), strings.Join(inner, ", "), cmd, from, cond),
+		") r ORDER BY " + strings.Join(order, ", ")}
 	if p.group > 0 {
 		for i, op := range []string{">=", ">"} {
 			p.resume[i] = fmt.Sprintf(" AND ((%s) %s (%s) OR %s >= $%d)", strings.Join(keyList[:p.group], ", "), op, params(1, p.group), xminTerm.sql, p.group+1)
