@@ -144,7 +144,8 @@ type BackfillConfig struct {
 	// OnUnknownOrder is what the reads before the stream (a first start's
 	// backfill of several tables) do where the tables do not tell an
 	// aggregate's order across them: OnUnknownOrderStop (default) stops
-	// and says so, OnUnknownOrderSend sends table by table
+	// and says so, OnUnknownOrderSend sends them anyway: the tables in
+	// order_by first, then the others merged, table by table within a commit
 	// (backfill.on_unknown_order; docs/operations.md, "Backfills of two
 	// outbox tables").
 	OnUnknownOrder string `yaml:"on_unknown_order"`

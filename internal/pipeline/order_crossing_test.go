@@ -228,3 +228,28 @@ func arrivedInOrder(t *testing.T, c *testenv.Consumer, but map[string]bool) {
 		last[ev.Agg] = max(last[ev.Agg], ev.Seq)
 	}
 }
+
+// TestUnknownOrderSendOrderByTablesFirst pins what docs/config.md says
+// backfill.on_unknown_order: send does (found by the attack on issue 53,
+// when the docs said "as the tables are listed"): the tables read in
+// order_by go first, each whole, then the others merged by commit. With
+// outbox listed first (commit order) and outbox2 second (order_by),
+// agg-0's event 1 in outbox2 arrives before its event 0 in outbox.
+func TestUnknownOrderSendOrderByTablesFirst(t *testing.T) {
+	e, kafka, tables := crossingEnv(t, 2, func(int) int { return 10 })
+	e.cfg.Tables[1].Backfill.OrderBy = []string{"id"}
+	e.cfg.Backfill.OnUnknownOrder = config.OnUnknownOrderSend
+	conn := testenv.Connect(t, e.db)
+	first := insertSeqInto(t, conn, tables[0], "agg-0", 0)
+	second := insertSeqInto(t, conn, tables[1], "agg-0", 1)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	e.start(t)
+	waitForIDs(t, c, map[string]bool{first: true, second: true})
+	var got []string
+	for _, rec := range c.Records {
+		got = append(got, testenv.Header(rec, route.HeaderID))
+	}
+	if len(got) != 2 || got[0] != second || got[1] != first {
+		t.Errorf("with on_unknown_order: send, got %v; want %s (outbox2, read in order_by) then %s (outbox)", got, second, first)
+	}
+}

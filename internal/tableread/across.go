@@ -34,12 +34,19 @@ type Unordered struct {
 	// run past its chunk, so that the aggregates were not all seen.
 	Aggregate string
 	Tables    [2]string
+	// Budget is the byte budget of a table's chunk (Plan.SetBudget) when
+	// that, not its rows, is what the commit's rows ran past; 0 otherwise.
+	Budget int64
 }
 
 func (u *Unordered) Error() string {
 	what := fmt.Sprintf("one transaction wrote aggregate %q's events into both %s and %s", brief(u.Aggregate), u.Tables[0], u.Tables[1])
 	fix := "if that order does not matter to its consumers, set backfill.on_unknown_order: send and start again"
-	if u.Aggregate == "" {
+	switch {
+	case u.Aggregate == "" && u.Budget > 0:
+		what = fmt.Sprintf("one transaction wrote into %s and %s, and more than a chunk's %d bytes of rows into %s, so the aggregates with events in both were not all seen", u.Tables[0], u.Tables[1], u.Budget, u.Tables[1])
+		fix = "raise max_in_flight_bytes (the tables merged share a sixteenth of it for their chunks, at most 4 MiB), or, if the order of an aggregate's events across the tables does not matter to its consumers, set backfill.on_unknown_order: send, and start again"
+	case u.Aggregate == "":
 		what = fmt.Sprintf("one transaction wrote more rows into %s and %s than a chunk holds, so the aggregates with events in both were not all seen", u.Tables[0], u.Tables[1])
 		fix = "raise tables[].backfill.chunk_size above that transaction's rows, or, if the order of an aggregate's events across the tables does not matter to its consumers, set backfill.on_unknown_order: send, and start again"
 	}
@@ -95,7 +102,11 @@ func Crossing(heads []Head, at int, lsn pglogrepl.LSN, now time.Time) (more int,
 			if other == i {
 				other = in[1]
 			}
-			return -1, &errtext.Fatal{Msg: (&Unordered{Tables: [2]string{table(other), table(i)}}).Error()}
+			u := &Unordered{Tables: [2]string{table(other), table(i)}}
+			if n < h.Plan.chunk {
+				u.Budget = h.Plan.budget
+			}
+			return -1, &errtext.Fatal{Msg: u.Error()}
 		}
 		for _, row := range h.Rows[:n] {
 			a := fmt.Sprint("\x00", i) // a row that does not decode fails as it is sent
