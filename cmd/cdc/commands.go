@@ -296,6 +296,9 @@ func replayCmd(ctx context.Context, c *cli, args []string) int {
 	if sum.LeftOut > 0 {
 		fmt.Fprintf(c.stdout, "  left out: %d more matched, but their tables' filters leave them out, as the stream does\n", sum.LeftOut)
 	}
+	if sum.Held > 0 {
+		fmt.Fprintf(c.stdout, "  held:    %d more matched, of keys parked before them (cdc parked lists them): not sent, so that none reaches its topic before its key's parked first event; cdc redrive sends them on\n", sum.Held)
+	}
 	fmt.Fprintf(c.stdout, "  asked:   %s\n  read:    WAL %s to %s\n", rg, sum.Start, sum.End)
 	if sum.Transactions > 0 {
 		fmt.Fprintf(c.stdout, "  sent:    commit LSN %s to %s, committed %s to %s\n", sum.FirstCommit, sum.LastCommit,

@@ -42,6 +42,7 @@ func (p *Pipeline) Replay(ctx context.Context, r replay.Request, progress func(r
 		return replay.Summary{}, err
 	}
 	f.EndAt(end)
+	f.HoldParked(rec.Parked)
 
 	k, err := sink.New(p.cfg.Producer(), p.log.Named("kafka"), p.kafkaOpts()...)
 	if err != nil {

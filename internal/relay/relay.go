@@ -53,6 +53,9 @@ type Sender struct {
 	// LeftOut, when set, is told of each event its table's filter left
 	// out (a replay's count of what it sent).
 	LeftOut func(*outbox.Event)
+	// Held, when set, says whether an event with its record key is held
+	// back, not sent: a replay's, for the keys parked (replay.Filter.Held).
+	Held func(ev *outbox.Event, key []byte) bool
 	// OnDelivered, when set, is told of each record and Kafka's answer,
 	// after the tracker (pipeline.Options.OnDelivered).
 	OnDelivered func(rec *kgo.Record, err error)
@@ -91,6 +94,9 @@ func (s *Sender) Send(ctx context.Context, tx *delivery.Txn, m *decode.Message) 
 	}
 	if err != nil && !invalid(err) {
 		return err // a registry that cannot answer: retried, never dead-lettered
+	}
+	if s.Held != nil && s.Held(ev, key) {
+		return nil
 	}
 	if err == nil {
 		if s.Suffix != "" {

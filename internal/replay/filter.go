@@ -124,6 +124,7 @@ type Summary struct {
 	Status
 	Skipped                 int64         // events read in the WAL but outside the range, tables or filters
 	LeftOut                 int64         // events in them that their table's filter left out: not sent
+	Held                    int64         // events in them of keys parked since before them: not sent (HoldParked)
 	Transactions            int64         // transactions with at least one event taken (sent or left out)
 	FirstCommit, LastCommit pglogrepl.LSN // commit LSNs of the first and last transaction sent
 	FirstTime, LastTime     time.Time     // and their commit times
@@ -178,6 +179,8 @@ type Filter struct {
 
 	skipped             int64
 	leftOut             int64
+	held                int64
+	parked              map[string]pglogrepl.LSN // HoldParked's
 	txns                int64
 	firstLSN, lastLSN   pglogrepl.LSN
 	firstTime, lastTime time.Time
@@ -232,6 +235,38 @@ func (f *Filter) Take(ev *outbox.Event) bool {
 func (f *Filter) LeftOut(*outbox.Event) {
 	f.sent.Add(-1)
 	f.leftOut++
+}
+
+// HoldParked has the replay keep back the events of the keys parked
+// (the checkpoint's list) that committed at or after their parking's
+// first event: the parking holds them, behind that event, and a redrive
+// sends them on; re-sent now, they would reach the key's topic before it
+// (docs/operations.md, "Replay"). A replay to topics of their own (a
+// suffix) holds nothing back: the parked topics' order is not theirs.
+func (f *Filter) HoldParked(list []checkpoint.Parked) {
+	if f.suffix != "" || len(list) == 0 {
+		return
+	}
+	f.parked = map[string]pglogrepl.LSN{}
+	for _, p := range list {
+		if at, ok := f.parked[p.Key]; !ok || p.FirstLSN < at {
+			f.parked[p.Key] = p.FirstLSN
+		}
+	}
+}
+
+// Held reports whether ev, taken, with record key key, is held back
+// (HoldParked), and takes back its count.
+func (f *Filter) Held(ev *outbox.Event, key []byte) bool {
+	if len(f.parked) == 0 {
+		return false
+	}
+	if at, ok := f.parked[string(key)]; !ok || ev.CommitLSN < at {
+		return false
+	}
+	f.sent.Add(-1)
+	f.held++
+	return true
 }
 
 // Acks is the replay stream's wal.Acks: the tracker, plus the end of
@@ -294,7 +329,7 @@ func (f *Filter) Progress(start pglogrepl.LSN, acked uint64) Status {
 
 // Summary is what the replay did, once its stream has stopped.
 func (f *Filter) Summary(p Status, elapsed time.Duration) Summary {
-	return Summary{Status: p, Skipped: f.skipped, LeftOut: f.leftOut, Transactions: f.txns,
+	return Summary{Status: p, Skipped: f.skipped, LeftOut: f.leftOut, Held: f.held, Transactions: f.txns,
 		FirstCommit: f.firstLSN, LastCommit: f.lastLSN, FirstTime: f.firstTime, LastTime: f.lastTime, Elapsed: elapsed}
 }
 

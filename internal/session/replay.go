@@ -17,7 +17,8 @@ import (
 // stream, started at start on a copy of the replay slot, through the same
 // decoding, routing and formats as the connector's sessions, sends on k
 // what f selects until f's end, and waits until Kafka acknowledged every
-// event. It has no checkpoint, no tables' watch, nothing parked and no
+// event. It has no checkpoint, no tables' watch, nothing parked (f holds
+// back the events of the keys parked when it began) and no
 // background tasks: d's Config, Log, Metrics, Router, Schemas, Jobs,
 // counters and OnDelivered are what it uses. progress, if set, is called
 // about four times a second from another goroutine. It closes stream and

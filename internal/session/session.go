@@ -230,7 +230,7 @@ func (s *session) newSender() *relay.Sender {
 		out.SealKey, out.PipelineKey = keys[0], saved.Key()
 	}
 	if s.replay != nil {
-		out.Suffix, out.LeftOut = s.replay.Suffix(), s.replay.LeftOut
+		out.Suffix, out.LeftOut, out.Held = s.replay.Suffix(), s.replay.LeftOut, s.replay.Held
 	}
 	return out
 }
