@@ -209,7 +209,7 @@ func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finish
 			for i, rd := range rds {
 				heads[i] = tableread.Head{Plan: rd.plan, Dec: rd.dec, Rows: rd.rows[took[i]:], Final: rd.final}
 			}
-			more, err := tableread.Crossing(heads, best, at, now)
+			more, err := tableread.Crossing(heads, best, at, now, r.KeyOf)
 			if more >= 0 { // its next chunk onto it: the commit's rows across tables are checked whole
 				rds[more].more = true
 				s.Commit(at, now)

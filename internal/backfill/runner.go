@@ -55,8 +55,11 @@ type Runner struct {
 	// before the stream send, table by table, where the tables do not tell
 	// an aggregate's order across them, instead of stopping.
 	SendUnknownOrder bool
-	Log              hclog.Logger
-	Metrics          *metrics.Metrics
+	// KeyOf is an event's record key, as routed: the unit whose order the
+	// reads before the stream keep across tables (tableread.Crossing).
+	KeyOf   func(*outbox.Event) ([]byte, error)
+	Log     hclog.Logger
+	Metrics *metrics.Metrics
 }
 
 // ChunkBytes is a chunk's byte budget for max_in_flight_bytes inFlight: a

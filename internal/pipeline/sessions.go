@@ -116,7 +116,7 @@ func (p *Pipeline) sessionDeps() session.Deps {
 // backfills is the runner for this pipeline's config.
 func (p *Pipeline) backfills() *backfill.Runner {
 	return &backfill.Runner{
-		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, SendUnknownOrder: p.cfg.Backfill.OnUnknownOrder == config.OnUnknownOrderSend, Tables: p.cfg.Tables,
+		Postgres: p.cfg.Postgres, StatementTimeout: p.cfg.Backfill.StatementTimeout, ReaderRole: p.cfg.Backfill.ReaderRole, SendUnknownOrder: p.cfg.Backfill.OnUnknownOrder == config.OnUnknownOrderSend, KeyOf: p.router.Key, Tables: p.cfg.Tables,
 		MaxInFlight: p.cfg.MaxInFlight, MaxInFlightBytes: p.cfg.MaxInFlightBytes, ChunkBytes: backfill.ChunkBytes(p.cfg.MaxInFlightBytes),
 		StatusInterval: p.cfg.Postgres.StatusInterval,
 		Backoff:        p.cfg.RetryBackoff, BackoffMax: p.cfg.RetryBackoffMax,

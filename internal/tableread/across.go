@@ -1,6 +1,7 @@
 package tableread
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"time"
@@ -33,7 +34,10 @@ type Unordered struct {
 	// of the commit in two tables; "" when a table's rows of the commit
 	// run past its chunk, so that the aggregates were not all seen.
 	Aggregate string
-	Tables    [2]string
+	// Key is the record key the aggregate's events share with the
+	// other table's, where it is not the aggregate id (expressions.key).
+	Key    string
+	Tables [2]string
 	// Budget is the byte budget of a table's chunk (Plan.SetBudget) when
 	// that, not its rows, is what the commit's rows ran past; 0 otherwise.
 	Budget int64
@@ -41,6 +45,9 @@ type Unordered struct {
 
 func (u *Unordered) Error() string {
 	what := fmt.Sprintf("one transaction wrote aggregate %q's events into both %s and %s", brief(u.Aggregate), u.Tables[0], u.Tables[1])
+	if u.Key != "" {
+		what = fmt.Sprintf("one transaction wrote events of record key %q (aggregate %q's among them) into both %s and %s", brief(u.Key), brief(u.Aggregate), u.Tables[0], u.Tables[1])
+	}
 	fix := "if that order does not matter to its consumers, set backfill.on_unknown_order: send and start again"
 	switch {
 	case u.Aggregate == "" && u.Budget > 0:
@@ -73,7 +80,10 @@ func brief(s string) string {
 // holds less than two chunks. A commit larger than a chunk is Unordered
 // without an aggregate. at and now
 // are the rows' commit position and time, as the merge decodes them.
-func Crossing(heads []Head, at int, lsn pglogrepl.LSN, now time.Time) (more int, err error) {
+// keyOf is an event's record key, as routed (nil: the aggregate id): the
+// order a key's consumers see is the one kept, so two aggregates that
+// share a key (expressions.key) are one there.
+func Crossing(heads []Head, at int, lsn pglogrepl.LSN, now time.Time, keyOf func(*outbox.Event) ([]byte, error)) (more int, err error) {
 	first := heads[at]
 	var in []int
 	for i, h := range heads {
@@ -109,14 +119,26 @@ func Crossing(heads []Head, at int, lsn pglogrepl.LSN, now time.Time) (more int,
 			return -1, &errtext.Fatal{Msg: u.Error()}
 		}
 		for _, row := range h.Rows[:n] {
-			a := fmt.Sprint("\x00", i) // a row that does not decode fails as it is sent
+			// By record key where it is known, else by aggregate; a row
+			// that does not decode fails as it is sent.
+			a, by, k := fmt.Sprint("\x00", i), fmt.Sprint("\x00", i), ""
 			if m, err := h.Dec.Row(row, lsn, now); err == nil {
-				a = AggregateOf(m.Event.Fields[outbox.FieldAggregateType].B, m.Event.Fields[outbox.FieldAggregateID].B)
+				id := m.Event.Fields[outbox.FieldAggregateID].B
+				a = AggregateOf(m.Event.Fields[outbox.FieldAggregateType].B, id)
+				by = a
+				if keyOf != nil {
+					if key, err := keyOf(&m.Event); err == nil {
+						by = "\x00key " + string(key)
+						if !bytes.Equal(key, id) {
+							k = string(key)
+						}
+					}
+				}
 			}
-			if o, ok := owner[a]; ok && o != i {
-				return -1, &errtext.Fatal{Msg: (&Unordered{Aggregate: a, Tables: [2]string{table(o), table(i)}}).Error()}
+			if o, ok := owner[by]; ok && o != i {
+				return -1, &errtext.Fatal{Msg: (&Unordered{Aggregate: a, Key: k, Tables: [2]string{table(o), table(i)}}).Error()}
 			}
-			owner[a] = i
+			owner[by] = i
 		}
 	}
 	return -1, nil
