@@ -158,7 +158,7 @@ func (r *Runner) one(ctx context.Context, s Session, set *park.Set, p *checkpoin
 	var reason string
 	switch {
 	case w.lost > 0 && !req.AcceptGap:
-		reason = fmt.Sprintf("redrive refused: parked topic %q (partition %d, from offset %d) no longer holds %d of its %d records (%s): deleted by a retention, compaction, DeleteRecords or the topic made again? To send them in order, stop the connector and rewind to the parking's start (cdc rewind --to-lsn %s, within the replay window), or send what is left and accept the gap (cdc redrive --key %s --accept-gap); the outbox keeps the key's rows while it is parked",
+		reason = fmt.Sprintf("redrive refused: parked topic %q (partition %d, from offset %d) no longer holds %d of its %d records (%s): deleted by a retention, compaction, DeleteRecords or the topic made again? To send them in order, stop the connector and rewind to the parking's start (cdc rewind --to-lsn %s, within the replay window), or send what is left and accept the gap (cdc redrive --key %s --accept-gap); the outbox keeps the key's rows only while it is parked: to send them after the gap with cdc backfill --where, take the table's retention off first (docs/operations.md, \"Parked keys\")",
 			p.Topic, p.Partition, from, w.lost, p.Events-p.Released, w.spans(), p.FirstLSN, quoteArg(p.Key))
 		r.Log.Error("redrive: a parked key's records are missing from the parked topic; it stays parked", "key", p.Key, "topic", p.Topic, "partition", p.Partition, "missing", w.spans(), "forged", w.forged)
 	case w.invalid > 0:
