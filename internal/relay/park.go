@@ -35,6 +35,11 @@ type FullError struct {
 	Cause *outbox.EventError
 	Max   int
 	Bytes bool // the keys fill their share of the checkpoint record (park.ErrFullBytes)
+	// Unsaved is how many of the keys parked were parked by this event's
+	// own transaction: no checkpoint lists them before it ends, and every
+	// start reads it again and parks them again, so no redrive reaches
+	// them (TestMaxParkedKeysWithinOneTransaction).
+	Unsaved int
 }
 
 func (e *FullError) Error() string {
@@ -43,6 +48,12 @@ func (e *FullError) Error() string {
 	if e.Bytes {
 		what = fmt.Sprintf("the %d parked keys fill their share of the checkpoint record (half of kafka.max_message_bytes, or of the checkpoint topic's), so this one stops the connector instead", e.Max)
 		raise = "raise kafka.max_message_bytes"
+	}
+	switch {
+	case e.Unsaved > 0 && e.Unsaved >= e.Max:
+		return fmt.Sprintf("%s; %s, all of them parked by this event's own transaction, which every start reads again (no checkpoint lists them before it ends), so no redrive reaches them: %s above %d, or send this event to the dead-letter topic (cdc skip)", e.Cause.Brief(), what, raise, e.Max)
+	case e.Unsaved > 0:
+		return fmt.Sprintf("%s; %s, %d of them by this event's own transaction, which every start reads again and parks again: redrive one of the %d parked before it (cdc parked lists them, cdc redrive sends them on; the connector takes the request as it starts again), %s, or send this event to the dead-letter topic (cdc skip)", e.Cause.Brief(), what, e.Unsaved, e.Max-e.Unsaved, raise)
 	}
 	return fmt.Sprintf("%s; %s: redrive parked keys (cdc parked lists them, cdc redrive sends them on; the connector takes the request as it starts again), %s, or send this event to the dead-letter topic (cdc skip)", e.Cause.Brief(), what, raise)
 }
@@ -99,10 +110,10 @@ func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, k
 	switch {
 	case errors.Is(err, park.ErrFull) && ee != nil:
 		s.Metrics.InvalidEvents.Inc()
-		return &FullError{Cause: ee, Max: s.MaxParkedKeys}
+		return &FullError{Cause: ee, Max: s.MaxParkedKeys, Unsaved: s.unnoted}
 	case errors.Is(err, park.ErrFullBytes) && ee != nil:
 		s.Metrics.InvalidEvents.Inc()
-		return &FullError{Cause: ee, Max: s.Parked.Len(), Bytes: true}
+		return &FullError{Cause: ee, Max: s.Parked.Len(), Bytes: true, Unsaved: s.unnoted}
 	case err != nil:
 		return err
 	}
@@ -111,6 +122,7 @@ func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, k
 		s.Parked.Unpark(p)
 		return err
 	}
+	s.unnoted++
 	s.Log.Warn("parked a key: this event and the key's later events go to the parked topic until cdc redrive sends them on",
 		"source", ev.Source.String(), "key", string(key), "topic", dest, "id", ev.ID(), "lsn", ev.CommitLSN.String(), "parked_topic", p.Topic, "error", reason)
 	if s.OnPark != nil {
@@ -254,7 +266,7 @@ func (s *Sender) partitionGone(ctx context.Context, p *checkpoint.Parked) (bool,
 func (s *Sender) NoteParked(tx *delivery.Txn) {
 	if s.parkedDirty && s.Parked != nil && tx != nil {
 		s.Tracker.NoteParked(tx, s.Parked.List())
-		s.parkedDirty = false
+		s.parkedDirty, s.unnoted = false, 0
 	}
 }
 

@@ -80,6 +80,9 @@ type Sender struct {
 	filtered map[*outbox.Source]prometheus.Counter // leaveOut's, by table
 	// parkedDirty: a parked record was produced since NoteParked.
 	parkedDirty bool
+	// unnoted counts the keys parked anew since NoteParked attached the
+	// list: those of the transaction being read (FullError.Unsaved).
+	unnoted int
 }
 
 // Send routes ev's record and produces it in transaction tx, or applies
