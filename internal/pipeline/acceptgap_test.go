@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +73,46 @@ func TestAcceptGapOfReadRowsWithRetention(t *testing.T) {
 	testenv.QueryRow(t, d.db, `SELECT count(*) FROM outbox WHERE aggregateid = 'K'`, nil, &n)
 	if n != 2 {
 		t.Fatalf("%d of K's 2 rows are left in the outbox", n)
+	}
+}
+
+// TestAcceptGapRefusedUnderRetention (found by the attack on issue 53):
+// K's parking of rows a backfill read loses its records; with retention on
+// the table, --accept-gap un-parked K and retention then deleted its rows,
+// whose events no topic held. It is refused now: K stays parked, the
+// outcome says to take retention off first, and K's rows stay through a
+// sweep past retention.after.
+func TestAcceptGapRefusedUnderRetention(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	d.tbl.Retention = &outbox.Retention{After: time.Second}
+	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
+	d.retentionInterval = 200 * time.Millisecond
+	conn := testenv.Connect(t, d.db)
+	d.emit(t, conn, "K", 1, "", true)
+	d.emit(t, conn, "K", 2, "", false)
+	r := d.start(t)
+	c := d.consumer(t)
+	p := d.waitParked(t, c, "K", 2, 2)
+	adm := kadm.NewClient(d.kafka.Client(t))
+	o := kadm.Offsets{}
+	o.Add(kadm.Offset{Topic: d.parked, Partition: p.Partition, At: -1})
+	if resp, err := adm.DeleteRecords(context.Background(), o); err != nil || resp.Error() != nil {
+		t.Fatalf("delete records: %v %v", err, resp.Error())
+	}
+	used := d.redrive(t, park.Selector{Key: "K"}, false, true)
+	if allDone(used) || len(used) != 1 || !strings.Contains(used[0].Outcome, "Take tables[].retention off") {
+		t.Fatalf("redrive --accept-gap under retention: %+v; want it refused, saying to take retention off first", used)
+	}
+	past := time.Now().Add(2 * time.Second)
+	testenv.Eventually(t, time.Minute, "a sweep past retention.after", func() bool {
+		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox") > float64(past.Unix())
+	})
+	var n int
+	testenv.QueryRow(t, d.db, `SELECT count(*) FROM outbox WHERE aggregateid = 'K'`, nil, &n)
+	if n != 2 {
+		t.Fatalf("%d of K's 2 rows left after the refused --accept-gap", n)
+	}
+	if rec, _ := loadCheckpoint(t, d.env); len(rec.Parked) != 1 || rec.Parked[0].Key != "K" {
+		t.Fatalf("parked after the refused --accept-gap: %+v; want K", rec.Parked)
 	}
 }
