@@ -129,11 +129,14 @@ replay: {window: 1h}
 		return value(fams, "cdc_slot_wal_status", "status", "reserved") == 1 && value(fams, "cdc_confirmed_lsn") > 0
 	})
 	for name, ok := range map[string]func(float64) bool{
-		"cdc_streaming":                  func(v float64) bool { return v == 1 },
-		"cdc_commit_to_ack_seconds":      func(v float64) bool { return v == 5 },
-		"cdc_in_flight_records":          func(v float64) bool { return v == 0 },
-		"cdc_lag_bytes":                  func(v float64) bool { return v >= 0 },
-		"cdc_retained_wal_bytes":         func(v float64) bool { return v > 0 },
+		"cdc_streaming":             func(v float64) bool { return v == 1 },
+		"cdc_commit_to_ack_seconds": func(v float64) bool { return v == 5 },
+		"cdc_in_flight_records":     func(v float64) bool { return v == 0 },
+		"cdc_lag_bytes":             func(v float64) bool { return v >= 0 },
+		// The WAL from the slot's restart_lsn to the server's position: 0
+		// when the slot has caught up with an idle server (PostgreSQL 18,
+		// once in CI); -1 is the metric missing.
+		"cdc_retained_wal_bytes":         func(v float64) bool { return v >= 0 },
 		"cdc_behind_seconds":             func(v float64) bool { return v >= 0 && v < 60 },
 		"cdc_checkpoints_total":          func(v float64) bool { return v >= 1 },
 		"cdc_restarts_total":             func(v float64) bool { return v == 0 },
