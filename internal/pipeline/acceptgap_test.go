@@ -27,25 +27,7 @@ import (
 // first event; a redrive --drop-first sends the rest, and every row is
 // still in the outbox.
 func TestAcceptGapOfReadRowsWithRetention(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
-	d.tbl.Retention = &outbox.Retention{After: time.Second}
-	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
-	d.retentionInterval = 200 * time.Millisecond
-	conn := testenv.Connect(t, d.db)
-	d.emit(t, conn, "K", 1, "", true)
-	d.emit(t, conn, "K", 2, "", false)
-	r := d.start(t)
-	c := d.consumer(t)
-	p := d.waitParked(t, c, "K", 2, 2)
-	if !p.Read {
-		t.Fatalf("K's parking %+v: want rows read by the backfill", p)
-	}
-	adm := kadm.NewClient(d.kafka.Client(t))
-	o := kadm.Offsets{}
-	o.Add(kadm.Offset{Topic: d.parked, Partition: p.Partition, At: -1})
-	if resp, err := adm.DeleteRecords(context.Background(), o); err != nil || resp.Error() != nil {
-		t.Fatalf("delete records: %v %v", err, resp.Error())
-	}
+	d, r, c := parkedReadAndGone(t)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -83,22 +65,7 @@ func TestAcceptGapOfReadRowsWithRetention(t *testing.T) {
 // outcome says to take retention off first, and K's rows stay through a
 // sweep past retention.after.
 func TestAcceptGapRefusedUnderRetention(t *testing.T) {
-	d := newDetour(t, config.DeliveryAtLeastOnce)
-	d.tbl.Retention = &outbox.Retention{After: time.Second}
-	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
-	d.retentionInterval = 200 * time.Millisecond
-	conn := testenv.Connect(t, d.db)
-	d.emit(t, conn, "K", 1, "", true)
-	d.emit(t, conn, "K", 2, "", false)
-	r := d.start(t)
-	c := d.consumer(t)
-	p := d.waitParked(t, c, "K", 2, 2)
-	adm := kadm.NewClient(d.kafka.Client(t))
-	o := kadm.Offsets{}
-	o.Add(kadm.Offset{Topic: d.parked, Partition: p.Partition, At: -1})
-	if resp, err := adm.DeleteRecords(context.Background(), o); err != nil || resp.Error() != nil {
-		t.Fatalf("delete records: %v %v", err, resp.Error())
-	}
+	d, r, _ := parkedReadAndGone(t)
 	used := d.redrive(t, park.Selector{Key: "K"}, false, true)
 	if allDone(used) || len(used) != 1 || !strings.Contains(used[0].Outcome, "Take tables[].retention off") {
 		t.Fatalf("redrive --accept-gap under retention: %+v; want it refused, saying to take retention off first", used)
@@ -115,4 +82,31 @@ func TestAcceptGapRefusedUnderRetention(t *testing.T) {
 	if rec, _ := loadCheckpoint(t, d.env); len(rec.Parked) != 1 || rec.Parked[0].Key != "K" {
 		t.Fatalf("parked after the refused --accept-gap: %+v; want K", rec.Parked)
 	}
+}
+
+// parkedReadAndGone is a running connector whose first start's backfill
+// parked key K (its event 1 too large, 2 behind it) on a table with
+// retention, and the parked topic with K's records deleted.
+func parkedReadAndGone(t *testing.T) (*detour, *running, *testenv.Consumer) {
+	t.Helper()
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	d.tbl.Retention = &outbox.Retention{After: time.Second}
+	d.tbl.Backfill = &outbox.BackfillOptions{ChunkSize: 10}
+	d.retentionInterval = 200 * time.Millisecond
+	conn := testenv.Connect(t, d.db)
+	d.emit(t, conn, "K", 1, "", true)
+	d.emit(t, conn, "K", 2, "", false)
+	r := d.start(t)
+	c := d.consumer(t)
+	p := d.waitParked(t, c, "K", 2, 2)
+	if !p.Read {
+		t.Fatalf("K's parking %+v: want rows read by the backfill", p)
+	}
+	adm := kadm.NewClient(d.kafka.Client(t))
+	o := kadm.Offsets{}
+	o.Add(kadm.Offset{Topic: d.parked, Partition: p.Partition, At: -1})
+	if resp, err := adm.DeleteRecords(context.Background(), o); err != nil || resp.Error() != nil {
+		t.Fatalf("delete records: %v %v", err, resp.Error())
+	}
+	return d, r, c
 }
