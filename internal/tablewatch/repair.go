@@ -43,6 +43,12 @@ type Repair struct {
 	// its relation, before its message (Before), and Done recorded it
 	// there; the stream's goroutine sets it.
 	Early bool
+	// Whole: the relation joined the publication in the transaction that
+	// created it, before it held a row (setup.PublishedWhole), so the
+	// stream carries every row of it, and the repair sends none: it
+	// records the relation as the table's, where the stream meets its
+	// first event or the message.
+	Whole bool
 }
 
 // startRepair opens a repair of table t, whose relation is rs now and
@@ -64,6 +70,16 @@ type Repair struct {
 // snapshot holds them; those the stream did send are in Fresh.
 func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, rs setup.RelState, old uint32, role string) error {
 	r := &Repair{ID: backfill.NewID(), Table: t, Rel: rs.OID, Member: rs.Member, Old: old}
+	whole, err := setup.PublishedWhole(ctx, conn, rs, setup.Table{TableName: t.Name})
+	if err != nil {
+		return err
+	}
+	if whole {
+		// No transaction wrote to it before it was published: nothing to
+		// wait for, and no snapshot.
+		r.Whole = true
+		return w.announce(ctx, conn, r, "outbox table was dropped and created again, published in the transaction that created it: the stream carries every row of it, and none is sent by a repair")
+	}
 	if err := postgres.WaitForOlder(ctx, w.deps.Postgres, conn, w.log); err != nil {
 		return err
 	}
@@ -77,16 +93,22 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 		return err
 	}
 	r.Snap = snap
+	return w.announce(ctx, conn, r, "repair of a recreated table under way: its rows go where the stream reaches this point", "rows", r.Snap.Total)
+}
+
+// announce makes repair r pending, for a stream waiting in Before, and
+// writes its message; then logs msg.
+func (w *Watch) announce(ctx context.Context, conn *pgx.Conn, r *Repair, msg string, args ...any) error {
 	w.mu.Lock()
 	w.pending[r.ID] = r
-	w.repairing[t] = true
+	w.repairing[r.Table] = true
 	w.changedLocked() // a stream waiting in Before takes it now
 	w.mu.Unlock()
 	if err := EmitRepair(ctx, w.deps.Postgres, conn, r.ID); err != nil {
 		w.drop(ctx, r)
 		return err
 	}
-	w.log.Info("repair of a recreated table under way: its rows go where the stream reaches this point", "table", t.String(), "rows", r.Snap.Total)
+	w.log.Info(msg, append([]any{"table", r.Table.String()}, args...)...)
 	return nil
 }
 
@@ -170,7 +192,7 @@ func (w *Watch) Before(ctx context.Context, t *outbox.Source, rel uint32, limit 
 		w.mu.Lock()
 		var r *Repair
 		for _, p := range w.pending {
-			if p.Table == t && p.Rel == rel && p.Snap != nil {
+			if p.Table == t && p.Rel == rel && (p.Snap != nil || p.Whole) {
 				r = p
 			}
 		}
