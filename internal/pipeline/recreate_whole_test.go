@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +101,57 @@ func TestRecreatedInItsPublicationAcrossTables(t *testing.T) {
 			}
 			expectCommitOrder(t, c, want)
 		})
+	}
+}
+
+// TestRecreatedWithThePublishingTrigger (rule 36, a remedy tested from
+// the state that needs it): docs/operations.md gives, for two tables
+// that share aggregates, an event trigger that publishes an outbox table
+// in the transaction that creates it. Installed as the docs give it, a
+// migration tool's plain DROP TABLE; CREATE TABLE, with the connector's
+// least-privileged role, keeps agg-0's events in order across the two
+// tables; without it, the role stops with the statements to run, and the
+// events written meanwhile go after the other table's
+// (TestRepairAcrossTables).
+func TestRecreatedWithThePublishingTrigger(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "CREATE FUNCTION outbox_cdc_publish()")
+	end := strings.Index(doc[max(start, 0):], "```")
+	if start < 0 || end < 0 {
+		t.Fatal("docs/operations.md no longer gives the publishing event trigger")
+	}
+	var trigger []string
+	for _, line := range strings.Split(doc[start:start+end], "\n") {
+		trigger = append(trigger, strings.TrimPrefix(line, "  "))
+	}
+	e, kafka, tables := crossingEnv(t, 2, func(int) int { return 10 })
+	for _, tb := range e.cfg.Tables {
+		tb.Backfill = nil
+	}
+	e.cfg.Postgres.URL = testenv.LeastPrivileged(t, e.db, strings.Join(tables, ", "), true)
+	var role string
+	testenv.QueryRow(t, e.cfg.Postgres.URL, `SELECT current_user`, nil, &role)
+	sql := strings.Join(trigger, "\n")
+	sql = strings.Replace(sql, "IN ('public.outbox')", "IN ('public.outbox', 'public.outbox2')", 1)
+	sql = strings.Replace(sql, "TO cdc'", "TO "+role+"'", 1)
+	testenv.Exec(t, e.db, sql)
+	t.Cleanup(func() { testenv.Exec(t, e.db, `DROP EVENT TRIGGER outbox_cdc_publish`, `DROP FUNCTION outbox_cdc_publish()`) })
+	r := e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	conn := testenv.Connect(t, e.db)
+	want := map[string]bool{insertSeqInto(t, conn, tables[1], "agg-0", 0): true}
+	testenv.Exec(t, e.db, recreateSQL)
+	for seq := 1; seq <= 6; seq++ {
+		want[insertSeqInto(t, conn, tables[seq%2], "agg-0", seq)] = true
+	}
+	waitForIDs(t, c, want)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
+	expectCommitOrder(t, c, want)
+	if n := testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_repairs_total", "table", "public.outbox"); n != 1 {
+		t.Errorf("cdc_table_repairs_total %v, want 1: the new table recorded as the table's", n)
 	}
 }
