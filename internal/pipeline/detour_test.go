@@ -228,6 +228,7 @@ func TestRedriveRefusesWhatIsGone(t *testing.T) {
 				}
 				d.emit(t, conn, "K", 6, "", false)
 				d.waitParked(t, c, "K", 6, 6)
+				c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 				if on := seqs(t, c.Records, d.topic)["K"]; len(on) != 0 {
 					t.Fatalf("K on its topic after a refused redrive: %v; want nothing", on)
 				}
@@ -329,6 +330,7 @@ func TestRedriveAllOrNothing(t *testing.T) {
 			}
 			d.emit(t, conn, "L", 1, "", false)
 			c.WaitFor(t, time.Minute, "L's event", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["L"]) >= 1 })
+			c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 			if on := seqs(t, c.Records, d.topic)["K"]; len(on) != 0 {
 				t.Fatalf("K on its topic after a redrive that met an invalid event: %v; want nothing", on)
 			}
@@ -378,6 +380,7 @@ func TestDropFirstOfATooLargeEvent(t *testing.T) {
 	d.start(t)
 	d.emit(t, conn, "K", 3, "", false)
 	c.WaitFor(t, time.Minute, "K's next event after a restart", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["K"]) >= 2 })
+	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 	if got := seqs(t, c.Records, d.topic)["K"]; !slices.Equal(got, []int{2, 3}) {
 		t.Fatalf("K on its topic: %v, want 2 and 3", got)
 	}

@@ -129,7 +129,7 @@ func TestMaxParkedKeysInAMergedFirstStart(t *testing.T) {
 					t.Fatalf("after the redrive of A (--drop-first, done), the next start stopped again: %v; parked now: %d keys (A parked again: %v)", stopped, len(rec.Parked), len(rec.Parked) > 0 && rec.Parked[0].Key == "A")
 				}
 			}
-			c.WaitFor(t, 10*time.Second, "D on its topic", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["D"]) >= 2 })
+			c.WaitFor(t, time.Minute, "D on its topic", func(recs []*kgo.Record) bool { return len(seqs(t, recs, d.topic)["D"]) >= 2 })
 			c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 			if got := seqs(t, c.Records, d.topic)["D"]; !slices.Equal(got, []int{0, 1}) {
 				t.Fatalf("D on its topic: %v; want its event once", got)

@@ -66,6 +66,7 @@ func TestRedriveOfAParkedMessageEventSendsItsPayload(t *testing.T) {
 	p := e.newPipeline(t)
 	redriveAll(t, p, park.Selector{Key: "K"}, false)
 	c.WaitFor(t, time.Minute, "K's 3 events on their topic", func(recs []*kgo.Record) bool { return len(inTopic(recs, topic)) >= 3 })
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	got := seqs(t, c.Records, topic)["K"]
 	if !slices.Equal(got, []int{1, 2, 3}) {
 		var first string

@@ -47,7 +47,7 @@ func TestForgedAnnouncementWhileTheFollowerLagsEndsNoSession(t *testing.T) {
 	// The control: the follower lags, nobody announces anything.
 	h := lag()
 	time.Sleep(2 * time.Second)
-	if d := deliver("Control"); d > 5*time.Second {
+	if d := deliver("Control"); d > 15*time.Second {
 		h.Remove()
 		t.Fatalf("with the follower lagging and no announcement, an event took %s: the test's fault stalls the stream by itself", d)
 	}
@@ -63,9 +63,10 @@ func TestForgedAnnouncementWhileTheFollowerLagsEndsNoSession(t *testing.T) {
 	testenv.Exec(t, e.db, `SELECT pg_logical_emit_message(true, '`+decode.ControlPrefix+`', '{"type": "redrive-request", "id": "redrive-nobody-wrote-this"}')`)
 	d := deliver("After")
 	restarts := counterValue(r.p.Metrics().Restarts)
-	// The look-up's 5 s and room for a loaded machine: before, the look
-	// waited 15 s, failed the session, and the next met it again (19 s).
-	if d > 12*time.Second || restarts != 0 {
+	// The look-up's 5 s and room for a loaded machine (two suites side
+	// by side): before, the look waited 15 s, failed the session, and the
+	// next met it again (19 s), which the restart shows too.
+	if d > 17*time.Second || restarts != 0 {
 		t.Fatalf("one forged announcement, with the requests' follower behind: the event after it took %s, %v sessions restarted; want the id refused and the stream going on", d.Round(time.Second), restarts)
 	}
 }
