@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -139,7 +140,9 @@ func TestRecreatedWithThePublishingTrigger(t *testing.T) {
 	sql = strings.Replace(sql, "IN ('public.outbox')", "IN ('public.outbox', 'public.outbox2')", 1)
 	sql = strings.Replace(sql, "TO cdc'", "TO "+role+"'", 1)
 	testenv.Exec(t, e.db, sql)
-	t.Cleanup(func() { testenv.Exec(t, e.db, `DROP EVENT TRIGGER outbox_cdc_publish`, `DROP FUNCTION outbox_cdc_publish()`) })
+	t.Cleanup(func() {
+		testenv.Exec(t, e.db, `DROP EVENT TRIGGER outbox_cdc_publish`, `DROP FUNCTION outbox_cdc_publish()`)
+	})
 	r := e.start(t)
 	c := kafka.NewConsumer(t, kafka.AllTopics())
 	conn := testenv.Connect(t, e.db)
@@ -153,5 +156,67 @@ func TestRecreatedWithThePublishingTrigger(t *testing.T) {
 	expectCommitOrder(t, c, want)
 	if n := testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_repairs_total", "table", "public.outbox"); n != 1 {
 		t.Errorf("cdc_table_repairs_total %v, want 1: the new table recorded as the table's", n)
+	}
+}
+
+// TestRepairWhereTheTableJoined (rule 32, the attack on issue 53's
+// finding 3): two outbox tables carry aggregate agg-0's events; outbox is
+// dropped and created again, and receives some of them before the
+// connector publishes it. The connector published it, then took the
+// repair's snapshot once every older transaction had ended, and wrote the
+// repair's message after: events of the other table committed between
+// the publishing and the message went ahead of the rows written before
+// the publishing (an unrelated transaction left open makes that window as
+// long as it stays open), and rows committed after the publishing were in
+// the snapshot too. The table is now published, its snapshot exported and
+// its message written in one transaction that holds the table's writers
+// off (publishRepairing): every row written before it goes where it
+// joined, every event after it in its place. CDC_ORDER_SEED replays a
+// draw.
+func TestRepairWhereTheTableJoined(t *testing.T) {
+	seed := orderSeed(t)
+	for i := range 3 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			e, kafka, tables := crossingEnv(t, 2, func(int) int { return 10 })
+			for _, tb := range e.cfg.Tables {
+				tb.Backfill = nil
+			}
+			e.cfg.Postgres.CatalogCheckInterval = 100 * time.Millisecond
+			e.start(t)
+			c := kafka.NewConsumer(t, kafka.AllTopics())
+			conn := testenv.Connect(t, e.db)
+			ctx := context.Background()
+			older, err := testenv.Connect(t, e.db).Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer older.Rollback(ctx)
+			if _, err := older.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+				t.Fatal(err)
+			}
+			want, seq := map[string]bool{}, 0
+			testenv.Exec(t, e.db, recreateSQL)
+			for range 1 + rng.IntN(3) {
+				want[insertSeqInto(t, conn, "outbox", "agg-0", seq)] = true
+				seq++
+			}
+			testenv.Eventually(t, 30*time.Second, "the new table published", func() bool {
+				var n int
+				testenv.QueryRow(t, e.db, `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'outbox_cdc' AND tablename = 'outbox'`, nil, &n)
+				return n == 1
+			})
+			for range 2 + rng.IntN(5) {
+				want[insertSeqInto(t, conn, tables[rng.IntN(2)], "agg-0", seq)] = true
+				seq++
+			}
+			if err := older.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			want[insertSeqInto(t, conn, tables[1], "agg-0", seq)] = true
+			waitForIDs(t, c, want)
+			c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
+			expectCommitOrder(t, c, want)
+		})
 	}
 }

@@ -128,7 +128,8 @@ func (p *Pipeline) backfills() *backfill.Runner {
 func (p *Pipeline) tableDeps() tablewatch.Deps {
 	return tablewatch.Deps{
 		Postgres: p.cfg.Postgres, Tables: p.cfg.Tables, WALTables: p.cfg.WALTables(),
-		ConfigFile: p.configFile(), Metrics: p.m, OpenSnapshot: p.backfills().OpenSnapshot, Log: p.log,
+		ConfigFile: p.configFile(), Metrics: p.m, OpenSnapshot: p.backfills().OpenSnapshot,
+		ImportSnapshot: p.backfills().ImportSnapshot, Log: p.log,
 	}
 }
 

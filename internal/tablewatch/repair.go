@@ -3,7 +3,6 @@ package tablewatch
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,15 +10,14 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
-	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/setup"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // Repair is a recreated table's rows still to send, where the stream
@@ -34,7 +32,7 @@ type Repair struct {
 	// Old is the relation streamed before, when it still exists under
 	// another name (a swap): it stays the table's (checkpoint.Table.Former).
 	Old  uint32
-	Snap *backfill.Snapshot // nil: no rows to send, only Floor and Files to record
+	Snap *tableread.Snapshot // nil: no rows to send, only Floor and Files to record
 	// Floor and Files are the table's from the message on
 	// (checkpoint.Table): 0 and nil once a snapshot sent its rows.
 	Floor uint64
@@ -84,13 +82,8 @@ func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sourc
 		return err
 	}
 	snap, err := w.deps.OpenSnapshot(ctx, t)
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
-		return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
-			t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
-	}
 	if err != nil {
-		return err
+		return readError(t, role, err)
 	}
 	r.Snap = snap
 	return w.announce(ctx, conn, r, "repair of a recreated table under way: its rows go where the stream reaches this point", "rows", r.Snap.Total)
@@ -319,7 +312,7 @@ func (w *Watch) closeRepairs(ctx context.Context) {
 
 // ControlRepair announces, in the stream, the point at which a table the
 // pipeline found recreated (or added back to its publication) is published
-// again: the stream sends there the rows of the table's backfill.Snapshot, taken
+// again: the stream sends there the rows of the table's tableread.Snapshot, taken
 // after the table was published and before this message was written, less
 // those it streamed itself (docs/design.md, "Table changes"). Its ID is
 // random, and known only to the session that wrote it: one another role
@@ -347,6 +340,11 @@ func (w *Watch) Rows(ctx context.Context, r *Repair, commit pglogrepl.LSN, at ti
 		return 0, 0, nil // a new Floor (checkFiles): nothing to send
 	}
 	defer r.Snap.Close(ctx)
+	// An imported snapshot (publishRepairing) reads its plan once the
+	// table is published, maybe after the stream reached its message.
+	if err := blocking(func() error { return r.Snap.Ready(ctx) }); err != nil {
+		return 0, 0, fmt.Errorf("repair of %s: %w", r.Table, err)
+	}
 	dec, seen := r.Snap.Decoder(), w.Fresh(r.Table)
 	for final := false; !final; {
 		var rows [][][]byte

@@ -5,11 +5,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/setup"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // TestNewFloorKeepsFreshEvents: the fresh events the stream noted of a
@@ -33,7 +33,7 @@ func TestNewFloorKeepsFreshEvents(t *testing.T) {
 	if _, ok := w.Fresh(src)["e1"]; !ok {
 		t.Fatal("a new Floor forgot the fresh events a repair still to come needs")
 	}
-	tables = w.Done(&Repair{ID: "repair", Table: src, Rel: 11, Snap: &backfill.Snapshot{}}, nil)
+	tables = w.Done(&Repair{ID: "repair", Table: src, Rel: 11, Snap: &tableread.Snapshot{}}, nil)
 	if st := tables["public.outbox"]; st.Floor != 0 || st.Files != nil || st.Rel != 11 {
 		t.Fatalf("after a repair: %+v", st)
 	}

@@ -10,13 +10,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/setup"
+	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
 // Watch is one session's view of the tables' lives.
@@ -77,7 +77,10 @@ type Deps struct {
 	ConfigFile string
 	Metrics    *metrics.Metrics
 	// OpenSnapshot opens a snapshot of a table's rows for a repair.
-	OpenSnapshot func(ctx context.Context, t *outbox.Source) (*backfill.Snapshot, error)
+	OpenSnapshot func(ctx context.Context, t *outbox.Source) (*tableread.Snapshot, error)
+	// ImportSnapshot opens one in another transaction's exported
+	// snapshot; its finish reads the plan (tableread.ImportSnapshot).
+	ImportSnapshot func(ctx context.Context, t *outbox.Source, exported string) (*tableread.Snapshot, func(context.Context) error, error)
 	Log          hclog.Logger
 }
 
@@ -358,6 +361,15 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 			return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again (or another table took its name), and the new table is not in publication %s, so its inserts do not reach the connector (which may not add it: %s); "+
 				"as the owner of the publication and the table run: %s; %s; then start the connector again: it sends the rows the new table received meanwhile, each once",
 				t, cfg.Publication, why, setup.AddStatement(cfg.Publication, st.Table), setup.GrantStatement(st.Table, cat.Role))}
+		}
+		// On a primary, published and repaired in one transaction,
+		// which keeps the order across tables (publishRepairing).
+		if standby, err := postgres.InRecovery(ctx, conn); err != nil {
+			return err
+		} else if !standby {
+			if done, err := w.publishRepairing(ctx, conn, t, st, old, cat.Role); done || err != nil {
+				return err
+			}
 		}
 		if err := setup.AddToPublication(ctx, cfg, conn, cfg.Publication, st.Table); err != nil {
 			return err

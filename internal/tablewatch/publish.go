@@ -1,0 +1,109 @@
+package tablewatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxcdc/cdc/internal/backfill"
+	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/setup"
+)
+
+// lockWait bounds how long publishRepairing waits for the table's writers
+// to end; new writers wait behind it as long.
+const lockWait = time.Second
+
+// publishRepairing adds st, another relation under table t's name, to the
+// publication, and opens its repair, in one transaction that holds the
+// table's writers off (LOCK ... IN SHARE MODE, granted once every
+// transaction that wrote to it has ended, and holding off new ones until
+// it commits). The repair's snapshot is that transaction's, exported into
+// the snapshot's own (ImportSnapshot), and its message is written in it.
+// So the snapshot holds every row the table received before it joined the
+// publication and no other, and the stream meets the message where the
+// table joined: the rows go there, before every event of any table
+// committed after it, each once. A snapshot taken after the ALTER
+// committed (startRepair) holds rows committed after it too, which went
+// ahead of the other tables' events committed between.
+//
+// It returns false, having changed nothing, when the lock is not granted
+// within lockWait (a long transaction writes to the table, and the
+// writers are not held off behind it any longer): the caller publishes the
+// table as before, and says that the order across tables is not kept.
+func (w *Watch) publishRepairing(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.TableState, old uint32, role string) (bool, error) {
+	pub := w.deps.Postgres.Publication
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // nothing once committed
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockWait.Milliseconds())); err != nil {
+		return false, err
+	}
+	var pe *pgconn.PgError
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+		w.log.Warn("outbox table was dropped and created again, and a transaction writing to it held it past "+lockWait.String()+": published without holding its writers off; its rows are sent once every older transaction has ended, in the order they were committed, but after the events of other tables committed meanwhile",
+			"table", t.String())
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, setup.AddStatement(pub, st.Table)); err != nil {
+		return false, errtext.Fatalf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, pub, err, setup.AddStatement(pub, st.Table))
+	}
+	rs, err := setup.ReadRelation(ctx, tx.Conn(), pub, st.OID)
+	if err != nil {
+		return false, err
+	}
+	var exported string
+	if err := tx.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&exported); err != nil {
+		return false, fmt.Errorf("export the snapshot of outbox table %s's repair: %w", t, err)
+	}
+	snap, finish, err := w.deps.ImportSnapshot(ctx, t, exported)
+	if err != nil {
+		return false, readError(t, role, err)
+	}
+	r := &Repair{ID: backfill.NewID(), Table: t, Rel: st.OID, Member: rs.Member, Old: old, Snap: snap}
+	w.mu.Lock()
+	w.pending[r.ID] = r
+	w.repairing[t] = true
+	w.mu.Unlock()
+	b, _ := json.Marshal(decode.Control{Type: ControlRepair, ID: r.ID})
+	if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2)", decode.ControlPrefix, string(b)); err != nil {
+		w.drop(ctx, r)
+		return false, fmt.Errorf("write a table repair's message: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		w.drop(ctx, r)
+		return false, err
+	}
+	// Published: a failure from here on drops the repair, and the next
+	// look repairs the published table anew (startRepair); the stream
+	// passes over a message no repair is pending for.
+	if err := finish(ctx); err != nil {
+		w.drop(ctx, r)
+		return true, readError(t, role, err)
+	}
+	w.log.Warn("outbox table was dropped and created again (or another table took its name); added the new table to the publication, and sending the rows it received before, where it joined",
+		"table", t.String(), "publication", pub, "rows", snap.Total)
+	return true, nil
+}
+
+// readError is err, from opening the snapshot of recreated table t's
+// rows; a missing grant to role gets the statement that makes it.
+func readError(t *outbox.Source, role string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: a new table has no grants
+		return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s was dropped and created again, and the connector's role may not read the new one to send the rows it received before it was published; as its owner run: %s; then start the connector again",
+			t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
+	}
+	return err
+}
