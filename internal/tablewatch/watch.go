@@ -81,7 +81,7 @@ type Deps struct {
 	// ImportSnapshot opens one in another transaction's exported
 	// snapshot; its finish reads the plan (tableread.ImportSnapshot).
 	ImportSnapshot func(ctx context.Context, t *outbox.Source, exported string) (*tableread.Snapshot, func(context.Context) error, error)
-	Log          hclog.Logger
+	Log            hclog.Logger
 }
 
 // New starts a session's watch from rec, the checkpoint the session
