@@ -135,15 +135,6 @@ func (s *session) fresh(m *decode.Message) (passed bool, err error) {
 		s.tables.NoteFresh(&m.Event)
 		return false, nil
 	}
-	if r.Whole {
-		// The stream carries every row of it: this event and the
-		// relation's later ones go as they come, in their places.
-		r.Early = true
-		s.tracker.NoteTables(s.tx, s.tables.Done(r, nil))
-		s.dec.Refresh()
-		s.d.Metrics.TableRepaired(t.String())
-		return false, nil
-	}
 	ids := map[string]bool{}
 	if err := s.repairRowsNoting(r, m.Commit, m.Event.CommitTime, ids); err != nil {
 		return false, err

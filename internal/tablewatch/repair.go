@@ -41,12 +41,6 @@ type Repair struct {
 	// its relation, before its message (Before), and Done recorded it
 	// there; the stream's goroutine sets it.
 	Early bool
-	// Whole: the relation joined the publication in the transaction that
-	// created it, before it held a row (setup.PublishedWhole), so the
-	// stream carries every row of it, and the repair sends none: it
-	// records the relation as the table's, where the stream meets its
-	// first event or the message.
-	Whole bool
 }
 
 // startRepair opens a repair of table t, whose relation is rs now and
@@ -68,16 +62,6 @@ type Repair struct {
 // snapshot holds them; those the stream did send are in Fresh.
 func (w *Watch) startRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, rs setup.RelState, old uint32, role string) error {
 	r := &Repair{ID: backfill.NewID(), Table: t, Rel: rs.OID, Member: rs.Member, Old: old}
-	whole, err := setup.PublishedWhole(ctx, conn, rs, setup.Table{TableName: t.Name})
-	if err != nil {
-		return err
-	}
-	if whole {
-		// No transaction wrote to it before it was published: nothing to
-		// wait for, and no snapshot.
-		r.Whole = true
-		return w.announce(ctx, conn, r, "outbox table was dropped and created again, published in the transaction that created it: the stream carries every row of it, and none is sent by a repair")
-	}
 	if err := postgres.WaitForOlder(ctx, w.deps.Postgres, conn, w.log); err != nil {
 		return err
 	}
@@ -185,7 +169,7 @@ func (w *Watch) Before(ctx context.Context, t *outbox.Source, rel uint32, limit 
 		w.mu.Lock()
 		var r *Repair
 		for _, p := range w.pending {
-			if p.Table == t && p.Rel == rel && (p.Snap != nil || p.Whole) {
+			if p.Table == t && p.Rel == rel && p.Snap != nil {
 				r = p
 			}
 		}
