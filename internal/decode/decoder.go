@@ -118,6 +118,10 @@ type column struct {
 type relation struct {
 	table *outbox.Source // nil: no configured table maps it
 	name  string         // the relation's qualified name, for an unmapped one
+	// raw is an unmapped one's Relation message, mapped again on Refresh
+	// once Known names it: pgoutput sends none anew when a schema renamed
+	// into place makes it a table's.
+	raw *Relation
 	// id is the configured table's relation id: the relation's own, or
 	// its root's for a partition; fresh is whether that differs from the
 	// one Known gave for the table.
@@ -168,14 +172,26 @@ type LookupError struct{ Err error }
 func (e *LookupError) Error() string { return "look up relation's partition root: " + e.Err.Error() }
 func (e *LookupError) Unwrap() error { return e.Err }
 
-// Refresh asks Fresh again for every cached relation: call it when the
-// answer may have changed (the pipeline took a recreated table's rows).
-func (d *Decoder) Refresh() {
-	for _, rel := range d.rels {
+// Refresh asks Fresh again for every cached relation, and Known for every
+// unmapped one: call it when the answers may have changed (the pipeline
+// took a recreated or swapped table's rows). An error is a relation that
+// became a table's without the columns the configuration maps.
+func (d *Decoder) Refresh() error {
+	for id, rel := range d.rels {
 		if rel.table != nil {
 			rel.fresh = d.Fresh != nil && d.Fresh(rel.table, rel.id)
+			continue
+		}
+		if rel.raw == nil || d.Known == nil {
+			continue
+		}
+		if _, _, ok := d.Known(id); ok {
+			if err := d.cacheRelation(*rel.raw); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
 
 // New returns a Decoder for the given sources.
@@ -270,7 +286,7 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 		}
 	}
 	if !ok {
-		d.rels[rel.ID] = &relation{name: pgident.Qualified(rel.Namespace, rel.Name)}
+		d.rels[rel.ID] = &relation{name: pgident.Qualified(rel.Namespace, rel.Name), raw: &rel}
 		return nil
 	}
 	find := func(name string) (column, error) {

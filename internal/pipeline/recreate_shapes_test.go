@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
@@ -151,4 +152,36 @@ func TestRepairWhereTheTableJoined(t *testing.T) {
 			expectCommitOrder(t, c, want)
 		})
 	}
+}
+
+// TestSchemaSwappedIntoPlace (rules 26 and 30, the attack on issue 53):
+// the configured table app.outbox is replaced by a schema swap: a new
+// schema's outbox, created and published, takes an event as app_new.outbox
+// (a relation no configured table names, streamed as unmapped), then the
+// schemas exchange names. The repair sends that event from its snapshot.
+// The decoder had cached the relation as unmapped, and pgoutput sends no
+// Relation message anew for a schema's rename, so the table's later
+// events were dropped as unmapped too, and confirmed: the decoder now maps
+// it again once the watch names it the table's (Decoder.Refresh).
+func TestSchemaSwappedIntoPlace(t *testing.T) {
+	e, kafka, _ := crossingEnv(t, 1, func(int) int { return 10 })
+	testenv.Exec(t, e.db, `CREATE SCHEMA app`, `CREATE TABLE app.outbox (LIKE public.outbox INCLUDING ALL)`)
+	e.cfg.Tables[0].Name = outbox.TableName{Schema: "app", Name: "outbox"}
+	e.cfg.Tables[0].Backfill = nil
+	e.cfg.Postgres.CatalogCheckInterval = 200 * time.Millisecond
+	r := e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	conn := testenv.Connect(t, e.db)
+	want := map[string]bool{insertSeqInto(t, conn, "app.outbox", "agg-0", 0): true}
+	waitForIDs(t, c, want)
+	testenv.Exec(t, e.db, `BEGIN; CREATE SCHEMA app_new; CREATE TABLE app_new.outbox (LIKE app.outbox INCLUDING ALL); ALTER PUBLICATION `+postgres.DefaultPublication+` ADD TABLE app_new.outbox; COMMIT;`)
+	want[insertSeqInto(t, conn, "app_new.outbox", "agg-0", 1)] = true
+	testenv.Exec(t, e.db, `BEGIN; ALTER SCHEMA app RENAME TO app_old; ALTER SCHEMA app_new RENAME TO app; COMMIT;`)
+	testenv.Eventually(t, time.Minute, "the swapped table repaired", func() bool {
+		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_repairs_total", "table", "app.outbox") >= 1
+	})
+	want[insertSeqInto(t, conn, "app.outbox", "agg-0", 2)] = true
+	waitForIDs(t, c, want)
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
+	expectCommitOrder(t, c, want)
 }

@@ -37,7 +37,9 @@ func (s *session) repairAt(c decode.Control, m *decode.Message) error {
 	if r.Snap == nil {
 		return nil // a new Floor only (tablewatch.Watch.checkFiles)
 	}
-	s.dec.Refresh()
+	if err := s.dec.Refresh(); err != nil {
+		return err
+	}
 	s.d.Metrics.TableRepaired(r.Table.String())
 	return nil
 }
@@ -167,7 +169,9 @@ func (s *session) fresh(m *decode.Message) (passed bool, err error) {
 		s.covered = map[*outbox.Source]checkpoint.Table{}
 	}
 	s.covered[t] = checkpoint.Table{Rel: r.Rel, Seen: &seen}
-	s.dec.Refresh()
+	if err := s.dec.Refresh(); err != nil {
+		return false, err
+	}
 	s.d.Metrics.TableRepaired(t.String())
 	return seen.Sees(m.XID) && s.sentBy(t, &seen, m.Event.ID()), nil
 }
