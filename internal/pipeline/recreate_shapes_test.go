@@ -185,3 +185,41 @@ func TestSchemaSwappedIntoPlace(t *testing.T) {
 	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 	expectCommitOrder(t, c, want)
 }
+
+// TestSchemaSwappedUnderAWriter is TestSchemaSwappedIntoPlace with a
+// writer that inserts into app.outbox throughout, so into the new
+// relation from the swap on. Until the repair's message the stream passes
+// over the new relation's inserts as unmapped (its cached name is
+// app_new's), so those between a snapshot and a message written after it
+// were in neither; the snapshot and the message are now one transaction
+// that holds the writers off (lockedRepair). Every event written, to
+// either table, arrives once, each aggregate's in order.
+func TestSchemaSwappedUnderAWriter(t *testing.T) {
+	e, kafka, _ := crossingEnv(t, 1, func(int) int { return 10 })
+	testenv.Exec(t, e.db, `CREATE SCHEMA app`, `CREATE TABLE app.outbox (LIKE public.outbox INCLUDING ALL)`)
+	e.cfg.Tables[0].Name = outbox.TableName{Schema: "app", Name: "outbox"}
+	e.cfg.Tables[0].Backfill = nil
+	e.cfg.Postgres.CatalogCheckInterval = 200 * time.Millisecond
+	r := e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	testenv.Exec(t, e.db, `BEGIN; CREATE SCHEMA app_new; CREATE TABLE app_new.outbox (LIKE app.outbox INCLUDING ALL); ALTER PUBLICATION `+postgres.DefaultPublication+` ADD TABLE app_new.outbox; COMMIT;`,
+		`INSERT INTO app_new.outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'early', 'Created', '{}')`)
+	w := startWriter(t, e.db, strings.Replace(insertSQL, "INTO outbox", "INTO app.outbox", 1))
+	w.waitWrites(t, 50)
+	testenv.Exec(t, e.db, `BEGIN; ALTER SCHEMA app RENAME TO app_old; ALTER SCHEMA app_new RENAME TO app; COMMIT;`)
+	testenv.Eventually(t, time.Minute, "the swapped table repaired", func() bool {
+		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_repairs_total", "table", "app.outbox") >= 1
+	})
+	w.waitWrites(t, 50)
+	total := int(w.finish(t)) + 1
+	want := map[string]string{}
+	for _, table := range []string{"app.outbox", "app_old.outbox"} {
+		var got []string
+		testenv.QueryRow(t, e.db, `SELECT coalesce(array_agg(id::text), '{}') FROM `+table, nil, &got)
+		for _, id := range got {
+			want[id] = table
+		}
+	}
+	c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
+	expectRecreated(t, c, want, total)
+}

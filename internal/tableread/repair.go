@@ -36,6 +36,7 @@ type Snapshot struct {
 	// ready is closed once the plan is read (finish), with failed its
 	// error: an imported snapshot is handed over before.
 	ready  chan struct{}
+	once   sync.Once
 	failed error
 	// Total is how many rows the snapshot holds, once ready.
 	Total int64
@@ -130,8 +131,7 @@ func beginSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source, export
 func (s *Snapshot) finish(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer func() {
-		s.failed = err
-		close(s.ready)
+		s.setReady(err)
 		s.mu.Unlock()
 		if err != nil {
 			s.Close(ctx)
@@ -161,6 +161,17 @@ func (s *Snapshot) finish(ctx context.Context) (err error) {
 		s.cur, err = s.plan.Open(ctx, s.conn, nil, 0, false)
 	}
 	return err
+}
+
+// setReady makes the snapshot ready, or failed with err; only the first
+// call counts.
+func (s *Snapshot) setReady(err error) {
+	s.once.Do(func() {
+		s.failed = err
+		if s.ready != nil {
+			close(s.ready)
+		}
+	})
 }
 
 // Ready waits until the snapshot's plan is read, and returns what reading
@@ -215,4 +226,7 @@ func (s *Snapshot) Close(ctx context.Context) {
 		s.conn.Close(context.WithoutCancel(ctx))
 		s.conn = nil
 	}
+	// Closed before its plan was read (a repair dropped): whoever waits
+	// for it gets an error.
+	s.setReady(errors.New("read a repair's snapshot: it was closed"))
 }

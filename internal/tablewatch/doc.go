@@ -32,11 +32,13 @@
 //     inserted after the table joined the publication are in the stream
 //     (a transaction that inserted before it joined ended before the
 //     snapshot, so its rows are in the snapshot).
-//   - published by the connector on a primary, a relation is published,
-//     snapshotted and announced in one transaction that holds the table's
-//     writers off (publishRepairing): its rows go where it joined the
-//     publication, before every event of any table committed after; a
-//     writer that holds the table past lockWait gets the path above.
+//   - on a primary, a relation is published (when the connector adds
+//     it), snapshotted and announced in one transaction that holds the
+//     table's writers off (lockedRepair): every row before the message is
+//     in the snapshot, every row after it in the stream after it, and an
+//     added table's rows go where it joined the publication; a writer
+//     that holds the table past lockWait, or a role that may not lock it,
+//     gets the path above.
 //   - a repair's rows go before every event of its relation the stream
 //     carries, in the order they were committed (tableread.Order): at the
 //     first such event (a fresh one) the stream waits for the snapshot

@@ -14,31 +14,42 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 	"github.com/outboxcdc/cdc/internal/setup"
 )
 
-// lockWait bounds how long publishRepairing waits for the table's writers
-// to end; new writers wait behind it as long.
+// lockWait bounds how long lockedRepair waits for the table's writers to
+// end; new writers wait behind it as long.
 const lockWait = time.Second
 
-// publishRepairing adds st, another relation under table t's name, to the
-// publication, and opens its repair, in one transaction that holds the
-// table's writers off (LOCK ... IN SHARE MODE, granted once every
-// transaction that wrote to it has ended, and holding off new ones until
-// it commits). The repair's snapshot is that transaction's, exported into
-// the snapshot's own (ImportSnapshot), and its message is written in it.
-// So the snapshot holds every row the table received before it joined the
-// publication and no other, and the stream meets the message where the
-// table joined: the rows go there, before every event of any table
-// committed after it, each once. A snapshot taken after the ALTER
-// committed (startRepair) holds rows committed after it too, which went
-// ahead of the other tables' events committed between.
+// lockedRepair opens the repair of st, another relation under table t's
+// name, in one transaction that holds the table's writers off (LOCK ...
+// IN SHARE MODE, granted once every transaction that wrote to it has
+// ended, and holding off new ones until it commits), adding it to the
+// publication first when add is set. The repair's snapshot is that
+// transaction's, exported into the snapshot's own (ImportSnapshot), and
+// its message is written in it. So the snapshot holds every row the table
+// received before the message and no other, and every row after the
+// message is in the stream after it:
+//
+//   - added here, the table joins the publication at the message, and the
+//     rows go there, before every event of any table committed after it.
+//     A snapshot taken after the ALTER committed (startRepair) held rows
+//     committed after it too, and the other tables' events committed
+//     between went ahead of the older rows;
+//   - published already, the snapshot's rows go where the stream meets the
+//     relation's first event (Before), or at the message. A relation the
+//     stream passed over as unmapped until the message (one a schema's
+//     rename put under the name, which pgoutput names anew only then) had
+//     rows between a later snapshot and its message in neither.
 //
 // It returns false, having changed nothing, when the lock is not granted
-// within lockWait (a long transaction writes to the table, and the
-// writers are not held off behind it any longer): the caller publishes the
-// table as before, and says that the order across tables is not kept.
-func (w *Watch) publishRepairing(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.TableState, old uint32, role string) (bool, error) {
+// within lockWait (a long transaction writes to the table, and the writers
+// are not held off behind it any longer), or may not be taken (the role
+// may only read the table); then the caller repairs as before
+// (startRepair), and an added table's order across tables is not kept.
+// A hot standby takes no such lock: its caller does not ask.
+func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.TableState, old uint32, role string, add bool) (bool, error) {
 	pub := w.deps.Postgres.Publication
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -49,19 +60,26 @@ func (w *Watch) publishRepairing(ctx context.Context, conn *pgx.Conn, t *outbox.
 		return false, err
 	}
 	var pe *pgconn.PgError
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
-		w.log.Warn("outbox table was dropped and created again, and a transaction writing to it held it past "+lockWait.String()+": published without holding its writers off; its rows are sent once every older transaction has ended, in the order they were committed, but after the events of other tables committed meanwhile",
-			"table", t.String())
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
+		// lock_not_available, insufficient_privilege
+		if pe.Code == "55P03" {
+			w.log.Warn("outbox table was dropped and created again, and a transaction writing to it held it past "+lockWait.String()+": repaired without holding its writers off; its rows are sent once every older transaction has ended, in the order they were committed, but after the events of other tables committed meanwhile",
+				"table", t.String())
+		}
 		return false, nil
 	} else if err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, setup.AddStatement(pub, st.Table)); err != nil {
-		return false, errtext.Fatalf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, pub, err, setup.AddStatement(pub, st.Table))
-	}
-	rs, err := setup.ReadRelation(ctx, tx.Conn(), pub, st.OID)
-	if err != nil {
-		return false, err
+	member := st.Member
+	if add {
+		if _, err := tx.Exec(ctx, setup.AddStatement(pub, st.Table)); err != nil {
+			return false, errtext.Fatalf("add outbox table %s to publication %s: %v; as the owner of both run: %s", t, pub, err, setup.AddStatement(pub, st.Table))
+		}
+		rs, err := setup.ReadRelation(ctx, tx.Conn(), pub, st.OID)
+		if err != nil {
+			return false, err
+		}
+		member = rs.Member
 	}
 	var exported string
 	if err := tx.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&exported); err != nil {
@@ -71,10 +89,11 @@ func (w *Watch) publishRepairing(ctx context.Context, conn *pgx.Conn, t *outbox.
 	if err != nil {
 		return false, readError(t, role, err)
 	}
-	r := &Repair{ID: backfill.NewID(), Table: t, Rel: st.OID, Member: rs.Member, Old: old, Snap: snap}
+	r := &Repair{ID: backfill.NewID(), Table: t, Rel: st.OID, Member: member, Old: old, Snap: snap}
 	w.mu.Lock()
 	w.pending[r.ID] = r
 	w.repairing[t] = true
+	w.changedLocked() // a stream waiting in Before takes it now, and waits for finish
 	w.mu.Unlock()
 	b, _ := json.Marshal(decode.Control{Type: ControlRepair, ID: r.ID})
 	if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2)", decode.ControlPrefix, string(b)); err != nil {
@@ -85,15 +104,15 @@ func (w *Watch) publishRepairing(ctx context.Context, conn *pgx.Conn, t *outbox.
 		w.drop(ctx, r)
 		return false, err
 	}
-	// Published: a failure from here on drops the repair, and the next
-	// look repairs the published table anew (startRepair); the stream
-	// passes over a message no repair is pending for.
+	// Committed: a failure from here on drops the repair (a stream that
+	// took it ends its session), and the next look repairs the table
+	// anew; the stream passes over a message no repair is pending for.
 	if err := finish(ctx); err != nil {
 		w.drop(ctx, r)
 		return true, readError(t, role, err)
 	}
-	w.log.Warn("outbox table was dropped and created again (or another table took its name); added the new table to the publication, and sending the rows it received before, where it joined",
-		"table", t.String(), "publication", pub, "rows", snap.Total)
+	w.log.Warn("outbox table was dropped and created again (or another table took its name); sending the rows it received before it was published, where the stream reaches this point",
+		"table", t.String(), "publication", pub, "added", add, "rows", snap.Total)
 	return true, nil
 }
 
@@ -106,4 +125,11 @@ func readError(t *outbox.Source, role string, err error) error {
 			t, setup.GrantStatement(setup.Table{TableName: t.Name}, role))}
 	}
 	return err
+}
+
+// onPrimary reports whether conn's server is a primary, where
+// lockedRepair may lock.
+func onPrimary(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	standby, err := postgres.InRecovery(ctx, conn)
+	return !standby, err
 }

@@ -352,6 +352,8 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 	if st.Unlogged {
 		return setup.UnloggedTable(t, w.deps.ConfigFile)
 	}
+	// added: published below without the lock, which is not tried again.
+	added := !st.Published
 	if !st.Published {
 		if !cat.Publication.Owned || !st.Owned {
 			why := "it does not own the table"
@@ -363,11 +365,11 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 				t, cfg.Publication, why, setup.AddStatement(cfg.Publication, st.Table), setup.GrantStatement(st.Table, cat.Role))}
 		}
 		// On a primary, published and repaired in one transaction,
-		// which keeps the order across tables (publishRepairing).
-		if standby, err := postgres.InRecovery(ctx, conn); err != nil {
+		// which keeps the order across tables (lockedRepair).
+		if primary, err := onPrimary(ctx, conn); err != nil {
 			return err
-		} else if !standby {
-			if done, err := w.publishRepairing(ctx, conn, t, st, old, cat.Role); done || err != nil {
+		} else if primary {
+			if done, err := w.lockedRepair(ctx, conn, t, st, old, cat.Role, true); done || err != nil {
 				return err
 			}
 		}
@@ -383,6 +385,13 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 	}
 	if st.Filtered {
 		return filtered(w.deps, t)
+	}
+	if primary, err := onPrimary(ctx, conn); err != nil {
+		return err
+	} else if primary && !added {
+		if done, err := w.lockedRepair(ctx, conn, t, st, old, cat.Role, false); done || err != nil {
+			return err
+		}
 	}
 	return w.startRepair(ctx, conn, t, st.RelState, old, cat.Role)
 }
