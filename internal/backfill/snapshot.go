@@ -18,10 +18,10 @@ func (r *Runner) OpenSnapshot(ctx context.Context, t *outbox.Source) (*tableread
 	return tableread.OpenSnapshot(ctx, r.snapshotDeps(), t)
 }
 
-// ImportSnapshot opens a snapshot of table t's rows for a repair in
-// exported, another transaction's (tableread.ImportSnapshot).
-func (r *Runner) ImportSnapshot(ctx context.Context, t *outbox.Source, exported string) (*tableread.Snapshot, func(context.Context) error, error) {
-	return tableread.ImportSnapshot(ctx, r.snapshotDeps(), t, exported)
+// NewSnapshot connects a snapshot of table t's rows for a repair, to begin
+// in another transaction's (tableread.NewSnapshot).
+func (r *Runner) NewSnapshot(ctx context.Context, t *outbox.Source) (*tableread.Snapshot, error) {
+	return tableread.NewSnapshot(ctx, r.snapshotDeps(), t)
 }
 
 func (r *Runner) snapshotDeps() tableread.SnapshotDeps {

@@ -103,7 +103,7 @@ func TestRecreatedShapesLoseNothing(t *testing.T) {
 // long as it stays open), and rows committed after the publishing were in
 // the snapshot too. The table is now published, its snapshot exported and
 // its message written in one transaction that holds the table's writers
-// off (publishRepairing): every row written before it goes where it
+// off (lockedRepair): every row written before it goes where it
 // joined, every event after it in its place. CDC_ORDER_SEED replays a
 // draw.
 func TestRepairWhereTheTableJoined(t *testing.T) {

@@ -129,7 +129,7 @@ func (p *Pipeline) tableDeps() tablewatch.Deps {
 	return tablewatch.Deps{
 		Postgres: p.cfg.Postgres, Tables: p.cfg.Tables, WALTables: p.cfg.WALTables(),
 		ConfigFile: p.configFile(), Metrics: p.m, OpenSnapshot: p.backfills().OpenSnapshot,
-		ImportSnapshot: p.backfills().ImportSnapshot, Log: p.log,
+		NewSnapshot: p.backfills().NewSnapshot, Log: p.log,
 	}
 }
 

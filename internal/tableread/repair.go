@@ -17,7 +17,7 @@ import (
 // Snapshot reads every row of one table in a snapshot of its own, chunk by
 // chunk, on a connection of its own: the rows a recreated table received
 // before it was published again. Its snapshot is taken when it opens, or
-// imported (ImportSnapshot), and held, in a read-only repeatable read
+// imported (NewSnapshot), and held, in a read-only repeatable read
 // transaction, until Close.
 type Snapshot struct {
 	// mu guards conn: the watch may close a snapshot (a repair dropped)
@@ -31,9 +31,9 @@ type Snapshot struct {
 	dec   *decode.RowDecoder
 	after []string
 	final bool
-	// imported: in another transaction's snapshot (ImportSnapshot).
+	// imported: in another transaction's snapshot (Begin).
 	imported bool
-	// ready is closed once the plan is read (finish), with failed its
+	// ready is closed once the plan is read (Finish), with failed its
 	// error: an imported snapshot is handed over before.
 	ready  chan struct{}
 	once   sync.Once
@@ -59,41 +59,41 @@ type SnapshotDeps struct {
 
 // OpenSnapshot opens a snapshot of table t's rows.
 func OpenSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source) (*Snapshot, error) {
-	s, err := beginSnapshot(ctx, d, t, "")
+	s, err := NewSnapshot(ctx, d, t)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.finish(ctx); err != nil {
+	if err := s.Begin(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.Finish(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// ImportSnapshot opens a snapshot of table t's rows in exported, the
-// snapshot another transaction exported (pg_export_snapshot) while it
-// holds the table's writers off. Seen is read; the plan and the count,
-// which would hold the writers off as long as they take, are read by
-// finish, which the caller runs once that transaction ended; Next waits
-// for it.
-func ImportSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source, exported string) (*Snapshot, func(context.Context) error, error) {
-	s, err := beginSnapshot(ctx, d, t, exported)
-	if err != nil {
-		return nil, nil, err
-	}
-	return s, s.finish, nil
-}
-
-// beginSnapshot opens the snapshot's transaction, in exported when it is
-// not "", and reads what it shows.
-func beginSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source, exported string) (*Snapshot, error) {
+// NewSnapshot connects a snapshot of table t's rows, to Begin in another
+// transaction's exported snapshot (pg_export_snapshot) while that one
+// holds the table's writers off: the connection is made first, so that
+// they wait for none of it. Finish, once that transaction ended, reads
+// the plan and the count, which would hold them off as long as they take;
+// Next waits for it.
+func NewSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source) (*Snapshot, error) {
 	conn, err := d.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s := &Snapshot{conn: conn, d: d, t: t, ready: make(chan struct{}), imported: exported != ""}
-	fail := func(err error) (*Snapshot, error) {
+	return &Snapshot{conn: conn, d: d, t: t, ready: make(chan struct{})}, nil
+}
+
+// Begin opens the snapshot's transaction, in exported when it is not "",
+// and reads what it shows; on an error it closes the snapshot.
+func (s *Snapshot) Begin(ctx context.Context, exported string) error {
+	conn, t := s.conn, s.t
+	s.imported = exported != ""
+	fail := func(err error) error {
 		s.Close(ctx)
-		return nil, err
+		return err
 	}
 	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
 		return fail(fmt.Errorf("open a snapshot of %s: %w", t, err))
@@ -106,29 +106,29 @@ func beginSnapshot(ctx context.Context, d SnapshotDeps, t *outbox.Source, export
 			return fail(fmt.Errorf("open a snapshot of %s: import %s: %w", t, exported, err))
 		}
 	}
-	if err := SetRole(ctx, conn, d.Role); err != nil {
+	if err := SetRole(ctx, conn, s.d.Role); err != nil {
 		return fail(err)
 	}
 	// The lock's read takes the transaction's snapshot, and may then wait
 	// for a rewrite or a partition change that would read as fewer rows.
-	// An imported one's exporter holds those off until finish.
+	// An imported one's exporter holds those off until Finish.
 	if exported == "" {
 		if err := HoldFiles(ctx, conn, t); err != nil {
 			return fail(err)
 		}
 	}
 	// The transaction's snapshot, which the lock's read took.
-	err = conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
+	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
 		array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x) FROM pg_current_snapshot() s`).Scan(&s.Seen.Xmin, &s.Seen.Xmax, &s.Seen.Xip)
 	if err != nil {
 		return fail(fmt.Errorf("open a snapshot of %s: read what it shows: %w", t, err))
 	}
-	return s, nil
+	return nil
 }
 
-// finish reads the snapshot's plan and count, and makes it ready; on an
+// Finish reads the snapshot's plan and count, and makes it ready; on an
 // error it closes it.
-func (s *Snapshot) finish(ctx context.Context) (err error) {
+func (s *Snapshot) Finish(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer func() {
 		s.setReady(err)

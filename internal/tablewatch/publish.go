@@ -27,7 +27,7 @@ const lockWait = time.Second
 // IN SHARE MODE, granted once every transaction that wrote to it has
 // ended, and holding off new ones until it commits), adding it to the
 // publication first when add is set. The repair's snapshot is that
-// transaction's, exported into the snapshot's own (ImportSnapshot), and
+// transaction's, exported into the snapshot's own (tableread.NewSnapshot), and
 // its message is written in it. So the snapshot holds every row the table
 // received before the message and no other, and every row after the
 // message is in the stream after it:
@@ -51,6 +51,17 @@ const lockWait = time.Second
 // A hot standby takes no such lock: its caller does not ask.
 func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.TableState, old uint32, role string, add bool) (bool, error) {
 	pub := w.deps.Postgres.Publication
+	// Connected before the lock: the writers wait for none of it.
+	snap, err := w.deps.NewSnapshot(ctx, t)
+	if err != nil {
+		return false, err
+	}
+	registered := false
+	defer func() {
+		if !registered {
+			snap.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -85,11 +96,11 @@ func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sour
 	if err := tx.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&exported); err != nil {
 		return false, fmt.Errorf("export the snapshot of outbox table %s's repair: %w", t, err)
 	}
-	snap, finish, err := w.deps.ImportSnapshot(ctx, t, exported)
-	if err != nil {
+	if err := snap.Begin(ctx, exported); err != nil {
 		return false, readError(t, role, err)
 	}
 	r := &Repair{ID: backfill.NewID(), Table: t, Rel: st.OID, Member: member, Old: old, Snap: snap}
+	registered = true // w.drop closes it from here on
 	w.mu.Lock()
 	w.pending[r.ID] = r
 	w.repairing[t] = true
@@ -107,7 +118,7 @@ func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sour
 	// Committed: a failure from here on drops the repair (a stream that
 	// took it ends its session), and the next look repairs the table
 	// anew; the stream passes over a message no repair is pending for.
-	if err := finish(ctx); err != nil {
+	if err := snap.Finish(ctx); err != nil {
 		w.drop(ctx, r)
 		return true, readError(t, role, err)
 	}

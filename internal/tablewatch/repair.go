@@ -324,8 +324,8 @@ func (w *Watch) Rows(ctx context.Context, r *Repair, commit pglogrepl.LSN, at ti
 		return 0, 0, nil // a new Floor (checkFiles): nothing to send
 	}
 	defer r.Snap.Close(ctx)
-	// An imported snapshot (publishRepairing) reads its plan once the
-	// table is published, maybe after the stream reached its message.
+	// An imported snapshot (lockedRepair) reads its plan once its
+	// transaction committed, maybe after the stream reached its message.
 	if err := blocking(func() error { return r.Snap.Ready(ctx) }); err != nil {
 		return 0, 0, fmt.Errorf("repair of %s: %w", r.Table, err)
 	}

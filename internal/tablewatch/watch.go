@@ -78,10 +78,10 @@ type Deps struct {
 	Metrics    *metrics.Metrics
 	// OpenSnapshot opens a snapshot of a table's rows for a repair.
 	OpenSnapshot func(ctx context.Context, t *outbox.Source) (*tableread.Snapshot, error)
-	// ImportSnapshot opens one in another transaction's exported
-	// snapshot; its finish reads the plan (tableread.ImportSnapshot).
-	ImportSnapshot func(ctx context.Context, t *outbox.Source, exported string) (*tableread.Snapshot, func(context.Context) error, error)
-	Log            hclog.Logger
+	// NewSnapshot connects one, to begin in another transaction's
+	// exported snapshot (tableread.NewSnapshot).
+	NewSnapshot func(ctx context.Context, t *outbox.Source) (*tableread.Snapshot, error)
+	Log         hclog.Logger
 }
 
 // New starts a session's watch from rec, the checkpoint the session
