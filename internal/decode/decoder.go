@@ -172,20 +172,18 @@ type LookupError struct{ Err error }
 func (e *LookupError) Error() string { return "look up relation's partition root: " + e.Err.Error() }
 func (e *LookupError) Unwrap() error { return e.Err }
 
-// Refresh asks Fresh again for every cached relation, and Known for every
-// unmapped one: call it when the answers may have changed (the pipeline
-// took a recreated or swapped table's rows). An error is a relation that
-// became a table's without the columns the configuration maps.
+// Refresh asks Fresh again for every cached relation, and maps every
+// unmapped one again (by Known, name and Partition, as a Relation message
+// would): call it when the answers may have changed (the pipeline took a
+// recreated or swapped table's rows). A leaf partition of a table a
+// schema's rename put in place is found through its root only now. An
+// error is a relation that became a table's without the columns the
+// configuration maps, or a failed Partition lookup (a *LookupError).
 func (d *Decoder) Refresh() error {
-	for id, rel := range d.rels {
+	for _, rel := range d.rels {
 		if rel.table != nil {
 			rel.fresh = d.Fresh != nil && d.Fresh(rel.table, rel.id)
-			continue
-		}
-		if rel.raw == nil || d.Known == nil {
-			continue
-		}
-		if _, _, ok := d.Known(id); ok {
+		} else if rel.raw != nil {
 			if err := d.cacheRelation(*rel.raw); err != nil {
 				return err
 			}
@@ -360,6 +358,18 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	}
 	if !d.inTx {
 		return Message{}, fmt.Errorf("INSERT outside a transaction")
+	}
+	if rel.table == nil && rel.raw != nil && d.Known != nil {
+		// Named a table's since it was cached (a schema renamed into
+		// place sends no Relation message anew): the watch names such a
+		// relation before its repair's snapshot, so every insert from then
+		// on is streamed, and every one before is in the snapshot.
+		if _, _, ok := d.Known(relID); ok {
+			if err := d.cacheRelation(*rel.raw); err != nil {
+				return Message{}, err
+			}
+			rel = d.rels[relID]
+		}
 	}
 	if rel.table == nil {
 		return Message{Kind: KindUnmapped, Relation: rel.name, XID: d.begin.XID, Commit: d.begin.FinalLSN}, nil

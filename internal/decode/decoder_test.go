@@ -272,6 +272,45 @@ func TestDecodeFresh(t *testing.T) {
 	}
 }
 
+// TestDecodeNamedSinceCached: a relation cached as unmapped (a new
+// schema's table, app_new.outbox) is mapped at its next insert once Known
+// names it, with no Relation message anew (a schema renamed into place
+// sends none): its inserts are the table's events from then on, not only
+// from the next Refresh. A leaf partition Known does not name is looked up
+// again through its root by Refresh.
+func TestDecodeNamedSinceCached(t *testing.T) {
+	tbl := testTable()
+	d := New([]*outbox.Source{tbl})
+	named := map[uint32]bool{}
+	d.Known = func(id uint32) (*outbox.Source, uint32, bool) { return tbl, id, named[id] }
+	leafRoot := false
+	d.Partition = func(rel Relation) (*outbox.Source, uint32, bool, error) {
+		return tbl, 30, leafRoot && rel.ID == 31, nil
+	}
+	insert := func(rel uint32) Message {
+		mustDecode(t, d, beginMsg(1, 1, pgEpoch))
+		m := mustDecode(t, d, insertMsg(rel, s("i"), s("order"), s("a-1"), s("Created"), s("{}")))
+		mustDecode(t, d, commitMsg(1, 2, pgEpoch))
+		return m
+	}
+	mustDecode(t, d, relationMsg(20, "app_new", "outbox", outboxCols...))
+	mustDecode(t, d, relationMsg(31, "app_new", "outbox_p0", outboxCols...))
+	if insert(20).Kind != KindUnmapped || insert(31).Kind != KindUnmapped {
+		t.Fatal("want another schema's table and its leaf unmapped")
+	}
+	named[20] = true
+	if m := insert(20); m.Kind != KindEvent || m.Event.Source != tbl || m.Rel != 20 {
+		t.Fatalf("once Known names it: kind %v rel %d, want the table's event", m.Kind, m.Rel)
+	}
+	leafRoot = true
+	if err := d.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if m := insert(31); m.Kind != KindEvent || m.Rel != 30 {
+		t.Fatalf("a leaf after Refresh: kind %v rel %d, want the root's event", m.Kind, m.Rel)
+	}
+}
+
 func TestDecodeErrors(t *testing.T) {
 	tests := []struct {
 		name string

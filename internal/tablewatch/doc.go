@@ -39,6 +39,10 @@
 //     added table's rows go where it joined the publication; a writer
 //     that holds the table past lockWait, or a role that may not lock it,
 //     gets the path above.
+//   - a relation is named its table's (Watch.name, and so Known) before
+//     any snapshot of it: the decoder maps its inserts from then on, one
+//     it cached as unmapped too, so an insert is in the snapshot or in
+//     the stream after the snapshot's rows, never in neither.
 //   - a repair's rows go before every event of its relation the stream
 //     carries, in the order they were committed (tableread.Order): at the
 //     first such event (a fresh one) the stream waits for the snapshot

@@ -73,10 +73,12 @@ func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sour
 	var pe *pgconn.PgError
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
 		// lock_not_available, insufficient_privilege
-		if pe.Code == "55P03" {
-			w.log.Warn("outbox table was dropped and created again, and a transaction writing to it held it past "+lockWait.String()+": repaired without holding its writers off; its rows are sent once every older transaction has ended, in the order they were committed, but after the events of other tables committed meanwhile",
-				"table", t.String())
+		why := "a transaction writing to it held it past " + lockWait.String()
+		if pe.Code == "42501" {
+			why = "the connector's role may not lock it (LOCK ... IN SHARE MODE needs UPDATE, DELETE or TRUNCATE on it)"
 		}
+		w.log.Warn("outbox table was dropped and created again (or another table took its name), and "+why+": repaired without holding its writers off; its rows are sent once every older transaction has ended, in the order they were committed, but after the events of other tables committed meanwhile",
+			"table", t.String())
 		return false, nil
 	} else if err != nil {
 		return false, err

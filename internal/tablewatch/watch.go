@@ -352,6 +352,9 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 	if st.Unlogged {
 		return setup.UnloggedTable(t, w.deps.ConfigFile)
 	}
+	if err := w.name(ctx, conn, t, st.RelState); err != nil {
+		return err
+	}
 	// added: published below without the lock, which is not tried again.
 	added := !st.Published
 	if !st.Published {
@@ -394,6 +397,28 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 		}
 	}
 	return w.startRepair(ctx, conn, t, st.RelState, old, cat.Role)
+}
+
+// name records st, the relation under table t's name now, and its leaf
+// partitions as t's (Known), before any repair's snapshot of it is taken.
+// The decoder maps their inserts from here on, one it cached as unmapped
+// too (a schema renamed into place sends no Relation message anew), and
+// they are fresh, so the stream waits for the snapshot's rows before them
+// (Before). Every insert the stream passed over as unmapped before was
+// committed before it read it, so before the snapshot, which holds it.
+// Named only at the repair's message, the inserts committed between a
+// snapshot and that message were in neither (startRepair, and
+// lockedRepair's role, which may not lock).
+func (w *Watch) name(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.RelState) error {
+	w.mu.Lock()
+	if _, ok := w.rels[st.OID]; !ok {
+		w.rels[st.OID] = known{t, st.OID}
+	}
+	w.mu.Unlock()
+	if st.Partitioned {
+		return w.noteLeaves(ctx, conn, t, st.OID)
+	}
+	return nil
 }
 
 // followRename says, once per name, that t's relation is followed under
