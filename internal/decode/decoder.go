@@ -192,6 +192,14 @@ func (d *Decoder) Refresh() error {
 	return nil
 }
 
+// XID is the transaction being decoded, 0 between transactions.
+func (d *Decoder) XID() uint32 {
+	if !d.inTx {
+		return 0
+	}
+	return d.begin.XID
+}
+
 // New returns a Decoder for the given sources.
 func New(sources []*outbox.Source) *Decoder {
 	d := &Decoder{

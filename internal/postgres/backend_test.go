@@ -90,3 +90,34 @@ func TestWatchBackend(t *testing.T) {
 		t.Fatal("working called after stop")
 	}
 }
+
+// TestVisible: a transaction with an xid shows in no snapshot while it is
+// open, and in every one once it committed or rolled back; the 32-bit xid
+// is placed in the snapshot's epoch.
+func TestVisible(t *testing.T) {
+	db := testenv.Require(t, pg).NewDatabase(t)
+	ctx := context.Background()
+	look := testenv.Connect(t, db)
+	for _, end := range []string{"COMMIT", "ROLLBACK"} {
+		tx, err := testenv.Connect(t, db).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var xid uint32
+		if err := tx.QueryRow(ctx, `SELECT (pg_current_xact_id()::text::int8 % 4294967296)::int8`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := postgres.Visible(ctx, look, xid); err != nil || v {
+			t.Fatalf("open transaction %d: visible %v, %v; want false", xid, v, err)
+		}
+		if _, err := tx.Exec(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := postgres.Visible(ctx, look, xid); err != nil || !v {
+			t.Fatalf("transaction %d after %s: visible %v, %v; want true", xid, end, v, err)
+		}
+		if v, err := postgres.Visible(ctx, look, xid-1); err != nil || !v {
+			t.Fatalf("an older transaction %d: visible %v, %v; want true", xid-1, v, err)
+		}
+	}
+}

@@ -21,6 +21,43 @@ func NextXID(ctx context.Context, conn *pgx.Conn) (uint64, error) {
 	return next, nil
 }
 
+// Visible reports whether a snapshot taken now on conn's server shows
+// transaction xid as ended: the 32-bit xid a pgoutput message carries, of
+// the epoch of the snapshot's xmax, or of the one before when it is above
+// xmax's low 32 bits (an xid the server assigned lies within 2^31 below
+// xmax). A transaction the walsender sent is committed, but may not show
+// yet: its commit record is flushed before the committing backend makes it
+// visible.
+func Visible(ctx context.Context, conn *pgx.Conn, xid uint32) (bool, error) {
+	const q = `SELECT pg_visible_in_snapshot((x - ((x % 4294967296 - $1::int8 + 4294967296) % 4294967296))::text::xid8, s)
+		FROM (SELECT pg_current_snapshot() AS s) AS cur, LATERAL (SELECT pg_snapshot_xmax(s)::text::int8 AS x) AS xmax`
+	var visible bool
+	if err := conn.QueryRow(ctx, q, int64(xid)).Scan(&visible); err != nil {
+		return false, fmt.Errorf("check whether transaction %d shows in a snapshot: %w", xid, err)
+	}
+	return visible, nil
+}
+
+// WaitVisible waits, up to limit, until a snapshot on conn's server shows
+// transaction xid as ended (Visible): the catalog holds what a transaction
+// the stream read did. Its error says what the commit may wait for.
+func WaitVisible(ctx context.Context, conn *pgx.Conn, xid uint32, limit time.Duration) error {
+	for deadline := time.Now().Add(limit); ; {
+		visible, err := Visible(ctx, conn, xid)
+		if err != nil || visible {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("transaction %d, which the stream read, shows in no snapshot after %s: its commit waits, for a synchronous standby (synchronous_standby_names) or the disk, and the catalog does not hold its changes yet", xid, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // WritableNextXID is NextXID on the server that assigns xids: postgres.url's
 // while it is a primary, postgres.primary_url's while it is a standby
 // (whose own snapshot may lag the primary's). ok is false on a standby

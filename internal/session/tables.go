@@ -118,7 +118,7 @@ func (s *session) fresh(m *decode.Message) (passed bool, err error) {
 	}
 	var r *tablewatch.Repair
 	err = s.blocking(func() (err error) {
-		r, err = s.tables.Before(s.ctx, t, m.Rel, limit)
+		r, err = s.tables.Before(s.ctx, t, m.Rel, m.XID, limit)
 		return err
 	})
 	if err != nil {
@@ -206,7 +206,7 @@ func (s *session) newDecoder(pt *tablewatch.Partitions, w *tablewatch.Watch) *de
 	d := decode.New(s.d.Config.Tables)
 	d.Partition = func(rel decode.Relation) (t *outbox.Source, root uint32, ok bool, err error) {
 		err = s.blocking(func() (err error) {
-			t, root, ok, err = pt.Lookup(s.ctx, rel)
+			t, root, ok, err = pt.Lookup(s.ctx, rel, d.XID())
 			return err
 		})
 		if ok && w != nil {

@@ -39,6 +39,9 @@
 //     added table's rows go where it joined the publication; a writer
 //     that holds the table past lockWait, or a role that may not lock it,
 //     gets the path above.
+//   - a look the stream waits for, and a leaf's lookup, read the catalog
+//     only once a snapshot shows the transaction the stream read
+//     (postgres.WaitVisible): the walsender sends a commit before it shows.
 //   - a relation is named its table's (Watch.name, and so Known) before
 //     any snapshot of it: the decoder maps its inserts from then on, one
 //     it cached as unmapped too, so an insert is in the snapshot or in

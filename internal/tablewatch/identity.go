@@ -162,14 +162,23 @@ type Partitions struct {
 
 // Lookup returns the configured table that rel is a partition of, at any
 // depth, by the ancestor's id (Known) or name, and that table's relation
-// id.
-func (pt *Partitions) Lookup(ctx context.Context, rel decode.Relation) (*outbox.Source, uint32, bool, error) {
+// id. xid is the transaction the stream reads rel's Relation message in
+// (0: none): the lookup waits until a snapshot shows it, since a
+// partition created or attached in it is in no catalog before, and its
+// rows would be taken for another table's (postgres.WaitVisible).
+func (pt *Partitions) Lookup(ctx context.Context, rel decode.Relation, xid uint32) (*outbox.Source, uint32, bool, error) {
 	if pt.conn == nil {
 		conn, err := postgres.ConnectSQL(ctx, pt.Postgres)
 		if err != nil {
 			return nil, 0, false, err
 		}
 		pt.conn = conn
+	}
+	if xid != 0 {
+		if err := postgres.WaitVisible(ctx, pt.conn, xid, visibleWait); err != nil {
+			pt.Close(ctx)
+			return nil, 0, false, err
+		}
 	}
 	rows, err := pt.conn.Query(ctx, `SELECT a.relid::oid, n.nspname, c.relname
 		FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY AS a(relid, ord)

@@ -137,7 +137,8 @@ func (w *Watch) Take(id string) *Repair {
 }
 
 // Before returns the repair whose rows must go before an event of table
-// t's relation rel that is fresh (decode.Message.Fresh): its snapshot,
+// t's relation rel that is fresh (decode.Message.Fresh), written by
+// transaction xid: its snapshot,
 // taken once every transaction older than the relation's joining the
 // publication had ended, holds the rows the relation received before it
 // joined, which were committed before the event. Once Before returned
@@ -148,18 +149,25 @@ func (w *Watch) Take(id string) *Repair {
 // When no repair of rel is announced yet (the table was published and
 // the watch waits for an older transaction, or has not looked since),
 // Before asks for a look and waits, until one announces it, or until a
-// look that began after the call ends without one: then it returns nil,
-// and no repair of rel is coming (the relation is no longer the one
+// look that began after the call, and whose catalog shows xid's work
+// (waitVisible), ends without one: then it returns nil, and no repair of
+// rel is coming (the relation is no longer the one
 // under t's name, or another of t's is repaired). It returns an error
 // when ctx ends, the watch stopped, or it waited limit (0: no limit) and
 // the repair is still not announced. The stream's goroutine calls it,
 // while the stream keeps its slot (wal.Stream.While): the stream reads
 // nothing past the event meanwhile, so the event, and every later one,
 // waits in the WAL, which holds them without a bound in memory.
-func (w *Watch) Before(ctx context.Context, t *outbox.Source, rel uint32, limit time.Duration) (*Repair, error) {
+func (w *Watch) Before(ctx context.Context, t *outbox.Source, rel, xid uint32, limit time.Duration) (*Repair, error) {
 	w.mu.Lock()
 	since := w.began
+	w.visible = xid
 	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.visible = 0
+		w.mu.Unlock()
+	}()
 	start, told := time.Now(), time.Now()
 	for {
 		select {

@@ -49,9 +49,13 @@ type Watch struct {
 	// replaced, when a look ends or a repair is announced; poke asks Run
 	// for a look now; ended is closed when Run returns.
 	began, looked int
-	changed       chan struct{}
-	poke          chan struct{}
-	ended         chan struct{}
+	// visible is the transaction of the fresh event a stream waits at
+	// (Before), 0 when none: a look waits until its snapshot shows it
+	// (waitVisible).
+	visible uint32
+	changed chan struct{}
+	poke    chan struct{}
+	ended   chan struct{}
 
 	// The stream's goroutine alone uses these: the ids of fresh events
 	// it met, by table, and the relations it reported as unmapped.
@@ -221,6 +225,9 @@ func (w *Watch) check(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("read the standby's replay delay: %w", err)
 	}
 	w.deps.Metrics.StandbyDelay.Set(max(delay, 0))
+	if err := w.waitVisible(ctx, conn); err != nil {
+		return err
+	}
 	cat, err := setup.ReadCatalog(ctx, conn, cfg.Publication, w.deps.WALTables)
 	if err != nil {
 		return err
@@ -239,6 +246,30 @@ func (w *Watch) check(ctx context.Context, conn *pgx.Conn) error {
 	}
 	w.deps.Metrics.CatalogChecked.SetToCurrentTime()
 	return nil
+}
+
+// visibleWait bounds waitVisible and a partition's lookup: a transaction
+// the stream read is committed, and its commit shows in new snapshots
+// within moments.
+const visibleWait = 10 * time.Second
+
+// waitVisible waits until a snapshot shows the transaction of the fresh
+// event the stream waits at (w.visible), so that the look's catalog holds
+// what that transaction did. The walsender sends a transaction once its
+// commit record is flushed, which can be before the committing backend
+// makes it visible: a look right then saw the table as it was before the
+// recreation, found no repair to start, and the stream sent the new
+// relation's events ahead of the rows the repair sent later (seen on
+// PostgreSQL 18 under load). The xid is 32 bits; its epoch is that of the
+// snapshot's xmax, or the one before (postgres.Visible).
+func (w *Watch) waitVisible(ctx context.Context, conn *pgx.Conn) error {
+	w.mu.Lock()
+	xid := w.visible
+	w.mu.Unlock()
+	if xid == 0 {
+		return nil
+	}
+	return postgres.WaitVisible(ctx, conn, xid, visibleWait)
 }
 
 // checkPublication checks what of the publication decides for every
