@@ -7,10 +7,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/postgres"
@@ -396,6 +398,78 @@ func TestSchemaSwappedUnderAWriter(t *testing.T) {
 			}
 			c.SettleConfirmed(t, time.Minute, e.db, "outbox_cdc")
 			expectRecreated(t, c, want, total)
+		})
+	}
+}
+
+// TestSwapMetByAStreamBehind swaps a schema into place while the stream is
+// behind the watch: Kafka holds its acks, so it has read no further than
+// the old table's first event when the watch names the new relation the
+// table's (Watch.name). It then meets the new relation's insert written
+// before the swap as a fresh event of the table, and took it for the
+// repair's place: the repair's rows, one of them written after the swap,
+// went ahead of the old table's event written between the two ("k: seq 2
+// arrived after ... 1" is seq 1 after seq 2). That insert ended before the
+// naming, so the stream passes over it, as it would have in time
+// (Watch.NamedAfter), and the repair sends it.
+func TestSwapMetByAStreamBehind(t *testing.T) {
+	for _, way := range []string{"locked", "may not lock"} {
+		t.Run(way, func(t *testing.T) {
+			e, kafka, _ := crossingEnv(t, 1, func(int) int { return 10 })
+			testenv.Exec(t, e.db, `CREATE SCHEMA app`, `CREATE TABLE app.outbox (LIKE public.outbox INCLUDING ALL)`,
+				`CREATE SCHEMA app_new`, `CREATE TABLE app_new.outbox (LIKE app.outbox INCLUDING ALL)`)
+			e.cfg.Tables[0].Name = outbox.TableName{Schema: "app", Name: "outbox"}
+			e.cfg.Tables[0].Backfill = nil
+			e.cfg.Postgres.CatalogCheckInterval = 200 * time.Millisecond
+			e.cfg.MaxInFlight = 1
+			if way == "may not lock" {
+				e.cfg.Postgres.URL = testenv.LeastPrivileged(t, e.db, "app.outbox", true)
+				var role string
+				testenv.QueryRow(t, e.cfg.Postgres.URL, `SELECT current_user`, nil, &role)
+				testenv.Exec(t, e.db, `GRANT USAGE ON SCHEMA app, app_new TO `+role, `GRANT SELECT ON app_new.outbox TO `+role)
+			}
+			logs := &testenv.Buffer{}
+			e.logOut = logs
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(logs.String())
+				}
+			})
+			var held atomic.Bool
+			release := make(chan struct{})
+			kafka.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+				kafka.Fake.KeepControl()
+				if held.Load() {
+					kafka.Fake.SleepControl(func() { <-release })
+				}
+				return nil, nil, false
+			})
+			r := e.start(t)
+			c := kafka.NewConsumer(t, kafka.AllTopics())
+			testenv.Exec(t, e.db, `ALTER PUBLICATION `+postgres.DefaultPublication+` ADD TABLE app_new.outbox`)
+			held.Store(true)
+			conn := testenv.Connect(t, e.db)
+			want := map[string]bool{}
+			want[insertSeqInto(t, conn, "app.outbox", "k", 0)] = true
+			for i := 0; i < 20; i++ {
+				want[insertSeqInto(t, conn, "app.outbox", "filler", i)] = true
+			}
+			want[insertSeqInto(t, conn, "app_new.outbox", "x", 0)] = true
+			want[insertSeqInto(t, conn, "app.outbox", "k", 1)] = true
+			testenv.Exec(t, e.db, `BEGIN; ALTER SCHEMA app RENAME TO app_old; ALTER SCHEMA app_new RENAME TO app; COMMIT;`)
+			want[insertSeqInto(t, conn, "app.outbox", "k", 2)] = true
+			testenv.Eventually(t, time.Minute, "the watch to name the new relation", func() bool {
+				return strings.Contains(logs.String(), "sending the rows it received before it was published") ||
+					strings.Contains(logs.String(), "repaired without holding its writers off") // named before either
+
+			})
+			if got := testenv.Counter(t, r.p.Metrics().Registry, "cdc_table_repairs_total", "table", "app.outbox"); got != 0 {
+				t.Fatalf("the stream reached the repair before Kafka let it go (%v repairs): it was not behind", got)
+			}
+			held.Store(false)
+			close(release)
+			want[insertSeqInto(t, conn, "app.outbox", "k", 3)] = true
+			expectCommitOrder(t, c, want)
 		})
 	}
 }

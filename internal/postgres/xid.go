@@ -21,6 +21,17 @@ func NextXID(ctx context.Context, conn *pgx.Conn) (uint64, error) {
 	return next, nil
 }
 
+// Snapshot reads the snapshot q's transaction has now (or a statement's,
+// outside one): its xmin and xmax, and the transactions in progress
+// between them, 64-bit (checkpoint.Seen holds such a snapshot).
+func Snapshot(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (xmin, xmax uint64, xip []uint64, err error) {
+	err = q.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
+		array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x) FROM pg_current_snapshot() s`).Scan(&xmin, &xmax, &xip)
+	return xmin, xmax, xip, err
+}
+
 // Visible reports whether a snapshot taken now on conn's server shows
 // transaction xid as ended: the 32-bit xid a pgoutput message carries, of
 // the epoch of the snapshot's xmax, or of the one before when it is above

@@ -163,6 +163,9 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 				s.tables.NoteFresh(&m.Event)
 				return nil
 			}
+			if s.tables.NamedAfter(m.Rel, m.XID) {
+				return nil // the repair's snapshot holds it (tablewatch.Watch.NamedAfter)
+			}
 			if passed, err := s.fresh(m); passed || err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/postgres"
 )
 
 // Snapshot reads every row of one table in a snapshot of its own, chunk by
@@ -118,9 +119,8 @@ func (s *Snapshot) Begin(ctx context.Context, exported string) error {
 		}
 	}
 	// The transaction's snapshot, which the lock's read took.
-	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint,
-		array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x) FROM pg_current_snapshot() s`).Scan(&s.Seen.Xmin, &s.Seen.Xmax, &s.Seen.Xip)
-	if err != nil {
+	var err error
+	if s.Seen.Xmin, s.Seen.Xmax, s.Seen.Xip, err = postgres.Snapshot(ctx, conn); err != nil {
 		return fail(fmt.Errorf("open a snapshot of %s: read what it shows: %w", t, err))
 	}
 	return nil

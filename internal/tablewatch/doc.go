@@ -45,7 +45,10 @@
 //   - a relation is named its table's (Watch.name, and so Known) before
 //     any snapshot of it: the decoder maps its inserts from then on, one
 //     it cached as unmapped too, so an insert is in the snapshot or in
-//     the stream after the snapshot's rows, never in neither.
+//     the stream after the snapshot's rows, never in neither. An insert
+//     whose transaction ended before the naming (NamedAfter) is the
+//     repair's, however late the stream reads it: never the repair's
+//     place, which would put rows written later ahead of it.
 //   - a repair's rows go before every event of its relation the stream
 //     carries, in the order they were committed (tableread.Order): at the
 //     first such event (a fresh one) the stream waits for the snapshot

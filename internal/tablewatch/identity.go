@@ -32,16 +32,19 @@ const maxFresh = 100_000
 type known struct {
 	t    *outbox.Source
 	root uint32
+	// named is the snapshot in which the watch named the relation the
+	// table's (Watch.name), nil for one known otherwise.
+	named *checkpoint.Seen
 }
 
 // knowLocked records st's relations as t's: the one streamed and the
 // former ones. w.mu is held (or w not shared yet).
 func (w *Watch) knowLocked(t *outbox.Source, st checkpoint.Table) {
 	if st.Rel != 0 {
-		w.rels[st.Rel] = known{t, st.Rel}
+		w.rels[st.Rel] = known{t: t, root: st.Rel}
 	}
 	for _, id := range st.Former {
-		w.rels[id] = known{t, id}
+		w.rels[id] = known{t: t, root: id}
 	}
 }
 
@@ -61,7 +64,7 @@ func (w *Watch) Known(id uint32) (*outbox.Source, uint32, bool) {
 func (w *Watch) NoteLeaf(id uint32, t *outbox.Source, root uint32) {
 	w.mu.Lock()
 	if _, ok := w.rels[id]; !ok {
-		w.rels[id] = known{t, root}
+		w.rels[id] = known{t: t, root: root}
 	}
 	w.mu.Unlock()
 }
@@ -82,6 +85,24 @@ func (w *Watch) noteLeaves(ctx context.Context, conn *pgx.Conn, t *outbox.Source
 		w.NoteLeaf(id, t, rel)
 	}
 	return nil
+}
+
+// NamedAfter reports whether transaction xid, which wrote an insert into
+// relation rel that the stream reads as a fresh event of a table, ended
+// before the watch named rel the table's (Watch.name): its row is the
+// repair's, whose snapshot was taken later, as it is for any insert the
+// stream passed over as unmapped before the naming. The stream passes over
+// such an event. Taken as the repair's place instead, it would put the
+// snapshot's rows, which hold transactions committed after it, ahead of
+// events of the table's former relation committed between the two: a
+// stream behind the watch met the new relation's first insert, written
+// before a swap, only once the watch had named it, and sent the rows
+// written after the swap before the former relation's written before it.
+func (w *Watch) NamedAfter(rel, xid uint32) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k, ok := w.rels[rel]
+	return ok && k.named != nil && k.named.Sees(xid)
 }
 
 // tableOf returns the table whose streamed relation is id, or nil.

@@ -440,10 +440,21 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 // Named only at the repair's message, the inserts committed between a
 // snapshot and that message were in neither (startRepair, and
 // lockedRepair's role, which may not lock).
+//
+// The snapshot of the naming is kept (NamedAfter): an insert the stream
+// reads late, whose transaction ended before the naming, is the repair
+// snapshot's as if the stream had passed over it in time. It is taken
+// before the relation is named: an insert the stream reads between the
+// two is passed over as unmapped, and ended before the repair's snapshot.
 func (w *Watch) name(ctx context.Context, conn *pgx.Conn, t *outbox.Source, st setup.RelState) error {
+	var named checkpoint.Seen
+	var err error
+	if named.Xmin, named.Xmax, named.Xip, err = postgres.Snapshot(ctx, conn); err != nil {
+		return fmt.Errorf("name the new relation of %s: %w", t, err)
+	}
 	w.mu.Lock()
 	if _, ok := w.rels[st.OID]; !ok {
-		w.rels[st.OID] = known{t, st.OID}
+		w.rels[st.OID] = known{t: t, root: st.OID, named: &named}
 	}
 	w.mu.Unlock()
 	if st.Partitioned {
