@@ -52,12 +52,26 @@ done
 rest=()
 for p in $all; do [ -n "${parts[$p]:-}" ] || rest+=("$p"); done
 
+# Each test's time is kept (scripts/testjson.py, which prints what go test
+# prints without -v): the slowest are listed at the end, and
+# GOTEST_WEIGHTS=FILE writes the sharded packages' times there, as
+# scripts/test-weights.txt holds them. Not for -v or benchmarks, whose
+# output is wanted whole.
+json=1
+for f in "${flags[@]}"; do
+	case "$f" in -v|-v=*|-bench|-bench=*|-json) json=0 ;; esac
+done
+
 # run NAME ARGS...: go test ARGS, its lines prefixed with NAME, into a log.
 pids=()
 run() {
 	local name=$1
 	shift
-	("$GO" test "${flags[@]}" "$@" 2>&1; echo "gotest-exit: $?") | sed -u "s|^|[$name] |" | tee "$dir/$name.log" &
+	if [ "$json" = 1 ]; then
+		("$GO" test -json "${flags[@]}" "$@" 2>&1 | python3 scripts/testjson.py "$dir/$name.times"; echo "gotest-exit: ${PIPESTATUS[0]}") | sed -u "s|^|[$name] |" | tee "$dir/$name.log" &
+	else
+		("$GO" test "${flags[@]}" "$@" 2>&1; echo "gotest-exit: $?") | sed -u "s|^|[$name] |" | tee "$dir/$name.log" &
+	fi
 	pids+=($!)
 }
 [ ${#rest[@]} = 0 ] || run all "${rest[@]}"
@@ -96,6 +110,16 @@ done
 
 rc=0
 for p in "${pids[@]}"; do wait "$p"; done
+if compgen -G "$dir/*.times" >/dev/null; then
+	echo "gotest: the slowest tests (seconds):"
+	sort -k3 -rn "$dir"/*.times | head -20 | awk '{printf "gotest:   %7.1f  %s %s\n", $3, $2, $1}'
+	if [ -n "${GOTEST_WEIGHTS:-}" ]; then
+		{
+			echo "# Seconds each test of the packages scripts/gotest.sh splits took (go test -race, 2 cores; GOTEST_WEIGHTS=FILE make test writes them): its weights. Refresh when they drift."
+			for pkg in "${!parts[@]}"; do awk -v p="$pkg" '$1 == p {print $2, $3}' "$dir"/*.times; done | sort
+		} >"$GOTEST_WEIGHTS"
+	fi
+fi
 grep -h "gotest-exit: [1-9]" "$dir"/*.log >/dev/null && rc=1
 if [ "$rc" != 0 ]; then
 	echo "gotest: failed:"
