@@ -116,7 +116,7 @@ func TestRecreatedShapesLoseNothing(t *testing.T) {
 //   - partition created: with publish_via_partition_root off, a
 //     transaction creates a partition and inserts into it. The lookup of
 //     the leaf's root found none, and the row was dropped as unmapped.
-//     The lookup now waits too (Partitions.Lookup).
+//     The lookup now waits too (leaf.Finder.Lookup).
 func TestCommitShownLate(t *testing.T) {
 	for _, shape := range []string{"recreated", "partition created"} {
 		t.Run(shape, func(t *testing.T) {

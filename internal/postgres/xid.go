@@ -49,6 +49,11 @@ func Visible(ctx context.Context, conn *pgx.Conn, xid uint32) (bool, error) {
 	return visible, nil
 }
 
+// VisibleWait bounds a WaitVisible for a transaction the stream read (a
+// look at the catalog, a leaf's lookup): it is committed, and its commit
+// shows in new snapshots within moments.
+const VisibleWait = 10 * time.Second
+
 // WaitVisible waits, up to limit, until a snapshot on conn's server shows
 // transaction xid as ended (Visible): the catalog holds what a transaction
 // the stream read did. Its error says what the commit may wait for.

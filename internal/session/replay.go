@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxcdc/cdc/internal/leaf"
 	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/sink"
-	"github.com/outboxcdc/cdc/internal/tablewatch"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -25,7 +25,7 @@ import (
 // returns the replay's last status.
 func Replay(ctx context.Context, d Deps, k *sink.Kafka, stream *wal.Stream, start pglogrepl.LSN, f *replay.Filter, progress func(replay.Status)) (replay.Status, error) {
 	s := &session{d: d, kafka: k, tracker: newTracker(d.Config, start), replay: f, ctx: ctx}
-	pt := &tablewatch.Partitions{Postgres: d.Config.Postgres, Tables: d.Config.Tables}
+	pt := &leaf.Finder{Postgres: d.Config.Postgres, Tables: d.Config.Tables}
 	defer pt.Close(ctx)
 	s.dec = s.newDecoder(pt, nil)
 	s.out = s.newSender()

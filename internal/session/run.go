@@ -16,6 +16,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/errtext"
+	"github.com/outboxcdc/cdc/internal/leaf"
 	"github.com/outboxcdc/cdc/internal/metrics"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
@@ -173,7 +174,7 @@ func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, clo
 		}
 	}
 	s.covered = s.tables.Covered()
-	pt := &tablewatch.Partitions{Postgres: cfg.Postgres, Tables: cfg.Tables}
+	pt := &leaf.Finder{Postgres: cfg.Postgres, Tables: cfg.Tables}
 	s.dec = s.newDecoder(pt, s.tables)
 	if s.skipTo >= st.From {
 		d.Log.Info("the slot is behind the checkpoint (Postgres restarted or crashed before its position reached disk); skipping the transactions Kafka already holds",

@@ -158,15 +158,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 		s.tx = s.tracker.Begin(m.CommitTime)
 	case decode.KindEvent, decode.KindInvalid:
 		if m.Fresh && s.tables != nil {
-			if s.skipping {
-				// Kafka holds it: the repair must not send it again.
-				s.tables.NoteFresh(&m.Event)
-				return nil
-			}
-			if s.tables.NamedAfter(m.Rel, m.XID) {
-				return nil // the repair's snapshot holds it (tablewatch.Watch.NamedAfter)
-			}
-			if passed, err := s.fresh(m); passed || err != nil {
+			if passed, err := s.freshEvent(m); passed || err != nil {
 				return err
 			}
 		}

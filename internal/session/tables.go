@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/leaf"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/tablewatch"
 )
@@ -176,6 +177,22 @@ func (s *session) fresh(m *decode.Message) (passed bool, err error) {
 	return seen.Sees(m.XID) && s.sentBy(t, &seen, m.Event.ID()), nil
 }
 
+// freshEvent handles an event of a relation its table was not streamed
+// from (decode.Message.Fresh), and reports whether the stream passes over
+// it: one Kafka holds already, one the repair's snapshot holds
+// (tablewatch.Watch.NamedAfter), or one the repair sent (fresh).
+func (s *session) freshEvent(m *decode.Message) (passed bool, err error) {
+	switch {
+	case s.skipping:
+		// Kafka holds it: the repair must not send it again.
+		s.tables.NoteFresh(&m.Event)
+		return true, nil
+	case s.tables.NamedAfter(m.Rel, m.XID):
+		return true, nil
+	}
+	return s.fresh(m)
+}
+
 // sentBy reports whether the repair of t, whose snapshot showed seen,
 // sent the row of event id: by the ids this session noted, or those the
 // checkpoint kept.
@@ -202,7 +219,7 @@ func (s *session) uncover(xid uint32) {
 // newDecoder is a session's decoder: leaf partitions found through pt,
 // and, with a watch, relations known by their ids and the fresh events of
 // recreated tables marked.
-func (s *session) newDecoder(pt *tablewatch.Partitions, w *tablewatch.Watch) *decode.Decoder {
+func (s *session) newDecoder(pt *leaf.Finder, w *tablewatch.Watch) *decode.Decoder {
 	d := decode.New(s.d.Config.Tables)
 	d.Partition = func(rel decode.Relation) (t *outbox.Source, root uint32, ok bool, err error) {
 		err = s.blocking(func() (err error) {

@@ -390,6 +390,42 @@ func UnloggedTable(t fmt.Stringer, configFile string) error {
 		t, t, configFile, t)
 }
 
+// LeftPublication is the error for table t, streamed before and no longer
+// in the publication.
+func LeftPublication(pub, configFile string, t fmt.Stringer) error {
+	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
+		"as the publication's owner run: %s; then send the rows it received while it was out with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
+		t, pub, AddStatement(pub, Table{TableName: outboxName(t)}), configFile, t)}
+}
+
+// LeftAndBack is the error for table t, streamed before, found removed
+// from the publication and added back since the last look: the inserts of
+// the time between never reached the slot.
+func LeftAndBack(pub, configFile string, t fmt.Stringer) error {
+	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s and was added back (its membership changed), so the inserts it received in between never reached the connector; "+
+		"send them with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again (retention keeps the table's rows from before this start)",
+		t, pub, configFile, t)}
+}
+
+// Filtered is the error for table t, which the publication publishes
+// through a row filter.
+func Filtered(pub string, t fmt.Stringer) error {
+	return &errtext.Fatal{Msg: fmt.Sprintf("publication %s has a row filter (WHERE) for outbox table %s, so the inserts it filters out never reach the connector; "+
+		"as the publication's owner set the table again without one (ALTER PUBLICATION %s SET TABLE ..., every table listed) and start the connector again",
+		pub, t, pub)}
+}
+
+// outboxName is t's name as a TableName, for the statements errors name.
+func outboxName(t fmt.Stringer) outbox.TableName {
+	switch v := t.(type) {
+	case Table:
+		return v.TableName
+	case *outbox.Source:
+		return v.Name
+	}
+	return outbox.TableName{Name: t.String()}
+}
+
 // NotPublished is the error for table t, whose inserts do not reach the
 // publication; why, when set, says why the connector's role does not add
 // it, role is that role.

@@ -80,7 +80,7 @@ func Baseline(ctx context.Context, d Deps, rec *checkpoint.Record, cat setup.Cat
 			}
 		}
 		if st.Filtered {
-			return filtered(d, st.Table)
+			return setup.Filtered(d.Postgres.Publication, st.Table)
 		}
 		switch {
 		case known:
@@ -135,9 +135,9 @@ func disown(tables map[string]checkpoint.Table, claimed map[uint32]string) {
 func (b *baseline) resume(ctx context.Context, st setup.TableState, prev *checkpoint.Table) error {
 	switch {
 	case !st.Published:
-		return LeftPublication(b.d, st.Table)
+		return setup.LeftPublication(b.d.Postgres.Publication, b.d.ConfigFile, st.Table)
 	case st.Filtered:
-		return filtered(b.d, st.Table)
+		return setup.Filtered(b.d.Postgres.Publication, st.Table)
 	case prev.Member != "" && st.Member != prev.Member:
 		b.d.Log.Error("outbox table left the publication and was added back while the connector was stopped: the inserts it received in between never reached the connector; send them with cdc backfill (--table, --where); retention keeps the table's rows from before this start",
 			"table", st.Table.String(), "publication", b.d.Postgres.Publication)

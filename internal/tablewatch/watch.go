@@ -114,43 +114,6 @@ func New(d Deps, rec checkpoint.Record, cat setup.Catalog) *Watch {
 	return w
 }
 
-// LeftPublication is the error for table t, streamed before and no longer
-// in the publication.
-func LeftPublication(d Deps, t fmt.Stringer) error {
-	pub := d.Postgres.Publication
-	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s (someone removed it), so its inserts since do not reach the connector; "+
-		"as the publication's owner run: %s; then send the rows it received while it was out with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again",
-		t, pub, setup.AddStatement(pub, setup.Table{TableName: outboxName(t)}), d.ConfigFile, t)}
-}
-
-// leftAndBack is the error for table t, streamed before, found removed
-// from the publication and added back since the last look: the inserts of
-// the time between never reached the slot.
-func leftAndBack(d Deps, t fmt.Stringer) error {
-	return &errtext.Fatal{Msg: fmt.Sprintf("outbox table %s left publication %s and was added back (its membership changed), so the inserts it received in between never reached the connector; "+
-		"send them with cdc backfill --config %s --table %s --where '<those rows>', and start the connector again (retention keeps the table's rows from before this start)",
-		t, d.Postgres.Publication, d.ConfigFile, t)}
-}
-
-// filtered is the error for table t, which the publication publishes
-// through a row filter.
-func filtered(d Deps, t fmt.Stringer) error {
-	return &errtext.Fatal{Msg: fmt.Sprintf("publication %s has a row filter (WHERE) for outbox table %s, so the inserts it filters out never reach the connector; "+
-		"as the publication's owner set the table again without one (ALTER PUBLICATION %s SET TABLE ..., every table listed) and start the connector again",
-		d.Postgres.Publication, t, d.Postgres.Publication)}
-}
-
-// outboxName is t's name as a TableName, for the statements errors name.
-func outboxName(t fmt.Stringer) outbox.TableName {
-	switch v := t.(type) {
-	case setup.Table:
-		return v.TableName
-	case *outbox.Source:
-		return v.Name
-	}
-	return outbox.TableName{Name: t.String()}
-}
-
 // Run checks the catalog at once and then every
 // postgres.catalog_check_interval, until ctx ends or a check finds what
 // must stop the session, which it hands to fail.
@@ -248,11 +211,6 @@ func (w *Watch) check(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// visibleWait bounds waitVisible and a partition's lookup: a transaction
-// the stream read is committed, and its commit shows in new snapshots
-// within moments.
-const visibleWait = 10 * time.Second
-
 // waitVisible waits until a snapshot shows the transaction of the fresh
 // event the stream waits at (w.visible), so that the look's catalog holds
 // what that transaction did. The walsender sends a transaction once its
@@ -269,7 +227,7 @@ func (w *Watch) waitVisible(ctx context.Context, conn *pgx.Conn) error {
 	if xid == 0 {
 		return nil
 	}
-	return postgres.WaitVisible(ctx, conn, xid, visibleWait)
+	return postgres.WaitVisible(ctx, conn, xid, postgres.VisibleWait)
 }
 
 // checkPublication checks what of the publication decides for every
@@ -359,11 +317,11 @@ func (w *Watch) checkTable(ctx context.Context, conn *pgx.Conn, cat setup.Catalo
 		case cur.Unlogged:
 			return setup.UnloggedTable(t, w.deps.ConfigFile)
 		case !cur.Published:
-			return LeftPublication(w.deps, t)
+			return setup.LeftPublication(w.deps.Postgres.Publication, w.deps.ConfigFile, t)
 		case prev.Member != "" && cur.Member != prev.Member:
-			return leftAndBack(w.deps, t)
+			return setup.LeftAndBack(w.deps.Postgres.Publication, w.deps.ConfigFile, t)
 		case cur.Filtered:
-			return filtered(w.deps, t)
+			return setup.Filtered(w.deps.Postgres.Publication, t)
 		}
 		if cur.Partitioned {
 			if err := w.noteLeaves(ctx, conn, t, cur.OID); err != nil {
@@ -418,7 +376,7 @@ func (w *Watch) newRelation(ctx context.Context, conn *pgx.Conn, cat setup.Catal
 		w.log.Warn("outbox table was dropped and created again (or another table took its name); added the new table to the publication, and sending the rows it received before", "table", t.String(), "publication", cfg.Publication)
 	}
 	if st.Filtered {
-		return filtered(w.deps, t)
+		return setup.Filtered(w.deps.Postgres.Publication, t)
 	}
 	if primary, err := onPrimary(ctx, conn); err != nil {
 		return err
