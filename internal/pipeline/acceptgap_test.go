@@ -110,3 +110,49 @@ func parkedReadAndGone(t *testing.T) (*detour, *running, *testenv.Consumer) {
 	}
 	return d, r, c
 }
+
+// TestAcceptGapOfAnotherTablesEvents (found by the attack on issue 53): K
+// is parked by an event of outbox, which has no retention, and its next
+// event, of outbox2, which has, parks behind it; the parked records are
+// deleted. --accept-gap was refused only where the parking's first table
+// had retention, so it un-parked K, and retention deleted K's row of
+// outbox2, whose event no topic held. A record gone names no table: the
+// redrive refuses while any table has retention, and the row stays
+// through a sweep past retention.after.
+func TestAcceptGapOfAnotherTablesEvents(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	d.retentionInterval = 200 * time.Millisecond
+	testenv.Exec(t, d.db, `CREATE TABLE outbox2 (LIKE outbox INCLUDING ALL)`)
+	tb := *d.tbl
+	tb.Name = outbox.TableName{Schema: "public", Name: "outbox2"}
+	tb.Retention = &outbox.Retention{After: time.Second}
+	d.cfg.Tables = append(d.cfg.Tables, &tb)
+	r := d.start(t)
+	conn := testenv.Connect(t, d.db)
+	c := d.consumer(t)
+	d.emit(t, conn, "K", 1, "", true) // too large: parks K
+	testenv.Exec(t, d.db, `INSERT INTO outbox2 (aggregatetype, aggregateid, type, payload) VALUES ('order', 'K', 'E', '{"k": "K", "seq": 2}')`)
+	p := d.waitParked(t, c, "K", 2, 2)
+	adm := kadm.NewClient(d.kafka.Client(t))
+	o := kadm.Offsets{}
+	o.Add(kadm.Offset{Topic: d.parked, Partition: p.Partition, At: -1})
+	if resp, err := adm.DeleteRecords(context.Background(), o); err != nil || resp.Error() != nil {
+		t.Fatalf("delete records: %v %v", err, resp.Error())
+	}
+	used := d.redrive(t, park.Selector{Key: "K"}, false, true)
+	if allDone(used) || len(used) != 1 || !strings.Contains(used[0].Outcome, "public.outbox2 has retention") {
+		t.Fatalf("redrive --accept-gap with retention on outbox2: %+v; want it refused, naming outbox2", used)
+	}
+	past := time.Now().Add(2 * time.Second)
+	testenv.Eventually(t, time.Minute, "a sweep of outbox2 past retention.after", func() bool {
+		return testenv.Counter(t, r.p.Metrics().Registry, "cdc_retention_last_run_timestamp_seconds", "table", "public.outbox2") > float64(past.Unix())
+	})
+	var n int
+	testenv.QueryRow(t, d.db, `SELECT count(*) FROM outbox2 WHERE aggregateid = 'K'`, nil, &n)
+	if n != 1 {
+		t.Fatalf("%d of K's 1 row of outbox2 left after the refused --accept-gap", n)
+	}
+	if rec, _ := loadCheckpoint(t, d.env); len(rec.Parked) != 1 || rec.Parked[0].Key != "K" {
+		t.Fatalf("parked after the refused --accept-gap: %+v; want K", rec.Parked)
+	}
+}

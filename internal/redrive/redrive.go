@@ -87,11 +87,13 @@ type Runner struct {
 	// and of max_in_flight_bytes), and what a fetch reads.
 	ChunkRecords int
 	ChunkBytes   int
-	// Retained reports whether the table (as SQL names it) has retention:
-	// it keeps a parked key's rows only while the key is parked, so a gap
-	// accepted there lets it delete the rows of the events gone with the
-	// records (TestAcceptGapRefusedUnderRetention).
-	Retained func(table string) bool
+	// Retained lists the configured tables with retention: it keeps a
+	// parked key's rows only while the key is parked, so a gap accepted
+	// lets it delete the rows of the events gone with the records
+	// (TestAcceptGapRefusedUnderRetention). Any of them: a parking holds
+	// events of every table the key's events come from, and a record gone
+	// names none (TestAcceptGapOfAnotherTablesEvents).
+	Retained func() []string
 	Log      hclog.Logger
 }
 
@@ -166,10 +168,11 @@ func (r *Runner) one(ctx context.Context, s Session, set *park.Set, p *checkpoin
 		reason = fmt.Sprintf("redrive refused: parked topic %q (partition %d, from offset %d) no longer holds %d of its %d records (%s): deleted by a retention, compaction, DeleteRecords or the topic made again? To send them in order, stop the connector and rewind to the parking's start (cdc rewind --to-lsn %s, within the replay window), or send what is left and accept the gap (cdc redrive --key %s --accept-gap); the outbox keeps the key's rows only while it is parked: to send them after the gap with cdc backfill --where, take the table's retention off first (docs/operations.md, \"Parked keys\")",
 			p.Topic, p.Partition, from, w.lost, p.Events-p.Released, w.spans(), p.FirstLSN, quoteArg(p.Key))
 		r.Log.Error("redrive: a parked key's records are missing from the parked topic; it stays parked", "key", p.Key, "topic", p.Topic, "partition", p.Partition, "missing", w.spans(), "forged", w.forged)
-	case w.lost > 0 && r.Retained != nil && r.Retained(p.Table):
-		reason = fmt.Sprintf("redrive refused, nothing sent: parked topic %q no longer holds %d of its %d records (%s), and %s has retention, which keeps the key's rows only while it is parked: --accept-gap would let it delete the rows of the events gone, which no topic holds. Take tables[].retention off for the table and start again, then cdc redrive --key %s --accept-gap, then send the key's rows with cdc backfill --where (or, to accept their loss, skip the backfill), then put retention back (docs/operations.md, \"Parked keys\")",
-			p.Topic, w.lost, p.Events-p.Released, w.spans(), p.Table, quoteArg(p.Key))
-		r.Log.Error("redrive: --accept-gap refused: a parked key's records are missing and its table has retention; it stays parked", "key", p.Key, "table", p.Table, "missing", w.spans())
+	case w.lost > 0 && r.Retained != nil && len(r.Retained()) > 0:
+		retained := strings.Join(r.Retained(), ", ")
+		reason = fmt.Sprintf("redrive refused, nothing sent: parked topic %q no longer holds %d of its %d records (%s), and %s has retention, which keeps the key's rows only while it is parked (the records gone may be of any table): --accept-gap would let it delete the rows of the events gone, which no topic holds. Take tables[].retention off for %s and start again, then cdc redrive --key %s --accept-gap, then send the key's rows with cdc backfill --where (or, to accept their loss, skip the backfill), then put retention back (docs/operations.md, \"Parked keys\")",
+			p.Topic, w.lost, p.Events-p.Released, w.spans(), retained, retained, quoteArg(p.Key))
+		r.Log.Error("redrive: --accept-gap refused: a parked key's records are missing and a table has retention; it stays parked", "key", p.Key, "retained", retained, "missing", w.spans())
 	case w.invalid > 0:
 		reason = fmt.Sprintf("redrive sent nothing: %d of its events are invalid still: %s; fix them, or send the first to the dead-letter topic (cdc redrive --key %s --drop-first), or every one that stays invalid (--drop-invalid)", w.invalid, strings.Join(stills, "; "), quoteArg(p.Key))
 		r.Log.Warn("redrive: events of a parked key are invalid still; it stays parked, nothing sent (fix them, or redrive with --drop-first for the first, --drop-invalid for every one)", "key", p.Key, "error", reason)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxcdc/cdc/internal/backfill"
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/park"
@@ -81,9 +80,13 @@ func (s *session) runRedrive(req park.Request, at time.Time) error {
 	chunk := max(cfg.MaxInFlight/2, 1)
 	r := &redrive.Runner{Kafka: sink.ClientOpts(cfg.Kafka, s.d.Log.Named("kafka")), Committed: s.eos != nil,
 		Keys: cfg.Checkpoint.SigningKeys, Key: saved.Key(), ChunkRecords: chunk, ChunkBytes: int(max(cfg.MaxInFlightBytes/2, 1<<20)),
-		Log: s.d.Log.Named("redrive"), Retained: func(table string) bool {
-			t := backfill.Table(cfg.Tables, table)
-			return t != nil && t.Retention != nil
+		Log: s.d.Log.Named("redrive"), Retained: func() (names []string) {
+			for _, t := range cfg.Tables {
+				if t.Retention != nil {
+					names = append(names, t.String())
+				}
+			}
+			return names
 		}}
 	out, err := r.Run(s.ctx, redrive.Session{
 		Blocking: s.blocking,
