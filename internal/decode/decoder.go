@@ -71,6 +71,12 @@ type Message struct {
 	// was asked it (a partition's root's).
 	Fresh bool
 	Rel   uint32
+	// Elsewhere marks a Fresh event of a relation the stream names
+	// otherwise than its table (its Relation message's name, say a schema
+	// renamed into place since), mapped only because Decoder.Known knows
+	// its id: read before the watch named it the table's, it would have
+	// been unmapped.
+	Elsewhere bool
 }
 
 // Type OIDs the decoder reads specially (pg_type.dat).
@@ -125,10 +131,13 @@ type relation struct {
 	// id is the configured table's relation id: the relation's own, or
 	// its root's for a partition; fresh is whether that differs from the
 	// one Known gave for the table.
-	id     uint32
-	fresh  bool
-	fields [outbox.NumFields]column
-	extra  []column
+	id    uint32
+	fresh bool
+	// elsewhere: the Relation message names it otherwise than table,
+	// and it is no partition (Message.Elsewhere).
+	elsewhere bool
+	fields    [outbox.NumFields]column
+	extra     []column
 	// used lists the tuple index of every field and extra read, once per
 	// read, to size a row's copy.
 	used []int
@@ -305,6 +314,7 @@ func (d *Decoder) cacheRelation(rel Relation) error {
 	}
 	c := &relation{table: t, id: id, extra: make([]column, len(t.Extra))}
 	c.fresh = d.Fresh != nil && d.Fresh(t, id)
+	c.elsewhere = id == rel.ID && (rel.Namespace != t.Name.Schema || rel.Name != t.Name.Name)
 	for f, name := range t.Columns {
 		c.fields[f] = column{idx: -1}
 		if name == "" {
@@ -387,7 +397,7 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 		return Message{}, nil
 	}
 	m, err := d.row(rel, d.newEvent(rel.table))
-	m.Fresh, m.Rel = rel.fresh, rel.id
+	m.Fresh, m.Rel, m.Elsewhere = rel.fresh, rel.id, rel.elsewhere
 	return m, err
 }
 

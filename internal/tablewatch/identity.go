@@ -86,7 +86,8 @@ func (w *Watch) noteLeaves(ctx context.Context, conn *pgx.Conn, t *outbox.Source
 }
 
 // NamedAfter reports whether transaction xid, which wrote an insert into
-// relation rel that the stream reads as a fresh event of a table, ended
+// relation rel that the stream reads as a fresh event of a table, and
+// names otherwise than the table (decode.Message.Elsewhere), ended
 // before the watch named rel the table's (Watch.name): its row is the
 // repair's, whose snapshot was taken later, as it is for any insert the
 // stream passed over as unmapped before the naming. The stream passes over
