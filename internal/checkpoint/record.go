@@ -100,11 +100,6 @@ type Parked struct {
 	// Reason is why First is invalid.
 	Reason string
 	First  string // the first event's id
-	// FirstSum is a hash of the first event's content (its aggregate id,
-	// type and payload), 0 in checkpoints from before it: a row read
-	// again with First's id is the first event's copy only when its
-	// content is the same, not a later event that reuses the id.
-	FirstSum uint64
 	// FirstLSN is the commit LSN of the first event's transaction: a
 	// rewind to it or before gives the parking up (the stream parks the
 	// key again), and retention keeps the rows committed since.
@@ -550,7 +545,6 @@ type jsonParked struct {
 	Key       string    `json:"key"`
 	Reason    string    `json:"reason"`
 	First     string    `json:"first"`
-	FirstSum  uint64    `json:"first_sum,omitempty"`
 	FirstLSN  string    `json:"first_lsn"`
 	Episode   string    `json:"episode"`
 	Since     time.Time `json:"since"`
@@ -570,7 +564,7 @@ type jsonRun struct {
 }
 
 func toJSONParked(p Parked) jsonParked {
-	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstSum: p.FirstSum, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
+	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
 		Since: p.Since.UTC(), Events: p.Events, Topic: p.Topic, Partition: p.Partition, Start: p.Start, Released: p.Released, Read: p.Read}
 	for _, r := range p.Runs {
 		j.Runs = append(j.Runs, jsonRun(r))
@@ -583,7 +577,7 @@ func (j jsonParked) parked() (Parked, error) {
 	if err != nil {
 		return Parked{}, fmt.Errorf("checkpoint parked key %q: first_lsn %q: %w", j.Key, j.FirstLSN, err)
 	}
-	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstSum: j.FirstSum, FirstLSN: lsn, Episode: j.Episode,
+	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstLSN: lsn, Episode: j.Episode,
 		Since: j.Since, Events: j.Events, Topic: j.Topic, Partition: j.Partition, Start: j.Start, Released: j.Released, Read: j.Read}
 	for _, r := range j.Runs {
 		p.Runs = append(p.Runs, Run(r))
