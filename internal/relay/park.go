@@ -274,6 +274,17 @@ func (s *Sender) NoteParked(tx *delivery.Txn) {
 // the next NoteParked.
 func (s *Sender) ParkedChanged() { s.parkedDirty = true }
 
+// parkedSource is the table of tables named name, a parked record's
+// source, in parking p.
+func parkedSource(p *checkpoint.Parked, name string, tables []*outbox.Source) (*outbox.Source, error) {
+	for _, t := range tables {
+		if t.String() == name {
+			return t, nil
+		}
+	}
+	return nil, errtext.Fatalf("key %q is parked with an event of table %s, which the configuration no longer has; configure the table again to redrive it", p.Key, name)
+}
+
 // Redriven is what parked record r, of parking p, becomes at its redrive
 // (package redrive): the record to produce, its kind, and its event (as
 // far as the gate and the metrics need one); nil, with ev, when its
@@ -281,15 +292,9 @@ func (s *Sender) ParkedChanged() { s.parkedDirty = true }
 // it may go): the gate's answer included. drop makes an event-form record
 // its dead letter instead (cdc redrive --drop-first).
 func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Record, tables []*outbox.Source, drop bool) (rec *kgo.Record, kind Kind, ev *outbox.Event, still, err error) {
-	name := header(r, route.HeaderDeadLetterSource)
-	var src *outbox.Source
-	for _, t := range tables {
-		if t.String() == name {
-			src = t
-		}
-	}
-	if src == nil {
-		return nil, 0, nil, nil, errtext.Fatalf("key %q is parked with an event of table %s, which the configuration no longer has; configure the table again to redrive it", p.Key, name)
+	src, err := parkedSource(p, header(r, route.HeaderDeadLetterSource), tables)
+	if err != nil {
+		return nil, 0, nil, nil, err
 	}
 	saved := header(r, park.HeaderEvent)
 	if saved == "" {
@@ -335,7 +340,9 @@ func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Reco
 		}
 	}
 	if drop {
-		rec = s.letter(ev, errors.New(header(r, route.HeaderDeadLetterError)), " (sent here by cdc redrive --drop-first)")
+		if rec, err = s.letter(ev, errors.New(header(r, route.HeaderDeadLetterError)), " (sent here by cdc redrive --drop-first)"); err != nil {
+			return nil, 0, ev, nil, err
+		}
 		kind = KindDeadLetter
 	} else {
 		var m = decode.Message{Kind: decode.KindEvent, Event: *ev}

@@ -183,7 +183,10 @@ func (s *Sender) parkingKey(ev *outbox.Event) []byte {
 // produceLetter produces ev's dead letter, for cause; note follows the
 // reason.
 func (s *Sender) produceLetter(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, cause error, note string) error {
-	rec := s.letter(ev, cause, note)
+	rec, err := s.letter(ev, cause, note)
+	if err != nil {
+		return err
+	}
 	if s.Suffix != "" {
 		rec.Topic += s.Suffix
 	}
@@ -203,7 +206,12 @@ func (s *Sender) produceLetter(ctx context.Context, tx *delivery.Txn, ev *outbox
 // It counts and logs nothing: a redrive's --drop-first builds it in its
 // check pass and again in its send pass, and produce notes a dead letter
 // once, as it goes (noteLetter).
-func (s *Sender) letter(ev *outbox.Event, cause error, note string) *kgo.Record {
+//
+// A dead letter cut to fit is not the event whole; under the table's
+// retention its row, the only whole copy, would be deleted once the letter
+// is acknowledged, so letter refuses it and the connector stops on the
+// event (docs/config.md, "Invalid events").
+func (s *Sender) letter(ev *outbox.Event, cause error, note string) (*kgo.Record, error) {
 	reason := cause.Error()
 	var ee *outbox.EventError
 	if errors.As(cause, &ee) {
@@ -214,7 +222,11 @@ func (s *Sender) letter(ev *outbox.Event, cause error, note string) *kgo.Record 
 	// Too large for the dead-letter topic too: the row's problem still,
 	// so its dead letter keeps the reason and what fits.
 	route.TruncateDeadLetter(rec, s.Kafka.MaxMessageBytesOf(rec.Topic+s.Suffix), sink.RecordSize)
-	return rec
+	if cut := header(rec, route.HeaderDeadLetterTruncated); cut != "" && ev.Source.Retention != nil {
+		return nil, errtext.Fatalf("%s event %s (lsn %s) is too large for its dead-letter topic %s (%s), and tables[].retention would delete its row, its only whole copy: raise kafka.dead_letter_max_message_bytes (and the topic's max.message.bytes), or take retention off the table, then start again",
+			ev.Source.String(), ev.ID(), ev.CommitLSN.String(), rec.Topic, cut)
+	}
+	return rec, nil
 }
 
 // noteLetter counts and logs dead letter rec of ev as it is produced.
