@@ -4,10 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"sort"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxcdc/cdc/internal/timemark"
 )
 
 // Record is the durable progress of one pipeline: what the connector has
@@ -100,6 +101,11 @@ type Parked struct {
 	// Reason is why First is invalid.
 	Reason string
 	First  string // the first event's id
+	// FirstSum is a hash of the first event's content (its aggregate id,
+	// type and payload), 0 in checkpoints from before it: a row read
+	// again with First's id is the first event's copy only when its
+	// content is the same, not a later event that reuses the id.
+	FirstSum uint64
 	// FirstLSN is the commit LSN of the first event's transaction: a
 	// rewind to it or before gives the parking up (the stream parks the
 	// key again), and retention keeps the rows committed since.
@@ -449,11 +455,13 @@ func (r *Record) SetBackfill(b Job) {
 	r.Backfills = out
 }
 
-// Mark is a WAL position and a time at which the WAL had reached it.
-type Mark struct {
-	LSN  pglogrepl.LSN
-	Time time.Time
-}
+// Mark, Marks and Skew are package timemark's, which the record keeps.
+type (
+	Mark  = timemark.Mark
+	Marks = timemark.List
+)
+
+const Skew = timemark.Skew
 
 // Jump is a move of the stream's position an operator made (an accepted gap
 // or a rewind), recorded in the checkpoint's history.
@@ -545,6 +553,7 @@ type jsonParked struct {
 	Key       string    `json:"key"`
 	Reason    string    `json:"reason"`
 	First     string    `json:"first"`
+	FirstSum  uint64    `json:"sum,omitempty"`
 	FirstLSN  string    `json:"first_lsn"`
 	Episode   string    `json:"episode"`
 	Since     time.Time `json:"since"`
@@ -564,7 +573,7 @@ type jsonRun struct {
 }
 
 func toJSONParked(p Parked) jsonParked {
-	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
+	j := jsonParked{Table: p.Table, Dest: p.Dest, Key: p.Key, Reason: p.Reason, First: p.First, FirstSum: p.FirstSum, FirstLSN: p.FirstLSN.String(), Episode: p.Episode,
 		Since: p.Since.UTC(), Events: p.Events, Topic: p.Topic, Partition: p.Partition, Start: p.Start, Released: p.Released, Read: p.Read}
 	for _, r := range p.Runs {
 		j.Runs = append(j.Runs, jsonRun(r))
@@ -577,7 +586,7 @@ func (j jsonParked) parked() (Parked, error) {
 	if err != nil {
 		return Parked{}, fmt.Errorf("checkpoint parked key %q: first_lsn %q: %w", j.Key, j.FirstLSN, err)
 	}
-	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstLSN: lsn, Episode: j.Episode,
+	p := Parked{Table: j.Table, Dest: j.Dest, Key: j.Key, Reason: j.Reason, First: j.First, FirstSum: j.FirstSum, FirstLSN: lsn, Episode: j.Episode,
 		Since: j.Since, Events: j.Events, Topic: j.Topic, Partition: j.Partition, Start: j.Start, Released: j.Released, Read: j.Read}
 	for _, r := range j.Runs {
 		p.Runs = append(p.Runs, Run(r))
@@ -814,44 +823,6 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 		r.Backfills = append(r.Backfills, rb)
 	}
 	return nil
-}
-
-// Marks is a bounded, time-ordered list of (position, time) samples of the
-// confirmed position. They let the replay window turn a time into a WAL
-// position without decoding: a transaction that committed after a mark's
-// time (plus Skew) has its commit record after the mark's LSN.
-type Marks []Mark
-
-// Skew covers the time between a transaction taking its commit timestamp
-// and writing its commit record: a mark is only trusted for times at least
-// this much after it.
-const Skew = 2 * time.Second
-
-// Add records m if it is at least every after the newest mark, and drops
-// marks older than keep, except the newest of those (the replay slot's next
-// target may be it).
-func (ms Marks) Add(m Mark, every time.Duration, keep time.Time) Marks {
-	if n := len(ms); n > 0 && (m.LSN <= ms[n-1].LSN || m.Time.Sub(ms[n-1].Time) < every) {
-		return ms
-	}
-	ms = append(ms, m)
-	i := sort.Search(len(ms), func(i int) bool { return !ms[i].Time.Before(keep) })
-	if i > 1 {
-		ms = append(ms[:0:0], ms[i-1:]...)
-	}
-	return ms
-}
-
-// Before returns the newest mark whose time is at least Skew before t: every
-// transaction that committed at or after t has its commit record at or
-// after that mark's LSN. ok is false when no mark is that old.
-func (ms Marks) Before(t time.Time) (Mark, bool) {
-	for i := len(ms) - 1; i >= 0; i-- {
-		if !ms[i].Time.After(t.Add(-Skew)) {
-			return ms[i], true
-		}
-	}
-	return Mark{}, false
 }
 
 // FindUsed returns the request id the record remembers as taken, or nil.

@@ -131,6 +131,7 @@ var (
 type First struct {
 	Table, Dest, Key, Reason string
 	ID                       string // the first event's id
+	Sum                      uint64 // its content's hash (checkpoint.Parked.FirstSum)
 	LSN                      pglogrepl.LSN
 	Since                    time.Time
 	// Topic is the parked topic, Partition the partition its records are
@@ -150,7 +151,7 @@ func (s *Set) Park(f First) (*checkpoint.Parked, error) {
 	if len(s.entries) >= s.max {
 		return nil, ErrFull
 	}
-	p := &checkpoint.Parked{Table: f.Table, Dest: f.Dest, Key: f.Key, Reason: cut(f.Reason), First: f.ID, FirstLSN: f.LSN,
+	p := &checkpoint.Parked{Table: f.Table, Dest: f.Dest, Key: f.Key, Reason: cut(f.Reason), First: f.ID, FirstSum: f.Sum, FirstLSN: f.LSN,
 		Episode: NewEpisode(), Since: f.Since, Topic: f.Topic, Partition: f.Partition, Start: f.Start,
 		Runs: []checkpoint.Run{{ID: s.run, From: 1, Key: s.key}}}
 	if n := size(p); s.maxBytes > 0 && s.bytes+n > s.maxBytes {

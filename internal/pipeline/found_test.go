@@ -302,7 +302,7 @@ func TestSkipWhenTheParkingsShareIsFull(t *testing.T) {
 	key := strings.Repeat("k", 1000)
 	entry := func(runs int) int {
 		p := checkpoint.Parked{Table: "public.outbox", Dest: d.topic, Key: key, Reason: strings.Repeat("r", 256), First: "2893e41f-038a-4e4e-be9e-43f60f30e8bd",
-			FirstLSN: 0x1930190, Episode: "0123456789abcdef", Since: time.Now(), Events: 1, Topic: d.parked, Partition: 1, Start: 0}
+			FirstSum: 1<<64 - 1, FirstLSN: 0x1930190, Episode: "0123456789abcdef", Since: time.Now(), Events: 1, Topic: d.parked, Partition: 1, Start: 0}
 		for i := range runs {
 			p.Runs = append(p.Runs, checkpoint.Run{ID: "0123456789abcdef", From: int64(i + 1), Key: signing.ID([]byte(testSigningKey))})
 		}

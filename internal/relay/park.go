@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -85,7 +86,7 @@ func (s *Sender) park(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, k
 	if err != nil {
 		dest = park.TableDest(ev.Source.String())
 	}
-	first := park.First{Table: ev.Source.String(), Dest: dest, Key: string(key), Reason: reason, ID: ev.ID(), LSN: ev.CommitLSN, Since: ev.CommitTime,
+	first := park.First{Table: ev.Source.String(), Dest: dest, Key: string(key), Reason: reason, ID: ev.ID(), Sum: contentSum(ev), LSN: ev.CommitLSN, Since: ev.CommitTime,
 		Topic: ev.Source.ParkedTopic}
 	// The parking's records go to one partition, from an offset the
 	// topic has reached now, so that its redrive reads them by offset.
@@ -157,7 +158,8 @@ func (s *Sender) parkEvent(ctx context.Context, tx *delivery.Txn, ev *outbox.Eve
 // its record, rec, as it would have been, or, when it is invalid itself
 // (cause; rec nil), its event form.
 func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Event, rec *kgo.Record, cause error, p *checkpoint.Parked) error {
-	if p.Read && ev.ID() == p.First && ev.Source.String() == p.Table && (ev.XID == 0 || ev.CommitTime.Before(p.Since)) {
+	if p.Read && ev.ID() == p.First && ev.Source.String() == p.Table && (ev.XID == 0 || ev.CommitTime.Before(p.Since)) &&
+		(p.FirstSum == 0 || p.FirstSum == contentSum(ev)) {
 		// The parking's first event again: a row committed after the slot
 		// while a first start was interrupted is sent by the backfill that
 		// continues it (a snapshot of now) and again by the stream. Parked
@@ -165,7 +167,11 @@ func (s *Sender) parkBehind(ctx context.Context, tx *delivery.Txn, ev *outbox.Ev
 		// dropped it, and the key would stay parked on the event dropped.
 		// A backfill that resumes reads it again too. Only copies of a row
 		// a backfill read: the stream's of one committed before it read it
-		// (an event that reuses the id later is another), or a read's.
+		// (an event that reuses the id later is another), or a read's, and
+		// only with the first's content: a table dropped and created again
+		// restarts its ids, and the repair read a later event of the key
+		// under the first's id, which was dropped here
+		// (TestRepairRowReusesTheFirstsID).
 		s.Log.Debug("the parking's first event met again (a backfill's row the stream sends too): parked once", "key", p.Key, "id", p.First)
 		return nil
 	}
@@ -418,4 +424,18 @@ func WarnParkedTopics(ctx context.Context, k *sink.Kafka, tables []*outbox.Sourc
 		log.Warn("the parked topic deletes records after a time: a parked event lives there until it is redriven, so set retention.ms=-1 on it (kafka-configs.sh --alter --add-config retention.ms=-1); a redrive that finds records missing keeps the key parked",
 			"topic", w.Topic, "retention_ms", w.Ms)
 	}
+}
+
+// contentSum hashes what tells an event from another that reuses its id:
+// its aggregate id, type and payload (checkpoint.Parked.FirstSum).
+func contentSum(ev *outbox.Event) uint64 {
+	h := fnv.New64a()
+	for _, f := range []outbox.Field{outbox.FieldAggregateID, outbox.FieldEventType, outbox.FieldPayload} {
+		v := ev.Fields[f]
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(v.B)))
+		h.Write(n[:])
+		h.Write(v.B)
+	}
+	return h.Sum64()
 }
