@@ -104,12 +104,16 @@ TABLELIFE      ?= 3m
 TABLELIFE_EACH ?=
 # The parts of the fault suite to run, in this order (CI runs them in two
 # groups side by side).
-CHAOS_PARTS ?= kill deploy network tablelife promotion
+CHAOS_PARTS ?= kill deploy network tablelife promotion detours
+# The detours' model (internal/pipeline, TestDetourModel): steps a mode,
+# seeded (DETOUR_SEED replays one; "" draws it).
+DETOUR_STEPS ?= 300
+DETOUR_SEED  ?=
 chaos: setup      ## fault suite on a real broker: kill -9 loops in both delivery modes, a broker outage, network faults (latency, black holes, resets, a slow link), the table-life nemesis with retention on and a standby promoted under load, counting lost, duplicated, reordered and early-deleted events
 	@part() { case " $(CHAOS_PARTS) " in *" $$1 "*) return 0;; esac; return 1; }; \
 	dir=$$(mktemp -d -t cdc-kafka-XXXXXX); \
 	trap './scripts/kafka.sh stop '"$$dir" EXIT; \
-	if part kill || part deploy || part promotion; then \
+	if part kill || part deploy || part promotion || part detours; then \
 	brokers=$$(./scripts/kafka.sh start "$$dir") || exit 1; \
 	echo "chaos: Apache Kafka at $$brokers, $(CHAOS_KILLS) kills, writers at $(CHAOS_RATE) events/s, a $(CHAOS_OUTAGE) broker outage"; \
 	fi; \
@@ -145,6 +149,13 @@ chaos: setup      ## fault suite on a real broker: kill -9 loops in both deliver
 	CDC_PG_BIN=$$pgbin CDC_TEST_KAFKA_BROKERS=$$brokers $(GO) test -tags replica -run '^TestReplica$$/promotion' -count=1 -v -timeout 20m ./internal/pipeline > "$$dir/promotion.log" 2>&1; rc=$$?; \
 	grep -E '^(--- |    --- |        --- |ok|FAIL)|replica_test.go' "$$dir/promotion.log"; \
 	[ $$rc = 0 ] || { tail -60 "$$dir/promotion.log"; exit $$rc; }; \
+	fi; \
+	if part detours; then \
+	echo "chaos: the detours' model on the real broker: $(DETOUR_STEPS) random steps of parkings, redrives and restarts in each delivery mode"; \
+	CDC_TEST_KAFKA_BROKERS=$$brokers CDC_MODEL_STEPS=$(DETOUR_STEPS) CDC_MODEL_SEED=$(DETOUR_SEED) \
+	  $(GO) test -run '^TestDetourModel$$' -count=1 -v -timeout 60m ./internal/pipeline > "$$dir/detours.log" 2>&1; rc=$$?; \
+	grep -E '^(--- |    --- |ok|FAIL)|TestDetourModel: seed|detour_model_test.go:[0-9]+: seed' "$$dir/detours.log" | cut -c1-600; \
+	[ $$rc = 0 ] || { tail -60 "$$dir/detours.log"; exit $$rc; }; \
 	fi
 
 # make soak: 8 writers, two replicas and a nemesis picking a fault every

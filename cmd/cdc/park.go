@@ -88,7 +88,7 @@ func redriveCmd(ctx context.Context, c *cli, args []string) int {
 	fs := c.flags("redrive", "--config F (--key K [--table NAME] | --table NAME | --all) [--drop-first | --drop-invalid] [--accept-gap] [--no-wait]")
 	config := fs.String("config", "", "the YAML config file of the pipeline (required)")
 	key := fs.String("key", "", "the parked key (aggregate id) to send on")
-	table := fs.String("table", "", "only this table's parked keys (with --key: that key of this table)")
+	table := fs.String("table", "", "only the keys whose parking began with an event of this table, the TABLE cdc parked shows (with --key: that key of this table)")
 	all := fs.Bool("all", false, "every parked key")
 	dropFirst := fs.Bool("drop-first", false, "send each key's first parked event (the invalid one) to the dead-letter topic, and the rest on")
 	dropInvalid := fs.Bool("drop-invalid", false, "send each key's parked events that are still invalid (the first or any behind it: events nobody will fix) to the dead-letter topic, and the rest on, in order")
