@@ -62,6 +62,16 @@ func (s *session) redrive(id string, at time.Time) error {
 	if s.replay != nil || s.parked == nil {
 		return nil
 	}
+	if s.sentInTx {
+		// A redrive settles what came before it with Kafka (in exactly-once
+		// mode, commits it) and saves the checkpoint at the last whole
+		// transaction: events of this one sent before it would be
+		// committed, and sent again after a crash. cdc redrive announces in
+		// a transaction of its own, which is the one to take: this copy
+		// (an application's) leaves the request as it was.
+		s.d.Log.Warn("a redrive announcement in a transaction that carried outbox events is not taken there (cdc redrive writes its own)", "id", id)
+		return nil
+	}
 	req, err := admit(s, redriveKind, id, at)
 	if refused(err) {
 		return nil

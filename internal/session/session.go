@@ -85,6 +85,9 @@ type session struct {
 	// mode.
 	skipTo   pglogrepl.LSN
 	skipping bool
+	// sentInTx is set once the open transaction sent an event: a redrive
+	// announced after it is not taken there (session.redrive).
+	sentInTx bool
 	// endedAt is when end was first called (unix nanoseconds), or 0.
 	endedAt atomic.Int64
 	// covered are the tables whose repair's rows went at the first fresh
@@ -155,7 +158,7 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 				return err
 			}
 		}
-		s.tx = s.tracker.Begin(m.CommitTime)
+		s.tx, s.sentInTx = s.tracker.Begin(m.CommitTime), false
 	case decode.KindEvent, decode.KindInvalid:
 		if m.Fresh && s.tables != nil {
 			if passed, err := s.freshEvent(m); passed || err != nil {
@@ -205,7 +208,10 @@ func (s *session) handle(_ pglogrepl.LSN, data []byte) error {
 
 // event sends one event on to Kafka, in the open transaction (package
 // relay).
-func (s *session) event(m *decode.Message) error { return s.out.Send(s.ctx, s.tx, m) }
+func (s *session) event(m *decode.Message) error {
+	s.sentInTx = true
+	return s.out.Send(s.ctx, s.tx, m)
+}
 
 // newSender is the session's relay.Sender, once its tracker, Kafka client,
 // committer and replay filter are set.
