@@ -219,6 +219,10 @@ type Table struct {
 	// old table of a swap, renamed away): while one exists its inserts are
 	// still the table's events, never "unmapped".
 	Former []uint32
+	// Names are the names the table had before the configuration followed
+	// a rename (the newest last, a few kept): a parked record names the
+	// table as it was, and its redrive finds it by them.
+	Names []string
 	// Files are the storage files (pg_relation_filenode) of Rel, or of its
 	// leaf partitions, by relation id, read before Floor was: a row's xid
 	// tells it from the rows below Floor only while its table is not
@@ -618,6 +622,7 @@ type jsonStream struct {
 	Member string            `json:"member,omitempty"`
 	Floor  *uint64           `json:"floor,omitempty"` // absent: NoFloor
 	Former []uint32          `json:"former,omitempty"`
+	Names  []string          `json:"names,omitempty"`
 	Files  map[uint32]uint32 `json:"files,omitempty"`
 	Seen   *jsonSeen         `json:"seen,omitempty"`
 }
@@ -640,7 +645,7 @@ func (j jsonRecord) tables() map[string]Table {
 	for name, rel := range j.Tables {
 		t := Table{Rel: rel, Floor: NoFloor}
 		if js, ok := j.Streams[name]; ok {
-			t.Member, t.Former, t.Files = js.Member, js.Former, js.Files
+			t.Member, t.Former, t.Names, t.Files = js.Member, js.Former, js.Names, js.Files
 			if js.Floor != nil {
 				t.Floor = *js.Floor
 			}
@@ -703,7 +708,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 		j.Tables, j.Streams = map[string]uint32{}, map[string]jsonStream{}
 		for name, t := range r.Tables {
 			j.Tables[name] = t.Rel
-			js := jsonStream{Member: t.Member, Former: t.Former, Files: t.Files}
+			js := jsonStream{Member: t.Member, Former: t.Former, Names: t.Names, Files: t.Files}
 			if t.Floor != NoFloor {
 				js.Floor = &t.Floor
 			}

@@ -281,10 +281,16 @@ func (s *Sender) NoteParked(tx *delivery.Txn) {
 func (s *Sender) ParkedChanged() { s.parkedDirty = true }
 
 // parkedSource is the table of tables named name, a parked record's
-// source, in parking p.
-func parkedSource(p *checkpoint.Parked, name string, tables []*outbox.Source) (*outbox.Source, error) {
+// source, in parking p: by its name now, or by one it had before the
+// configuration followed a rename (known, the checkpoint's tables).
+func parkedSource(p *checkpoint.Parked, name string, tables []*outbox.Source, known map[string]checkpoint.Table) (*outbox.Source, error) {
 	for _, t := range tables {
 		if t.String() == name {
+			return t, nil
+		}
+	}
+	for _, t := range tables {
+		if slices.Contains(known[t.String()].Names, name) {
 			return t, nil
 		}
 	}
@@ -296,9 +302,10 @@ func parkedSource(p *checkpoint.Parked, name string, tables []*outbox.Source) (*
 // far as the gate and the metrics need one); nil, with ev, when its
 // table's filter leaves it out now. still is why it is invalid yet (nil:
 // it may go): the gate's answer included. drop makes an event-form record
-// its dead letter instead (cdc redrive --drop-first).
-func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Record, tables []*outbox.Source, drop bool) (rec *kgo.Record, kind Kind, ev *outbox.Event, still, err error) {
-	src, err := parkedSource(p, header(r, route.HeaderDeadLetterSource), tables)
+// its dead letter instead (cdc redrive --drop-first). known are the
+// checkpoint's tables, whose former names find a renamed table's records.
+func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Record, tables []*outbox.Source, known map[string]checkpoint.Table, drop bool) (rec *kgo.Record, kind Kind, ev *outbox.Event, still, err error) {
+	src, err := parkedSource(p, header(r, route.HeaderDeadLetterSource), tables, known)
 	if err != nil {
 		return nil, 0, nil, nil, err
 	}

@@ -102,7 +102,7 @@ func (s *session) runRedrive(req park.Request, at time.Time) error {
 		Blocking: s.blocking,
 		Settle:   func() error { return settle.All(s.ctx) },
 		Route: func(p *checkpoint.Parked, rec *kgo.Record, drop bool) (func() error, error, error) {
-			out, kind, ev, still, err := s.out.Redriven(s.ctx, p, rec, cfg.Tables, drop)
+			out, kind, ev, still, err := s.out.Redriven(s.ctx, p, rec, cfg.Tables, saved.Tables, drop)
 			if still != nil || err != nil {
 				return nil, still, err
 			}

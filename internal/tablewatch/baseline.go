@@ -230,6 +230,10 @@ func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.Tab
 // start. A configuration that did not follow an exchange made while the
 // connector was stopped cannot be told from one that did: its events go
 // where the names now say, none lost.
+// maxNames bounds the former names a table's record keeps
+// (checkpoint.Table.Names).
+const maxNames = 4
+
 func recordedAs(d Deps, rec *checkpoint.Record, name string, id uint32) (checkpoint.Table, bool) {
 	names := make([]string, 0, len(rec.Tables))
 	for other := range rec.Tables {
@@ -238,6 +242,8 @@ func recordedAs(d Deps, rec *checkpoint.Record, name string, id uint32) (checkpo
 	slices.Sort(names)
 	for _, other := range names {
 		if st := rec.Tables[other]; other != name && st.Rel == id {
+			st.Names = append(slices.DeleteFunc(slices.Clone(st.Names), func(n string) bool { return n == other || n == name }), other)
+			st.Names = st.Names[max(len(st.Names)-maxNames, 0):]
 			d.Log.Warn("a configured outbox table is the relation the checkpoint streamed under another name (it was renamed, and the configuration followed): it streams on from the checkpoint", "table", name, "was", other, "relation", id)
 			return st, true
 		}
