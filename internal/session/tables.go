@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/decode"
+	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/leaf"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/tablewatch"
@@ -72,6 +73,13 @@ func (s *session) repairRowsNoting(r *tablewatch.Repair, commit pglogrepl.LSN, a
 			return s.event(m)
 		}
 	}
+	began, each := time.Now(), send
+	send = func(m *decode.Message) error {
+		if err := s.repairOverTime(r, began); err != nil {
+			return err
+		}
+		return each(m)
+	}
 	read, sent, err := s.tables.Rows(s.ctx, r, commit, at, s.blocking, send, func() error {
 		// The held batch goes now: this goroutine lets batches go.
 		s.kafka.Release(time.Time{})
@@ -83,6 +91,20 @@ func (s *session) repairRowsNoting(r *tablewatch.Repair, commit pglogrepl.LSN, a
 	s.d.Metrics.BackfillRows(r.Table.String()).Add(float64(sent))
 	s.d.Log.Named("tables").Info("repaired a recreated table: sent the rows it received before it was published", "table", r.Table.String(), "rows_read", read, "rows_sent", sent, "commit_lsn", commit.String())
 	return nil
+}
+
+// repairOverTime is the error that stops a repair begun at began in
+// exactly-once mode once it has taken three quarters of
+// exactly_once.transaction_timeout: its rows go in one Kafka transaction,
+// which the brokers abort past the timeout, and the next session would
+// begin the repair again, for ever.
+func (s *session) repairOverTime(r *tablewatch.Repair, began time.Time) error {
+	limit := s.d.Config.ExactlyOnce.TransactionTimeout * 3 / 4
+	if s.eos == nil || time.Since(began) < limit {
+		return nil
+	}
+	return errtext.Fatalf("the repair of %s has sent its rows for %s, and in exactly-once mode they go in one Kafka transaction, which exactly_once.transaction_timeout (%s) bounds: raise it (and the brokers' transaction.max.timeout.ms) to more than the repair takes, and start again; nothing past the table's first new event was confirmed",
+		r.Table.String(), time.Since(began).Round(time.Second), s.d.Config.ExactlyOnce.TransactionTimeout)
 }
 
 // fresh takes event m of a relation the checkpoint does not name for its
