@@ -214,6 +214,10 @@ func (s *session) freshEvent(m *decode.Message) (passed bool, err error) {
 		s.tables.NoteFresh(&m.Event)
 		return true, nil
 	case m.Elsewhere && s.tables.NamedAfter(m.Rel, m.XID):
+		// Written before the watch named the relation: the repair's
+		// snapshot holds its row (docs/design.md, "Published where it is
+		// repaired").
+		s.d.Log.Debug("passed over an insert of a relation named after it was written: the repair sends its row", "table", m.Event.Source.String(), "relation", m.Rel, "xid", m.XID)
 		return true, nil
 	}
 	return s.fresh(m)
