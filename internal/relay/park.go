@@ -311,35 +311,7 @@ func (s *Sender) Redriven(ctx context.Context, p *checkpoint.Parked, r *kgo.Reco
 	}
 	saved := header(r, park.HeaderEvent)
 	if saved == "" {
-		// Behind the first: the record it would have been.
-		rec = &kgo.Record{Topic: header(r, route.HeaderDeadLetterTopic), Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
-		ours := park.Ours(r, route.HeaderDeadLetterTopic, route.HeaderDeadLetterSource, route.HeaderDeadLetterID, park.HeaderBehind,
-			park.HeaderEpisode, park.HeaderSeq, park.HeaderLSN, park.HeaderSeal, park.HeaderPartition)
-		for i, h := range r.Headers {
-			switch {
-			case !ours[i]:
-				rec.Headers = append(rec.Headers, h) // the record's own
-			case h.Key == park.HeaderPartition:
-				if n, err := strconv.ParseInt(string(h.Value), 10, 32); err == nil {
-					sink.Pin(rec, int32(n))
-				}
-			}
-		}
-		ev = &outbox.Event{Source: src, CommitTime: r.Timestamp}
-		ev.Fields[outbox.FieldID] = outbox.Value{B: []byte(header(r, route.HeaderDeadLetterID)), Kind: outbox.KindText}
-		if lsn, err := pglogrepl.ParseLSN(header(r, park.HeaderLSN)); err == nil {
-			ev.CommitLSN = lsn
-		}
-		if rec.Topic == "" {
-			return nil, 0, ev, outbox.Invalid(ev, "its parked record (offset %d) names no topic", r.Offset), nil
-		}
-		if err := s.admit(ctx, rec, KindEvent, ev); err != nil {
-			if invalid(err) {
-				return nil, 0, ev, err, nil
-			}
-			return nil, 0, ev, nil, err
-		}
-		return rec, KindEvent, ev, nil, nil
+		return s.redrivenRecord(ctx, r, src, drop)
 	}
 	e, kept, err := park.DecodeEvent([]byte(saved), src)
 	if err != nil {
@@ -387,6 +359,65 @@ func (s *Sender) SendRedriven(ctx context.Context, tx *delivery.Txn, rec *kgo.Re
 		return s.leaveOut(ev)
 	}
 	return s.produce(ctx, tx, rec, ev, kind)
+}
+
+// redrivenRecord is Redriven of r, parked behind its parking's first in
+// the form it would have been sent in, of table src.
+func (s *Sender) redrivenRecord(ctx context.Context, r *kgo.Record, src *outbox.Source, drop bool) (rec *kgo.Record, kind Kind, ev *outbox.Event, still, err error) {
+	// Behind the first: the record it would have been.
+	rec = &kgo.Record{Topic: header(r, route.HeaderDeadLetterTopic), Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+	ours := park.Ours(r, route.HeaderDeadLetterTopic, route.HeaderDeadLetterSource, route.HeaderDeadLetterID, park.HeaderBehind,
+		park.HeaderEpisode, park.HeaderSeq, park.HeaderLSN, park.HeaderSeal, park.HeaderPartition)
+	for i, h := range r.Headers {
+		switch {
+		case !ours[i]:
+			rec.Headers = append(rec.Headers, h) // the record's own
+		case h.Key == park.HeaderPartition:
+			if n, err := strconv.ParseInt(string(h.Value), 10, 32); err == nil {
+				sink.Pin(rec, int32(n))
+			}
+		}
+	}
+	ev = &outbox.Event{Source: src, CommitTime: r.Timestamp}
+	ev.Fields[outbox.FieldID] = outbox.Value{B: []byte(header(r, route.HeaderDeadLetterID)), Kind: outbox.KindText}
+	if lsn, err := pglogrepl.ParseLSN(header(r, park.HeaderLSN)); err == nil {
+		ev.CommitLSN = lsn
+	}
+	var why error = outbox.Invalid(ev, "its parked record (offset %d) names no topic", r.Offset)
+	if rec.Topic != "" {
+		why = s.admit(ctx, rec, KindEvent, ev)
+	}
+	switch {
+	case why == nil:
+		return rec, KindEvent, ev, nil, nil
+	case !invalid(why):
+		return nil, 0, ev, nil, why
+	case drop:
+		// Valid when parked, invalid now (a lower limit, a topic
+		// refused): cdc redrive --drop-invalid's dead letter.
+		rec, err = s.recordLetter(rec, ev, why)
+		return rec, KindDeadLetter, ev, nil, err
+	}
+	return nil, 0, ev, why, nil
+}
+
+// recordLetter is the dead letter of rec, a parked record of event ev in
+// the form it would have been sent in, invalid for cause at its redrive:
+// the record with the dead-letter headers, cut to fit as letter's.
+func (s *Sender) recordLetter(rec *kgo.Record, ev *outbox.Event, cause error) (*kgo.Record, error) {
+	reason := errtext.OneLine(cause)
+	var ee *outbox.EventError
+	if errors.As(cause, &ee) {
+		reason = ee.Brief()
+	}
+	dl := &kgo.Record{Topic: ev.Source.DeadLetterTopic, Key: rec.Key, Value: rec.Value, Timestamp: rec.Timestamp,
+		Headers: append(slices.Clone(rec.Headers),
+			kgo.RecordHeader{Key: route.HeaderDeadLetterTopic, Value: []byte(rec.Topic)},
+			kgo.RecordHeader{Key: route.HeaderDeadLetterError, Value: []byte(reason + " (sent here by cdc redrive --drop-invalid)")},
+			kgo.RecordHeader{Key: route.HeaderDeadLetterSource, Value: []byte(ev.Source.String())},
+			kgo.RecordHeader{Key: route.HeaderDeadLetterLSN, Value: []byte(ev.CommitLSN.String())},
+			kgo.RecordHeader{Key: route.HeaderDeadLetterID, Value: []byte(ev.ID())})}
+	return dl, s.fit(ev, dl)
 }
 
 // header is the value of the connector's header key on parked record r

@@ -220,13 +220,19 @@ func (s *Sender) letter(ev *outbox.Event, cause error, note string) (*kgo.Record
 	reason += note
 	rec := s.Router.DeadLetter(ev, reason)
 	// Too large for the dead-letter topic too: the row's problem still,
-	// so its dead letter keeps the reason and what fits.
+	// so its dead letter keeps the reason and what fits (fit).
+	return rec, s.fit(ev, rec)
+}
+
+// fit cuts ev's dead letter rec to its topic's limit, and refuses one cut
+// where retention would delete ev's row, its only whole copy.
+func (s *Sender) fit(ev *outbox.Event, rec *kgo.Record) error {
 	route.TruncateDeadLetter(rec, s.Kafka.MaxMessageBytesOf(rec.Topic+s.Suffix), sink.RecordSize)
 	if cut := header(rec, route.HeaderDeadLetterTruncated); cut != "" && ev.Source.Retention != nil {
-		return nil, errtext.Fatalf("%s event %s (lsn %s) is too large for its dead-letter topic %s (%s), and tables[].retention would delete its row, its only whole copy: raise kafka.dead_letter_max_message_bytes (and the topic's max.message.bytes), or take retention off the table, then start again",
+		return errtext.Fatalf("%s event %s (lsn %s) is too large for its dead-letter topic %s (%s), and tables[].retention would delete its row, its only whole copy: raise kafka.dead_letter_max_message_bytes (and the topic's max.message.bytes), or take retention off the table, then start again",
 			ev.Source.String(), ev.ID(), ev.CommitLSN.String(), rec.Topic, cut)
 	}
-	return rec, nil
+	return nil
 }
 
 // noteLetter counts and logs dead letter rec of ev as it is produced.
