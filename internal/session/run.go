@@ -145,6 +145,12 @@ func Run(ctx context.Context, d Deps, k *sink.Kafka, st Start) (End, error) {
 func open(ctx context.Context, d Deps, k *sink.Kafka, st Start) (s *session, close func(), err error) {
 	saved := d.Progress.Saved()
 	cfg := d.Config
+	if len(saved.Parked) > 0 && len(cfg.Checkpoint.SigningKeys) == 0 {
+		// Without the key a parked key's later records would be sealed
+		// with none, and taken for forged (then missing) once it is back.
+		return nil, nil, errtext.Fatalf("the checkpoint lists %d parked keys (the first %.64q), whose records are sealed with checkpoint.signing_key_file's key, and none is set: put the key file back (cdc parked lists them; cdc redrive sends them on), then start again",
+			len(saved.Parked), saved.Parked[0].Key)
+	}
 	s = &session{
 		d:       d,
 		kafka:   k,
