@@ -8,16 +8,19 @@ scripts/test-weights.txt that split a package between processes) without
 the log lines of every passing test that -v would print. A failed test's
 lines, and those of a test still running when its package failed (a
 timeout's panic), are printed whole; lines that are not JSON (a build
-failure) pass through.
+failure) pass through. A line naming a drawn seed (CDC_..._SEED) is
+printed as it comes, pass or fail, so that a run can be replayed.
 
 Usage: testjson.py TIMES_FILE  (appends "package test seconds" lines)
 """
 import json
+import re
 import sys
 
 times = open(sys.argv[1], "a")
 held = {}  # (package, top-level test) -> its output lines, while it runs
 NOISE = ("=== RUN", "=== PAUSE", "=== CONT", "=== NAME")
+SEED = re.compile(r"CDC_[A-Z]+_SEED")
 
 
 def out(line):
@@ -55,7 +58,9 @@ for raw in sys.stdin:
     key = (pkg, top)
     if action == "output":
         line = ev.get("Output", "")
-        if not line.startswith(NOISE):
+        if SEED.search(line):
+            out(line)
+        elif not line.startswith(NOISE):
             held.setdefault(key, []).append(line)
     elif action in ("pass", "fail", "skip") and test == top:
         lines = held.pop(key, [])
