@@ -220,6 +220,10 @@ func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.Tab
 	return nil
 }
 
+// maxNames bounds the former names a table's record keeps
+// (checkpoint.Table.Names).
+const maxNames = 4
+
 // recordedAs finds the checkpoint's record of relation id, configured
 // table name's now, under another name: the table was renamed and the
 // configuration followed it, or two tables exchanged names (and the
@@ -229,11 +233,9 @@ func (b *baseline) publish(ctx context.Context, cat setup.Catalog, st *setup.Tab
 // the other's relation, and the watch would stop on the exchange at every
 // start. A configuration that did not follow an exchange made while the
 // connector was stopped cannot be told from one that did: its events go
-// where the names now say, none lost.
-// maxNames bounds the former names a table's record keeps
-// (checkpoint.Table.Names).
-const maxNames = 4
-
+// where the names now say, none lost. The record keeps the name it had
+// (checkpoint.Table.Names), by which a redrive finds the table's parked
+// records.
 func recordedAs(d Deps, rec *checkpoint.Record, name string, id uint32) (checkpoint.Table, bool) {
 	names := make([]string, 0, len(rec.Tables))
 	for other := range rec.Tables {
