@@ -7,15 +7,20 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/pipeline"
+	"github.com/outboxcdc/cdc/internal/replay"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -24,15 +29,18 @@ import (
 // for their topic or routed to the parked topic; restarts; redrives of a
 // key, of a table or of every key, with --drop-first, --drop-invalid or
 // neither, and with the connector restarted under it; the size limit
-// raised) runs against a parking table in both delivery modes. At the end
-// the causes are fixed and every parking redriven until none is left, and
-// each key's consumer-visible sequence is checked against the model: every
-// committed event on its topic or, only by --drop-first and only an
-// invalid one, in the dead-letter topic; on its topic in commit order
-// (first arrivals); none twice in exactly-once mode.
+// raised; rewinds to before a drawn event; a partition of the parked topic
+// emptied by DeleteRecords) runs against a parking table in both delivery
+// modes. At the end the causes are fixed and every parking redriven until
+// none is left (a refusal for records gone takes the remedy it names, a
+// rewind to the parking's start), and each key's consumer-visible sequence
+// is checked against the model: every committed event on its topic or,
+// only by a drop and only an invalid one, in the dead-letter topic; on its
+// topic after every earlier event of its key that was not dropped; none
+// twice in exactly-once mode that no rewind sent again.
 //
 // CDC_MODEL_SEED replays a seed, CDC_MODEL_STEPS sets the steps (40; make
-// chaos and make soak run more).
+// chaos runs more).
 func TestDetourModel(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CDC_MODEL_SEED"); s != "" {
@@ -64,6 +72,13 @@ func TestDetourModel(t *testing.T) {
 type modelEvent struct {
 	seq  int
 	kind string // "ok", "big" (too large until the limit is raised), "bad" (routed to the parked topic)
+	// before and after are the WAL's insert position before the event's
+	// transaction and after its commit: a rewind to before re-streams it
+	// and every later one.
+	before, after pglogrepl.LSN
+	// rewound: a rewind re-streamed it, so it may be on its topic (and in
+	// the dead-letter topic) more than once, in either mode.
+	rewound bool
 }
 
 type detourModel struct {
@@ -97,13 +112,16 @@ func joinLines(l []string) string {
 func (m *detourModel) run(t *testing.T, mode string, steps int) {
 	m.t = t
 	d := newDetour(t, mode)
+	d.cfg.Replay.Window = time.Hour // for the rewinds
 	keys := []string{"A", "B", "C"}
-	events := map[string][]modelEvent{}
+	events := map[string][]*modelEvent{}
+	var order []*modelEvent // every event, in commit order
 	r := d.start(t)
 	defer func() { r.stop(t) }()
 	conn := testenv.Connect(t, d.db)
 	c := d.consumer(t)
-	rd := d.newPipeline(t) // the redrive command's, one for the run
+	rd := d.newPipeline(t) // the commands', one for the run
+	adm := kadm.NewClient(d.kafka.Client(t))
 	raised := false
 	restart := func(why string) {
 		t.Helper()
@@ -112,19 +130,36 @@ func (m *detourModel) run(t *testing.T, mode string, steps int) {
 		}
 		r = d.start(t)
 	}
-	parkedKeys := func() []string {
-		rec, _ := loadCheckpoint(t, d.env)
-		var out []string
-		for _, p := range rec.Parked {
-			out = append(out, p.Key)
+	// rewind stops the connector, rewinds it to lsn and starts it again:
+	// the events committed since are streamed again.
+	rewind := func(lsn pglogrepl.LSN, why string) {
+		t.Helper()
+		if err := r.stop(t); err != nil {
+			m.fail(t, "stop (%s): %v", why, err)
 		}
-		return out
+		done, err := rd.Ops().Rewind(context.Background(), replay.Range{FromLSN: lsn})
+		if err != nil {
+			m.fail(t, "rewind to %s (%s): %v", lsn, why, err)
+		}
+		n := 0
+		for _, ev := range order {
+			if ev.after > done.To {
+				ev.rewound = true
+				n++
+			}
+		}
+		m.step("rewind to %s (%s): %d events again, %d parkings given up", done.To, why, n, done.ParkingsGivenUp)
+		r = d.start(t)
+	}
+	parkings := func() []checkpoint.Parked {
+		rec, _ := loadCheckpoint(t, d.env)
+		return rec.Parked
 	}
 	for range steps {
 		switch n := m.rng.IntN(100); {
-		case n < 65:
+		case n < 60:
 			k := keys[m.rng.IntN(len(keys))]
-			ev := modelEvent{seq: len(events[k]) + 1, kind: "ok"}
+			ev := &modelEvent{seq: len(events[k]) + 1, kind: "ok"}
 			switch x := m.rng.IntN(100); {
 			case x < 20:
 				ev.kind = "big"
@@ -135,26 +170,47 @@ func (m *detourModel) run(t *testing.T, mode string, steps int) {
 			if ev.kind == "bad" {
 				extra = fmt.Sprintf(`"topic": %q`, d.parked)
 			}
+			ev.before = testenv.CurrentWAL(t, d.db)
 			d.emit(t, conn, k, ev.seq, extra, ev.kind == "big")
+			ev.after = testenv.CurrentWAL(t, d.db)
 			events[k] = append(events[k], ev)
+			order = append(order, ev)
 			m.step("emit %s %d %s", k, ev.seq, ev.kind)
-		case n < 75:
+		case n < 70:
 			m.step("restart")
 			restart("a step")
-		case n < 78 && !raised: // rare: a raised limit leaves only one kind invalid
+		case n < 73 && !raised: // rare: a raised limit leaves only one kind invalid
 			raised = true
 			d.cfg.Kafka.MaxMessageBytes = 1 << 20
 			m.step("raise the limit, restart")
 			restart("the limit raised")
+		case n < 77 && len(order) > 0:
+			// Replay by resetting the LSN, to before a drawn event (which
+			// the slot is past once everything so far is in).
+			c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
+			ev := order[m.rng.IntN(len(order))]
+			rewind(ev.before, "a step")
+		case n < 79:
+			// The parked topic loses records (a retention, DeleteRecords):
+			// a redrive of a parking in that partition refuses, and the
+			// remedy it names, a rewind to the parking's start, is what
+			// the end of the run does.
+			ps := parkings()
+			if len(ps) == 0 {
+				m.step("delete parked records: nothing parked")
+				continue
+			}
+			p := ps[m.rng.IntN(len(ps))]
+			m.step("delete the parked records of %s's partition %d: %s", p.Key, p.Partition, deleteRecords(t, adm, p.Topic, p.Partition))
 		default:
 			// On what the checkpoint lists once every event so far is in.
 			c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
-			parked := parkedKeys()
-			if len(parked) == 0 {
+			ps := parkings()
+			if len(ps) == 0 {
 				m.step("redrive: nothing parked")
 				continue
 			}
-			sel := park.Selector{Key: parked[m.rng.IntN(len(parked))]}
+			sel := park.Selector{Key: ps[m.rng.IntN(len(ps))].Key}
 			switch m.rng.IntN(6) {
 			case 0:
 				sel = park.Selector{All: true}
@@ -188,32 +244,35 @@ func (m *detourModel) run(t *testing.T, mode string, steps int) {
 		d.cfg.Kafka.MaxMessageBytes = 1 << 20
 		restart("the limit raised at the end")
 	}
-	total := 0
-	for _, evs := range events {
-		total += len(evs)
-	}
 	// Every committed event reached its topic, the dead-letter topic or a
 	// parking before the redrives begin.
 	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 	for round := 0; ; round++ {
-		parked := parkedKeys()
-		if len(parked) == 0 {
+		ps := parkings()
+		if len(ps) == 0 {
 			break
 		}
-		if round > 4*total+8 {
-			m.fail(t, "still parked after %d rounds of redrives: %v", round, parked)
+		if round > 4*len(order)+8 {
+			m.fail(t, "still parked after %d rounds of redrives: %+v", round, ps)
 		}
 		// What an operator does: a redrive; where an event is invalid
-		// still, one that drops what nobody will fix.
-		for _, k := range parked {
-			out := m.redrive(t, rd, park.Selector{Key: k}, ops.RedriveOptions{})
-			m.step("end: redrive %s: %s", k, out)
+		// still, one that drops what nobody will fix; where records are
+		// gone, the remedy the refusal names.
+		for _, p := range ps {
+			out := m.redrive(t, rd, park.Selector{Key: p.Key}, ops.RedriveOptions{})
+			m.step("end: redrive %s: %s", p.Key, out)
+			switch {
+			case strings.Contains(out, "no longer holds"):
+				rewind(p.FirstLSN, "end: "+p.Key+"'s records gone")
+			case out != "done":
+				m.step("end: redrive %s --drop-invalid: %s", p.Key, m.redrive(t, rd, park.Selector{Key: p.Key}, ops.RedriveOptions{DropInvalid: true}))
+			}
 			if out != "done" {
-				m.step("end: redrive %s --drop-invalid: %s", k, m.redrive(t, rd, park.Selector{Key: k}, ops.RedriveOptions{DropInvalid: true}))
+				break // the parkings are others now
 			}
 		}
+		c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 	}
-	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 	c.WaitFor(t, time.Minute, "every event on its topic or dead-lettered", func(recs []*kgo.Record) bool {
 		on, dead := seqs(t, recs, d.topic), seqs(t, recs, d.dead)
 		for k, evs := range events {
@@ -227,6 +286,31 @@ func (m *detourModel) run(t *testing.T, mode string, steps int) {
 	})
 	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
 	m.check(t, events, seqs(t, c.Records, d.topic), seqs(t, c.Records, d.dead), mode == config.DeliveryExactlyOnce)
+}
+
+// deleteRecords deletes every record of topic's partition, as a retention
+// or an operator's DeleteRecords does, and says up to where.
+func deleteRecords(t *testing.T, adm *kadm.Client, topic string, partition int32) string {
+	t.Helper()
+	ctx := context.Background()
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, ok := ends.Lookup(topic, partition)
+	if !ok || end.Err != nil {
+		t.Fatalf("end offset of %s/%d: %v", topic, partition, end.Err)
+	}
+	o := kadm.Offsets{}
+	o.Add(kadm.Offset{Topic: topic, Partition: partition, At: end.Offset})
+	resp, err := adm.DeleteRecords(ctx, o)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records of %s/%d: %v", topic, partition, err)
+	}
+	return fmt.Sprintf("below offset %d", end.Offset)
 }
 
 // redrive runs a redrive of what sel selects with opt, as cdc redrive
@@ -256,38 +340,48 @@ func (m *detourModel) watch(t *testing.T, p *pipeline.Pipeline, req ops.Redrivin
 }
 
 // check compares each key's sequences on its topic (on) and in the
-// dead-letter topic (dead) with the events committed.
-func (m *detourModel) check(t *testing.T, events map[string][]modelEvent, on, dead map[string][]int, once bool) {
+// dead-letter topic (dead) with the events committed. Order is checked as
+// a consumer needs it: wherever an event is on its topic, every earlier
+// event of its key that was not dead-lettered is on the topic before it.
+// That holds of first arrivals, and of each pass a rewind sends again.
+func (m *detourModel) check(t *testing.T, events map[string][]*modelEvent, on, dead map[string][]int, once bool) {
 	t.Helper()
+	count := func(l []int, s int) int {
+		n := 0
+		for _, x := range l {
+			if x == s {
+				n++
+			}
+		}
+		return n
+	}
 	for k, evs := range events {
-		var want []int // on the topic, in commit order: what was not dropped
 		for _, ev := range evs {
-			inDead := slices.Contains(dead[k], ev.seq)
+			inDead, inOn := count(dead[k], ev.seq), count(on[k], ev.seq)
 			switch {
-			case ev.kind == "bad" && !inDead:
-				m.fail(t, "%s's event %d, routed to the parked topic, is not in the dead-letter topic: on %v, dead %v", k, ev.seq, on[k], dead[k])
-			case ev.kind == "ok" && inDead:
+			case inDead == 0 && inOn == 0:
+				m.fail(t, "%s's event %d is in no topic: on %v, dead %v", k, ev.seq, on[k], dead[k])
+			case ev.kind == "bad" && inOn > 0:
+				m.fail(t, "%s's event %d, routed to the parked topic, is on its topic: %v", k, ev.seq, on[k])
+			case ev.kind == "ok" && inDead > 0:
 				m.fail(t, "%s's valid event %d was dead-lettered (only a parking's first, invalid, is dropped): dead %v", k, ev.seq, dead[k])
-			case !inDead:
-				want = append(want, ev.seq)
-			}
-			if inDead && slices.Contains(on[k], ev.seq) {
-				m.fail(t, "%s's event %d both on its topic and dead-lettered: on %v, dead %v", k, ev.seq, on[k], dead[k])
-			}
-		}
-		var first []int
-		for _, s := range on[k] {
-			if !slices.Contains(first, s) {
-				first = append(first, s)
-			} else if once {
-				m.fail(t, "%s's event %d on its topic twice in exactly-once mode: %v", k, s, on[k])
+			case inDead > 0 && inOn > 0 && !ev.rewound:
+				m.fail(t, "%s's event %d both on its topic and dead-lettered, and no rewind sent it again (it ended at %s): on %v, dead %v", k, ev.seq, ev.after, on[k], dead[k])
+			case once && !ev.rewound && (inOn > 1 || inDead > 1):
+				m.fail(t, "%s's event %d twice in exactly-once mode, and no rewind sent it again: on %v, dead %v", k, ev.seq, on[k], dead[k])
 			}
 		}
-		if !slices.Equal(first, want) {
-			m.fail(t, "%s on its topic (first arrivals) %v, want %v (all: %v; dead-lettered %v)", k, first, want, on[k], dead[k])
-		}
-		if once && len(dead[k]) != len(slices.Compact(slices.Sorted(slices.Values(dead[k])))) {
-			m.fail(t, "%s dead-lettered twice in exactly-once mode: %v", k, dead[k])
+		seen := map[int]bool{}
+		for i, s := range on[k] {
+			if s < 1 || s > len(evs) {
+				m.fail(t, "%s's event %d on its topic was never committed: %v", k, s, on[k])
+			}
+			for _, e := range evs[:s-1] {
+				if !seen[e.seq] && count(dead[k], e.seq) == 0 {
+					m.fail(t, "%s's event %d on its topic (at %d) before its event %d: on %v, dead-lettered %v", k, s, i, e.seq, on[k], dead[k])
+				}
+			}
+			seen[s] = true
 		}
 	}
 }
