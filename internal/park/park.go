@@ -1,6 +1,8 @@
 package park
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +15,33 @@ import (
 	"github.com/outboxcdc/cdc/internal/signing"
 	"github.com/outboxcdc/cdc/internal/sink"
 )
+
+// MaxKey is the longest key a parking is known by as it is: a longer one
+// is known by its digest (KeyID).
+const MaxKey = 256
+
+// digestPrefix begins a KeyID that is a digest.
+const digestPrefix = "sha256:"
+
+// KeyID is what the parking of key k is known by, in the checkpoint, in
+// cdc parked and to cdc redrive --key: k itself, or for a key longer than
+// MaxKey bytes (or one that begins as a digest does, so that no key can
+// pass for another's digest) "sha256:" and its SHA-256 in hex. A row's key
+// is the application's, of any length: as it is, one long key could fill
+// the parked keys' share of the checkpoint record, and a row's content
+// would stop the connector (docs/security.md).
+func KeyID(k string) string {
+	if len(k) <= MaxKey && !strings.HasPrefix(k, digestPrefix) {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return digestPrefix + hex.EncodeToString(sum[:])
+}
+
+// isDigest reports whether id is a KeyID that is a digest.
+func isDigest(id string) bool {
+	return len(id) == len(digestPrefix)+2*sha256.Size && strings.HasPrefix(id, digestPrefix)
+}
 
 // TableDest is Dest for an event whose topic could not be worked out.
 func TableDest(table string) string { return "table:" + table }
@@ -60,6 +89,11 @@ func Unsealable(p *checkpoint.Parked, keys [][]byte) []string {
 func New(saved []checkpoint.Parked, max, maxBytes int) *Set {
 	s := &Set{max: max, maxBytes: maxBytes, entries: map[string]*checkpoint.Parked{}, topics: map[string]int{}, run: NewEpisode()}
 	for _, p := range saved {
+		if !isDigest(p.Key) {
+			// Written before keys were known by KeyID: a long one is
+			// known by its digest from now on.
+			p.Key = KeyID(p.Key)
+		}
 		if _, dup := s.entries[p.Key]; dup {
 			continue
 		}
@@ -116,7 +150,10 @@ func (s *Set) Parked(k []byte) *checkpoint.Parked {
 	if s == nil || len(s.entries) == 0 {
 		return nil
 	}
-	return s.entries[string(k)]
+	if len(k) <= MaxKey && (len(k) < len(digestPrefix) || string(k[:len(digestPrefix)]) != digestPrefix) {
+		return s.entries[string(k)] // no copy of k: the common case costs a lookup
+	}
+	return s.entries[KeyID(string(k))]
 }
 
 // ErrFull is a park past max_parked_keys, ErrFullBytes one whose
@@ -143,8 +180,10 @@ type First struct {
 
 // Park parks key f.Key, which must not be parked (Parked), behind its
 // first event f. It returns ErrFull or ErrFullBytes past a bound, parking
-// nothing. The reason is kept cut to MaxReason bytes.
+// nothing. The parking is known by KeyID(f.Key), its reason is kept cut to
+// MaxReason bytes.
 func (s *Set) Park(f First) (*checkpoint.Parked, error) {
+	f.Key = KeyID(f.Key)
 	if p := s.entries[f.Key]; p != nil {
 		return nil, fmt.Errorf("key %q is parked already (episode %s): its events go behind it", f.Key, p.Episode)
 	}
@@ -221,7 +260,7 @@ func (s *Set) Unpark(p *checkpoint.Parked) {
 	}
 }
 
-// ByKey returns the parking of key k, or nil.
+// ByKey returns the parking known by k (a KeyID), or nil.
 func (s *Set) ByKey(k string) *checkpoint.Parked { return s.entries[k] }
 
 // List is the parked keys, for the checkpoint: a copy, in a stable order.
@@ -250,7 +289,8 @@ func (sel Selector) Match(p checkpoint.Parked) bool {
 	case sel.All:
 		return true
 	case sel.Key != "":
-		return p.Key == sel.Key && (sel.Table == "" || p.Table == sel.Table)
+		// The key as cdc parked shows it, or as the rows have it.
+		return (p.Key == sel.Key || p.Key == KeyID(sel.Key)) && (sel.Table == "" || p.Table == sel.Table)
 	default:
 		return sel.Table != "" && p.Table == sel.Table
 	}

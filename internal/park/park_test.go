@@ -263,3 +263,47 @@ func BenchmarkParkedLookup(b *testing.B) {
 		})
 	}
 }
+
+// TestKeyID: a parking is known by its key as it is up to MaxKey bytes,
+// and by the key's digest past that (or when the key begins as a digest
+// does, so that no key passes for another's digest); a set finds the
+// parking by the key as the rows have it, a saved one from before
+// included, and a selector takes the key either way. Drawn keys of every
+// length around the bound.
+func TestKeyID(t *testing.T) {
+	long := strings.Repeat("k", MaxKey+1)
+	forged := KeyID(long) // a short key that reads as long's digest
+	if KeyID(forged) == forged || KeyID(forged) == KeyID(long) {
+		t.Fatalf("KeyID(%q) = %q: a key passes for a digest", forged, KeyID(forged))
+	}
+	for n := 1; n <= 2*MaxKey; n += 7 {
+		k := strings.Repeat("x", n)
+		id := KeyID(k)
+		switch {
+		case n <= MaxKey && id != k:
+			t.Fatalf("KeyID of a %d-byte key = %q, want the key", n, id)
+		case n > MaxKey && (!isDigest(id) || len(id) > MaxKey):
+			t.Fatalf("KeyID of a %d-byte key = %q, want a digest", n, id)
+		}
+		s := New(nil, 10, 0)
+		p, err := s.Park(first("public.outbox", "orders", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Parked([]byte(k)) != p || s.ByKey(id) != p || p.Key != id {
+			t.Fatalf("a %d-byte key's parking is not found by it", n)
+		}
+		if !(Selector{Key: k}).Match(*p) || !(Selector{Key: id}).Match(*p) || (Selector{Key: k + "y"}).Match(*p) {
+			t.Fatalf("a selector of a %d-byte key does not take its parking, or takes another's", n)
+		}
+	}
+	// A checkpoint written before parkings were known by KeyID names the
+	// long key as it is.
+	s := New([]checkpoint.Parked{{Key: long, Topic: "parked", Events: 1}}, 10, 0)
+	if p := s.Parked([]byte(long)); p == nil || p.Key != KeyID(long) {
+		t.Fatalf("a saved long key's parking is not found by the key: %+v", p)
+	}
+	if s.Parked([]byte(forged)) != nil {
+		t.Fatal("a key that reads as a digest found another key's parking")
+	}
+}

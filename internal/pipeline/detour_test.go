@@ -114,7 +114,7 @@ func (d *detour) waitParked(t *testing.T, c *testenv.Consumer, k string, last, e
 	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("the checkpoint to list %s parked with %d events", k, events), func() bool {
 		rec, _ := loadCheckpoint(t, d.env)
 		for _, q := range rec.Parked {
-			if q.Key == k && q.Events >= int64(events) {
+			if q.Key == park.KeyID(k) && q.Events >= int64(events) {
 				p = q
 				return true
 			}
