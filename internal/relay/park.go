@@ -60,6 +60,23 @@ func (e *FullError) Error() string {
 }
 func (e *FullError) Unwrap() error { return e.Cause }
 
+// OutgrownError is an event of a parked key that cannot join its parking:
+// the parked keys' entries fill their share of the checkpoint record, and
+// each session that parks an event of a key adds a run to its entry. Its
+// remedies make room: cdc skip would let this one event by, out of its
+// key's order, and the key's next one would stop here again, so it is not
+// offered (the attack on issue 53; TestParkedKeyOutgrowingItsShareHasARemedy).
+type OutgrownError struct {
+	Cause *outbox.EventError
+	Key   string
+}
+
+func (e *OutgrownError) Error() string {
+	return fmt.Sprintf("%s; the connector stops here and nothing past this transaction is confirmed. To go on, redrive the key (cdc redrive --key %s, with --drop-first if its first event is invalid still; asked while the connector is stopped, it runs as it starts again) or other parked keys (cdc parked lists them), or raise kafka.max_message_bytes, then start again",
+		e.Cause.Brief(), park.ShellQuote(e.Key))
+}
+func (e *OutgrownError) Unwrap() error { return e.Cause }
+
 // park applies on_invalid: park to ev, invalid for cause: its key is
 // parked, and it goes to the parked topic first, with the reason. An
 // event without a key cannot be parked: on_invalid_unkeyed decides. An
@@ -211,7 +228,7 @@ func (s *Sender) produceParked(ctx context.Context, tx *delivery.Txn, ev *outbox
 		if skipped {
 			return s.produceLetter(ctx, tx, ev, cause, " (sent here by cdc skip)")
 		}
-		return outbox.Invalid(ev, "its key is parked, and the parked keys fill their share of the checkpoint record, so it cannot be parked; raise kafka.max_message_bytes, redrive parked keys (cdc redrive), or send it to the dead-letter topic (cdc skip)")
+		return &OutgrownError{Cause: outbox.Invalid(ev, "its key %q is parked, and the parked keys fill their share of the checkpoint record (each session that parks one of a key's events adds to the key's entry), so it cannot be parked", p.Key), Key: p.Key}
 	}
 	if gone, err := s.partitionGone(ctx, p); err != nil || gone {
 		if err == nil {

@@ -1,0 +1,103 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/park"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// TestParkedKeyOutgrowingItsShareHasARemedy (the attack on issue 53; rules
+// 5 and 36): each session that parks an event of a parked key adds a run
+// to the key's entry in the checkpoint (so that a redrive tells its
+// records from copies a crashed session left), and a key parked across
+// many sessions fills the parked keys' share of the checkpoint record: the
+// connector stops on its next event, naming the key. The remedy the error
+// names works from there: a redrive of the key asked while the connector
+// is stopped (--drop-first, its first event being invalid still) runs as
+// it starts again, and every later event of the key reaches its topic in
+// order, the one it stopped on included. cdc skip, which would let one
+// event by out of its key's order and stop again at the next, is not
+// offered.
+func TestParkedKeyOutgrowingItsShareHasARemedy(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	d.cfg.Kafka.MaxMessageBytes = 8192 // a share of 4096 bytes: some 60 sessions' runs
+	conn := testenv.Connect(t, d.db)
+	r := d.start(t)
+	c := d.consumer(t)
+	d.emit(t, conn, "K", 1, "", true)
+	d.waitParked(t, c, "K", 1, 1)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var stop error
+	last := 1
+	for i := 2; stop == nil; i++ {
+		if i > 400 {
+			t.Fatal("400 sessions each parked an event of K, and the checkpoint's share never filled")
+		}
+		r = d.start(t)
+		d.emit(t, conn, "K", i, "", false)
+		last = i
+		testenv.Eventually(t, 30*time.Second, "K's next event parked, or the connector stopped", func() bool {
+			select {
+			case err := <-r.done:
+				close(r.done)
+				stop = err
+				return true
+			default:
+			}
+			rec, _ := loadCheckpoint(t, d.env)
+			return len(rec.Parked) == 1 && rec.Parked[0].Events >= int64(i)
+		})
+		if stop == nil {
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var ee *outbox.EventError
+	if !errors.As(stop, &ee) || !strings.Contains(stop.Error(), `its key "K" is parked`) || !strings.Contains(stop.Error(), "cdc redrive --key 'K'") || strings.Contains(stop.Error(), "cdc skip") {
+		t.Fatalf("stop after %d sessions: %v; want the key named, a redrive of it offered, not cdc skip", last, stop)
+	}
+	// The remedy: a redrive asked while the connector is stopped.
+	p := d.newPipeline(t)
+	req, err := p.Ops().RequestRedrive(context.Background(), park.Selector{Key: "K"}, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = d.start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	used, err := p.Ops().WatchRedrive(ctx, req)
+	if err != nil || !allDone(used) {
+		t.Fatalf("the redrive the error offered: %+v, %v", used, err)
+	}
+	d.emit(t, conn, "K", last+1, "", false)
+	var want []int
+	for s := 2; s <= last+1; s++ {
+		want = append(want, s)
+	}
+	c.WaitFor(t, time.Minute, "K's events after its first on its topic", func(recs []*kgo.Record) bool {
+		return len(seqs(t, recs, d.topic)["K"]) >= len(want)
+	})
+	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
+	if got := seqs(t, c.Records, d.topic)["K"]; !slices.Equal(got, want) {
+		t.Fatalf("K on its topic: %v, want %v", got, want)
+	}
+	if dead := seqs(t, c.Records, d.dead)["K"]; !slices.Equal(dead, []int{1}) {
+		t.Fatalf("K dead-lettered: %v, want its first only (--drop-first)", dead)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
