@@ -90,7 +90,7 @@ func redriveCmd(ctx context.Context, c *cli, args []string) int {
 	key := fs.String("key", "", "the parked key (aggregate id) to send on")
 	table := fs.String("table", "", "only the keys whose parking began with an event of this table, the TABLE cdc parked shows (with --key: that key of this table)")
 	all := fs.Bool("all", false, "every parked key")
-	dropFirst := fs.Bool("drop-first", false, "send each key's first parked event (the invalid one) to the dead-letter topic, and the rest on")
+	dropFirst := fs.Bool("drop-first", false, "send each key's first parked event not sent yet (the invalid one) to the dead-letter topic, and the rest on")
 	dropInvalid := fs.Bool("drop-invalid", false, "send each key's parked events that are still invalid (the first or any behind it: events nobody will fix) to the dead-letter topic, and the rest on, in order")
 	acceptGap := fs.Bool("accept-gap", false, "send what the parked topic still holds of a key whose parked records are gone (a redrive refused for it), accepting the loss")
 	noWait := fs.Bool("no-wait", false, "return once the request is made, without following it")

@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
+	"github.com/outboxcdc/cdc/internal/sink"
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
@@ -99,5 +102,58 @@ func TestParkedKeyOutgrowingItsShareHasARemedy(t *testing.T) {
 	}
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDropFirstAfterARedriveStoppedPartWay (the attack on issue 53, rule
+// 36): a redrive that stopped part-way (sent records 1 and 2, then met
+// record 3 invalid) leaves Released at 2, and the next redrive starts at
+// record 3, whose invalid-still outcome names --drop-first. That remedy
+// acts on the first record not sent yet, so it works from that state:
+// record 3 goes to the dead-letter topic and the rest on, in order. Before,
+// --drop-first acted on record 1 only, which the redrive no longer reads,
+// and the key stayed parked. The state is written into the checkpoint as
+// such a redrive leaves it.
+func TestDropFirstAfterARedriveStoppedPartWay(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	r := d.start(t)
+	conn := testenv.Connect(t, d.db)
+	c := d.consumer(t)
+	for s := 1; s <= 5; s++ {
+		d.emit(t, conn, "K", s, "", s == 1 || s == 3)
+	}
+	d.waitParked(t, c, "K", 5, 5)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := loadCheckpoint(t, d.env)
+	rec.Parked[0].Released = 2
+	rec.Seq++
+	ctx := context.Background()
+	store, err := checkpoint.OpenStore(ctx, d.cfg.Checkpoint.Topic, sink.ClientOpts(sink.Config{Brokers: d.kafka.Brokers}, hclog.NewNullLogger()), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SignWith(d.cfg.Checkpoint.SigningKeys)
+	if err := store.Save(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	d.start(t)
+	used := d.redrive(t, park.Selector{Key: "K"}, false, false)
+	if allDone(used) || !strings.Contains(used[0].Outcome, "event 3 of 5") || !strings.Contains(used[0].Outcome, "--drop-first") {
+		t.Fatalf("redrive from record 3: %+v; want record 3 named invalid still, --drop-first offered", used)
+	}
+	if used := d.redrive(t, park.Selector{Key: "K"}, true, false); !allDone(used) {
+		t.Fatalf("redrive --drop-first from record 3: %+v", used)
+	}
+	c.WaitFor(t, time.Minute, "K's 4 and 5 on its topic", func(recs []*kgo.Record) bool {
+		return len(seqs(t, recs, d.topic)["K"]) >= 2
+	})
+	c.SettleConfirmed(t, time.Minute, d.db, "outbox_cdc")
+	if got := seqs(t, c.Records, d.topic)["K"]; !slices.Equal(got, []int{4, 5}) {
+		t.Fatalf("K on its topic: %v, want [4 5]", got)
+	}
+	if dead := seqs(t, c.Records, d.dead)["K"]; !slices.Equal(dead, []int{3}) {
+		t.Fatalf("K dead-lettered: %v, want [3], the first not sent", dead)
 	}
 }

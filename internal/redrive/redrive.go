@@ -212,8 +212,9 @@ func (r *Runner) one(ctx context.Context, s Session, set *park.Set, p *checkpoin
 // pass reads from.
 func (r *Runner) check(ctx context.Context, s Session, p *checkpoint.Parked, req park.Request) (*walk, []string, int64, error) {
 	var stills []string
+	first := p.Released + 1 // --drop-first's: after a redrive that stopped part-way, the first not sent
 	w, from, err := r.scan(ctx, s, p, func() { stills = nil }, func(w *walk, n int64, rec *kgo.Record) error {
-		_, still, err := s.Route(p, rec, req.DropFirst && n == 1)
+		_, still, err := s.Route(p, rec, req.DropFirst && n == first)
 		if err == nil && still != nil && req.DropInvalid {
 			_, still, err = s.Route(p, rec, true) // its dead letter, which may be refused too
 		}
@@ -269,6 +270,7 @@ func (r *Runner) scan(ctx context.Context, s Session, p *checkpoint.Parked, rese
 func (r *Runner) send(ctx context.Context, s Session, set *park.Set, p *checkpoint.Parked, req park.Request, from, lost int64) (sent, dropped int64, stop string, err error) {
 	w := r.newWalk(p)
 	inChunk, chunkBytes := 0, 0
+	first := p.Released + 1 // as check's: Released grows as records go
 	err = r.read(ctx, s, p, from, func(rec *kgo.Record) error {
 		if stop != "" {
 			return nil
@@ -281,7 +283,7 @@ func (r *Runner) send(ctx context.Context, s Session, set *park.Set, p *checkpoi
 		if !ours {
 			return nil
 		}
-		drop := req.DropFirst && n == 1
+		drop := req.DropFirst && n == first
 		send, still, err := s.Route(p, rec, drop)
 		if err == nil && still != nil && req.DropInvalid && !drop {
 			drop = true
