@@ -21,14 +21,18 @@ import (
 	"github.com/outboxcdc/cdc/internal/testenv"
 )
 
-// TestChaosKillDuringRedrive (issue 48): 20 aggregates, each with an
-// event over max_message_bytes early on, park; with the limit raised, a
+// TestChaosKillDuringRedrive (issues 48 and 53): 20 aggregates, each with
+// an event over max_message_bytes early on, park; with the limit raised, a
 // cdc redrive of every key (about 20,000 events) is killed with SIGKILL at
 // a random point of its progress, three times, the connector started
-// again each time.
+// again each time. At least one kill lands while the redrive is under way
+// (the checkpoint, read by cdc status while the connector is down, lists
+// parkings begun and not done), or the test proves nothing and fails.
 // Every aggregate reads on its topic in commit order with no gap, the
 // first copies in order; in exactly-once mode, read read_committed, none
-// twice.
+// twice; at least once, no more copies than one fault's worth a kill
+// (max_in_flight records: a redrive notes its progress every
+// max_in_flight/2).
 func TestChaosKillDuringRedrive(t *testing.T) {
 	for _, exactlyOnce := range []bool{false, true} {
 		t.Run(deliveryMode(exactlyOnce), func(t *testing.T) {
@@ -75,9 +79,19 @@ func TestChaosKillDuringRedrive(t *testing.T) {
 			})
 
 			limit = 1 << 20
+			midway := 0 // kills that found the redrive begun and not done
 			kill := func() {
 				proc.cmd.Process.Signal(syscall.SIGKILL)
 				proc.cmd.Wait()
+				if ps := statusParked(t, config()); len(ps) > 0 {
+					begun := len(ps) < aggs
+					for _, p := range ps {
+						begun = begun || p.Released > 0
+					}
+					if begun {
+						midway++
+					}
+				}
 				proc = startProc(t, config())
 			}
 			kill() // the limit raised
@@ -136,9 +150,44 @@ func TestChaosKillDuringRedrive(t *testing.T) {
 			if exactlyOnce && dups > 0 {
 				t.Fatalf("%d events twice in exactly-once mode, read read_committed", dups)
 			}
-			t.Logf("%s: %d events, %d redriven through 3 kills, %d duplicates", deliveryMode(exactlyOnce), aggs*per, aggs*(per-4), dups)
+			if bound := len(points) * 4096; dups > bound {
+				t.Fatalf("%d events twice through %d kills, more than one fault's worth each (%d)", dups, len(points), bound)
+			}
+			if midway == 0 {
+				t.Fatalf("no kill landed while the redrive was under way (kills at %v of %d events): the test proved nothing", points, aggs*per)
+			}
+			t.Logf("%s: %d events, %d redriven through 3 kills (%d of them during the redrive), %d duplicates", deliveryMode(exactlyOnce), aggs*per, aggs*(per-4), midway, dups)
 		})
 	}
+}
+
+// parkedState is a parking as cdc status --json shows it.
+type parkedState struct {
+	Key      string `json:"key"`
+	Events   int64  `json:"events"`
+	Released int64  `json:"released"`
+}
+
+// statusParked runs cdc status --json and returns the parked keys.
+func statusParked(t *testing.T, config string) []parkedState {
+	t.Helper()
+	p := startCmd(t, "status", "--config", config, "--json")
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("cdc status: %v: %s", err, p.out)
+	}
+	var st struct {
+		Checkpoint *struct {
+			Parked []parkedState `json:"parked"`
+		} `json:"checkpoint"`
+	}
+	out := p.out.String()
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &st); err != nil {
+		t.Fatalf("cdc status --json: %v: %s", err, out)
+	}
+	if st.Checkpoint == nil {
+		return nil
+	}
+	return st.Checkpoint.Parked
 }
 
 // parkConfig is the config of a connector whose outbox parks invalid

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/postgres"
+	"github.com/outboxcdc/cdc/internal/request"
 	"github.com/outboxcdc/cdc/internal/wal"
 )
 
@@ -82,6 +83,14 @@ func (o *Ops) Redrive(ctx context.Context, sel park.Selector, opt RedriveOptions
 	}
 	if len(r.Keys) == 0 {
 		return Redriving{}, &errtext.Fatal{Msg: fmt.Sprintf("nothing parked matches %s (cdc parked lists the parked keys; the checkpoint shows what Kafka acknowledged, so a key parked a moment ago may not be there yet: try again in a second)", sel)}
+	}
+	// The connector remembers every request it takes for a while, so that
+	// none runs twice, within a share of the checkpoint record; one past
+	// it is refused, and its command would wait out the request's age for
+	// nothing. Said here instead, where the checkpoint shows it already.
+	ledger := request.Ledger{Used: rec.Used, MaxBytes: int(o.Config.Kafka.MaxMessageBytesOf(o.Config.Checkpoint.Topic)) / 8}
+	if !ledger.Room(park.RequestPrefix+backfill.NewID(), time.Now()) {
+		return Redriving{}, &errtext.Fatal{Msg: fmt.Sprintf("the connector remembers each request it took for %s, so that none runs twice, and the %d it took lately fill the checkpoint's room for them (an eighth of kafka.max_message_bytes): run the command again in a few minutes, or redrive several keys in one request (--table, --all)", request.LedgerKeeps, len(rec.Used))}
 	}
 	conn, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
 	if err != nil {

@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,6 +47,9 @@ type detour struct {
 	tbl               *outbox.Source
 	topic             string // where a row goes without payload.topic
 	parked, dead, cpt string
+	// pad is how many bytes make an event too large (emit's pad): 20,000
+	// when 0, over the 16 KiB limit newDetour sets.
+	pad int
 }
 
 func newDetour(t *testing.T, mode string) *detour {
@@ -80,7 +84,7 @@ func (d *detour) emit(t *testing.T, conn *pgx.Conn, k string, seq int, extra str
 		doc += ", " + extra
 	}
 	if pad {
-		doc += `, "pad": "` + strings.Repeat("x", 20000) + `"`
+		doc += `, "pad": "` + strings.Repeat("x", cmp.Or(d.pad, 20000)) + `"`
 	}
 	doc += "}"
 	var id string

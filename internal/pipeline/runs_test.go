@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/ops"
 	"github.com/outboxcdc/cdc/internal/outbox"
 	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/sink"
@@ -155,5 +156,42 @@ func TestDropFirstAfterARedriveStoppedPartWay(t *testing.T) {
 	}
 	if dead := seqs(t, c.Records, d.dead)["K"]; !slices.Equal(dead, []int{3}) {
 		t.Fatalf("K dead-lettered: %v, want [3], the first not sent", dead)
+	}
+}
+
+// TestRedriveWithTheLedgerFullSaysSo (remedies that end, rule 36): the
+// connector remembers every request it took for a while, within a share
+// of the checkpoint record (an eighth of the limit: 2 KiB here), and
+// refuses one past it, so that none runs twice. cdc redrive sees that room
+// full in the checkpoint and says so at once, with what to do, instead of
+// announcing a request the connector refuses and waiting out its age (10
+// minutes) for nothing.
+func TestRedriveWithTheLedgerFullSaysSo(t *testing.T) {
+	d := newDetour(t, config.DeliveryAtLeastOnce)
+	d.start(t)
+	conn := testenv.Connect(t, d.db)
+	c := d.consumer(t)
+	d.emit(t, conn, "K", 1, "", true)
+	d.waitParked(t, c, "K", 1, 1)
+	p := d.newPipeline(t)
+	for n := 1; ; n++ {
+		req, err := p.Ops().Redrive(context.Background(), park.Selector{Key: "K"}, ops.RedriveOptions{})
+		if err != nil {
+			if !strings.Contains(err.Error(), "run the command again in a few minutes") {
+				t.Fatalf("redrive %d: %v; want the room for requests named full", n, err)
+			}
+			t.Logf("redrive %d refused at once: %v", n, err)
+			break
+		}
+		if n > 50 {
+			t.Fatal("50 redrives taken within minutes, and the room for them never filled")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		used, err := p.Ops().WatchRedrive(ctx, req)
+		cancel()
+		// An outcome is cut as the room fills; the connector's log has it.
+		if err != nil || allDone(used) || !strings.Contains(used[0].Outcome, "stays parked") && !strings.Contains(used[0].Outcome, "cut to fit") {
+			t.Fatalf("redrive %d of a key invalid still: %+v, %v; want it taken, the key parked", n, used, err)
+		}
 	}
 }
