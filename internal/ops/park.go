@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/outboxcdc/cdc/internal/backfill"
@@ -76,11 +77,7 @@ func (o *Ops) Redrive(ctx context.Context, sel park.Selector, opt RedriveOptions
 		return Redriving{}, err
 	}
 	r := Redriving{record: rec.Key()}
-	for _, p := range rec.Parked {
-		if sel.Match(p) {
-			r.Keys = append(r.Keys, p)
-		}
-	}
+	r.Keys = sel.Pick(rec.Parked)
 	if len(r.Keys) == 0 {
 		return Redriving{}, &errtext.Fatal{Msg: fmt.Sprintf("nothing parked matches %s (cdc parked lists the parked keys; the checkpoint shows what Kafka acknowledged, so a key parked a moment ago may not be there yet: try again in a second)", sel)}
 	}
@@ -89,7 +86,7 @@ func (o *Ops) Redrive(ctx context.Context, sel park.Selector, opt RedriveOptions
 	// it is refused, and its command would wait out the request's age for
 	// nothing. Said here instead, where the checkpoint shows it already.
 	ledger := request.Ledger{Used: rec.Used, MaxBytes: int(o.Config.Kafka.MaxMessageBytesOf(o.Config.Checkpoint.Topic)) / 8}
-	if !ledger.Room(park.RequestPrefix+backfill.NewID(), time.Now()) {
+	if !roomFor(ledger, (len(r.Keys)+park.MaxRefs-1)/park.MaxRefs) {
 		return Redriving{}, &errtext.Fatal{Msg: fmt.Sprintf("the connector remembers each request it took for %s, so that none runs twice, and the %d it took lately fill the checkpoint's room for them (an eighth of kafka.max_message_bytes): run the command again in a few minutes, or redrive several keys in one request (--table, --all)", request.LedgerKeeps, len(rec.Used))}
 	}
 	conn, err := postgres.ConnectSQL(ctx, o.Config.Postgres)
@@ -114,6 +111,20 @@ func (o *Ops) Redrive(ctx context.Context, sel park.Selector, opt RedriveOptions
 		r.Requests = append(r.Requests, req)
 	}
 	return r, nil
+}
+
+// roomFor reports whether ledger has room for n more requests, made now.
+func roomFor(ledger request.Ledger, n int) bool {
+	now := time.Now()
+	ledger.Used = slices.Clone(ledger.Used)
+	for range n {
+		id := park.RequestPrefix + backfill.NewID()
+		if !ledger.Room(id, now) {
+			return false
+		}
+		ledger.Used = append(ledger.Used, checkpoint.Used{ID: id, At: now})
+	}
+	return true
 }
 
 // ErrNotTaken is a redrive request no pipeline took while it could: the

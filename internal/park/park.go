@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 
@@ -25,22 +26,49 @@ const digestPrefix = "sha256:"
 
 // KeyID is what the parking of key k is known by, in the checkpoint, in
 // cdc parked and to cdc redrive --key: k itself, or for a key longer than
-// MaxKey bytes (or one that begins as a digest does, so that no key can
-// pass for another's digest) "sha256:" and its SHA-256 in hex. A row's key
-// is the application's, of any length: as it is, one long key could fill
-// the parked keys' share of the checkpoint record, and a row's content
-// would stop the connector (docs/security.md).
+// MaxKey bytes, one that is not UTF-8 (the checkpoint is JSON, which would
+// change it), or one that begins as a digest does (so that no key passes
+// for another's digest), "sha256:" and its SHA-256 in hex. A row's key is
+// the application's, of any length: as it is, one long key could fill the
+// parked keys' share of the checkpoint record, and a row's content would
+// stop the connector (docs/security.md).
 func KeyID(k string) string {
-	if len(k) <= MaxKey && !strings.HasPrefix(k, digestPrefix) {
+	if plain(k) {
 		return k
 	}
 	sum := sha256.Sum256([]byte(k))
 	return digestPrefix + hex.EncodeToString(sum[:])
 }
 
+// plain reports whether key k is its own KeyID.
+func plain[K string | []byte](k K) bool {
+	return len(k) <= MaxKey && (len(k) < len(digestPrefix) || string(k[:len(digestPrefix)]) != digestPrefix) && utf8.Valid([]byte(k))
+}
+
 // isDigest reports whether id is a KeyID that is a digest.
 func isDigest(id string) bool {
 	return len(id) == len(digestPrefix)+2*sha256.Size && strings.HasPrefix(id, digestPrefix)
+}
+
+// Find looks record key k up in m, a map by KeyID. A checkpoint written
+// before keys were known by KeyID names a key that reads as a digest as it
+// is, so such a key is looked up as it is too, after its digest: at worst
+// a row whose key is another parking's digest goes behind that parking,
+// and comes out in its order with it.
+func Find[V any](m map[string]V, k []byte) (V, bool) {
+	if plain(k) {
+		v, ok := m[string(k)] // no copy of k: the common case costs a lookup
+		return v, ok
+	}
+	if v, ok := m[KeyID(string(k))]; ok {
+		return v, ok
+	}
+	if isDigest(string(k)) {
+		v, ok := m[string(k)]
+		return v, ok
+	}
+	var none V
+	return none, false
 }
 
 // TableDest is Dest for an event whose topic could not be worked out.
@@ -91,7 +119,8 @@ func New(saved []checkpoint.Parked, max, maxBytes int) *Set {
 	for _, p := range saved {
 		if !isDigest(p.Key) {
 			// Written before keys were known by KeyID: a long one is
-			// known by its digest from now on.
+			// known by its digest from now on (one that reads as a
+			// digest stays as it is: Find).
 			p.Key = KeyID(p.Key)
 		}
 		if _, dup := s.entries[p.Key]; dup {
@@ -150,10 +179,8 @@ func (s *Set) Parked(k []byte) *checkpoint.Parked {
 	if s == nil || len(s.entries) == 0 {
 		return nil
 	}
-	if len(k) <= MaxKey && (len(k) < len(digestPrefix) || string(k[:len(digestPrefix)]) != digestPrefix) {
-		return s.entries[string(k)] // no copy of k: the common case costs a lookup
-	}
-	return s.entries[KeyID(string(k))]
+	p, _ := Find(s.entries, k)
+	return p
 }
 
 // ErrFull is a park past max_parked_keys, ErrFullBytes one whose
@@ -260,8 +287,15 @@ func (s *Set) Unpark(p *checkpoint.Parked) {
 	}
 }
 
-// ByKey returns the parking known by k (a KeyID), or nil.
-func (s *Set) ByKey(k string) *checkpoint.Parked { return s.entries[k] }
+// ByKey returns the parking known by k, a KeyID, or nil. A request made
+// on a checkpoint from before KeyID names a long key as it is: it is
+// looked up by its KeyID then.
+func (s *Set) ByKey(k string) *checkpoint.Parked {
+	if p := s.entries[k]; p != nil {
+		return p
+	}
+	return s.entries[KeyID(k)]
+}
 
 // List is the parked keys, for the checkpoint: a copy, in a stable order.
 func (s *Set) List() []checkpoint.Parked {
@@ -289,11 +323,32 @@ func (sel Selector) Match(p checkpoint.Parked) bool {
 	case sel.All:
 		return true
 	case sel.Key != "":
-		// The key as cdc parked shows it, or as the rows have it.
-		return (p.Key == sel.Key || p.Key == KeyID(sel.Key)) && (sel.Table == "" || p.Table == sel.Table)
+		return p.Key == sel.Key && (sel.Table == "" || p.Table == sel.Table)
 	default:
 		return sel.Table != "" && p.Table == sel.Table
 	}
+}
+
+// Pick is the parkings of ps sel selects: by the key as cdc parked shows
+// it, or when none is, by the KeyID of the key as the rows have it (a key
+// that reads as a digest is the digest cdc parked shows first, so that one
+// --key never selects two parkings).
+func (sel Selector) Pick(ps []checkpoint.Parked) []checkpoint.Parked {
+	pick := func(sel Selector) []checkpoint.Parked {
+		var out []checkpoint.Parked
+		for _, p := range ps {
+			if sel.Match(p) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	out := pick(sel)
+	if len(out) == 0 && sel.Key != "" && KeyID(sel.Key) != sel.Key {
+		sel.Key = KeyID(sel.Key)
+		out = pick(sel)
+	}
+	return out
 }
 
 // String says what sel selects, for messages.

@@ -265,11 +265,11 @@ func BenchmarkParkedLookup(b *testing.B) {
 }
 
 // TestKeyID: a parking is known by its key as it is up to MaxKey bytes,
-// and by the key's digest past that (or when the key begins as a digest
-// does, so that no key passes for another's digest); a set finds the
-// parking by the key as the rows have it, a saved one from before
-// included, and a selector takes the key either way. Drawn keys of every
-// length around the bound.
+// and by the key's digest past that, for a key that is not UTF-8 (the
+// checkpoint's JSON would change it) or one that begins as a digest does;
+// a set finds the parking by the key as the rows have it, one saved before
+// KeyID included; a selector takes a parking by the key either way, and
+// never two by one --key. Drawn keys of every length around the bound.
 func TestKeyID(t *testing.T) {
 	long := strings.Repeat("k", MaxKey+1)
 	forged := KeyID(long) // a short key that reads as long's digest
@@ -277,33 +277,62 @@ func TestKeyID(t *testing.T) {
 		t.Fatalf("KeyID(%q) = %q: a key passes for a digest", forged, KeyID(forged))
 	}
 	for n := 1; n <= 2*MaxKey; n += 7 {
-		k := strings.Repeat("x", n)
-		id := KeyID(k)
-		switch {
-		case n <= MaxKey && id != k:
-			t.Fatalf("KeyID of a %d-byte key = %q, want the key", n, id)
-		case n > MaxKey && (!isDigest(id) || len(id) > MaxKey):
-			t.Fatalf("KeyID of a %d-byte key = %q, want a digest", n, id)
-		}
-		s := New(nil, 10, 0)
-		p, err := s.Park(first("public.outbox", "orders", k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Parked([]byte(k)) != p || s.ByKey(id) != p || p.Key != id {
-			t.Fatalf("a %d-byte key's parking is not found by it", n)
-		}
-		if !(Selector{Key: k}).Match(*p) || !(Selector{Key: id}).Match(*p) || (Selector{Key: k + "y"}).Match(*p) {
-			t.Fatalf("a selector of a %d-byte key does not take its parking, or takes another's", n)
+		for _, k := range []string{strings.Repeat("x", n), "\xff" + strings.Repeat("x", n)} {
+			id := KeyID(k)
+			plainKey := n <= MaxKey && utf8.ValidString(k)
+			switch {
+			case plainKey && id != k:
+				t.Fatalf("KeyID of a %d-byte key = %q, want the key", len(k), id)
+			case !plainKey && (!isDigest(id) || len(id) > MaxKey):
+				t.Fatalf("KeyID of a %d-byte key %.8q = %q, want a digest", len(k), k, id)
+			}
+			s := New(nil, 10, 0)
+			p, err := s.Park(first("public.outbox", "orders", k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Parked([]byte(k)) != p || s.ByKey(id) != p || s.ByKey(k) != p || p.Key != id {
+				t.Fatalf("a %d-byte key's parking is not found by it", len(k))
+			}
+			// Through the checkpoint (JSON) and a new set.
+			b, err := json.Marshal(checkpoint.Record{Parked: s.List()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back checkpoint.Record
+			if err := json.Unmarshal(b, &back); err != nil {
+				t.Fatal(err)
+			}
+			if q := New(back.Parked, 10, 0).Parked([]byte(k)); q == nil || q.Key != id {
+				t.Fatalf("a %d-byte key %.8q is not found parked after the checkpoint's round trip: %+v", len(k), k, back.Parked)
+			}
+			list := []checkpoint.Parked{*p}
+			if len((Selector{Key: k}).Pick(list)) != 1 || len((Selector{Key: id}).Pick(list)) != 1 || len((Selector{Key: k + "y"}).Pick(list)) != 0 {
+				t.Fatalf("a selector of a %d-byte key does not take its parking, or takes another's", len(k))
+			}
 		}
 	}
 	// A checkpoint written before parkings were known by KeyID names the
-	// long key as it is.
-	s := New([]checkpoint.Parked{{Key: long, Topic: "parked", Events: 1}}, 10, 0)
+	// long key as it is, and a key that reads as a digest as it is.
+	s := New([]checkpoint.Parked{{Key: long, Topic: "parked", Events: 1}, {Key: KeyID("other"), Topic: "parked", Events: 1}}, 10, 0)
 	if p := s.Parked([]byte(long)); p == nil || p.Key != KeyID(long) {
 		t.Fatalf("a saved long key's parking is not found by the key: %+v", p)
 	}
-	if s.Parked([]byte(forged)) != nil {
-		t.Fatal("a key that reads as a digest found another key's parking")
+	if s.ByKey(long) == nil {
+		t.Fatal("a request naming a saved long key as it is finds no parking")
+	}
+	if p := s.Parked([]byte(KeyID("other"))); p == nil {
+		t.Fatal("a saved key that reads as a digest is not found by itself")
+	}
+	// One --key never selects two parkings: long's digest, as cdc parked
+	// shows it, and a key that is that digest as it is (shown by its own).
+	s = New(nil, 10, 0)
+	for _, k := range []string{long, forged} {
+		if _, err := s.Park(first("public.outbox", "orders", k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := (Selector{Key: forged}).Pick(s.List()); len(got) != 1 || got[0].Key != KeyID(long) {
+		t.Fatalf("--key %q selects %+v; want long's parking only", forged, got)
 	}
 }

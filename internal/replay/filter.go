@@ -13,6 +13,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/park"
 	"github.com/outboxcdc/cdc/internal/route"
 )
 
@@ -261,7 +262,7 @@ func (f *Filter) Held(ev *outbox.Event, key []byte) bool {
 	if len(f.parked) == 0 {
 		return false
 	}
-	if at, ok := f.parked[string(key)]; !ok || ev.CommitLSN < at {
+	if at, ok := park.Find(f.parked, key); !ok || ev.CommitLSN < at { // by KeyID, as the checkpoint names it
 		return false
 	}
 	f.sent.Add(-1)
