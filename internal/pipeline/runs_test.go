@@ -141,7 +141,9 @@ func TestDropFirstAfterARedriveStoppedPartWay(t *testing.T) {
 	}
 	d.start(t)
 	used := d.redrive(t, park.Selector{Key: "K"}, false, false)
-	if allDone(used) || !strings.Contains(used[0].Outcome, "event 3 of 5") || !strings.Contains(used[0].Outcome, "--drop-first") {
+	// The outcome the checkpoint keeps is cut (the log has it whole): its
+	// offer of --drop-first begins "send the first to the dead-letter topic".
+	if allDone(used) || !strings.Contains(used[0].Outcome, "event 3 of 5") || !strings.Contains(used[0].Outcome, "send the first to the dead-letter topic") {
 		t.Fatalf("redrive from record 3: %+v; want record 3 named invalid still, --drop-first offered", used)
 	}
 	if used := d.redrive(t, park.Selector{Key: "K"}, true, false); !allDone(used) {
