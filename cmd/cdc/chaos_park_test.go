@@ -26,8 +26,9 @@ import (
 // cdc redrive of every key (about 20,000 events) is killed with SIGKILL at
 // a random point of its progress, three times, the connector started
 // again each time. At least one kill lands while the redrive is under way
-// (the checkpoint, read by cdc status while the connector is down, lists
-// parkings begun and not done), or the test proves nothing and fails.
+// (the topic holds some of its events, and the checkpoint, read by cdc
+// status while the connector is down, still lists parkings), or the test
+// proves nothing and fails.
 // Every aggregate reads on its topic in commit order with no gap, the
 // first copies in order; in exactly-once mode, read read_committed, none
 // twice; at least once, no more copies than one redrive's worth a kill
@@ -79,22 +80,21 @@ func TestChaosKillDuringRedrive(t *testing.T) {
 			})
 
 			limit = 1 << 20
-			midway := 0 // kills that found the redrive begun and not done
-			kill := func() {
+			// Kills that found the redrive begun (the topic held more than
+			// the 4 events each aggregate sent before it parked) and not
+			// done (the checkpoint, read while the connector is down, still
+			// lists parkings; at least once it lists them whole until the
+			// request's transaction is confirmed).
+			midway := 0
+			kill := func(during bool) {
 				proc.cmd.Process.Signal(syscall.SIGKILL)
 				proc.cmd.Wait()
-				if ps := statusParked(t, config()); len(ps) > 0 {
-					begun := len(ps) < aggs
-					for _, p := range ps {
-						begun = begun || p.Released > 0
-					}
-					if begun {
-						midway++
-					}
+				if during && len(statusParked(t, config())) > 0 {
+					midway++
 				}
 				proc = startProc(t, config())
 			}
-			kill() // the limit raised
+			kill(false) // the limit raised
 			testenv.Eventually(t, time.Minute, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 			out := startCmd(t, "redrive", "--config", config(), "--all", "--no-wait")
 			if err := out.cmd.Wait(); err != nil {
@@ -113,14 +113,16 @@ func TestChaosKillDuringRedrive(t *testing.T) {
 			// Each kill comes once the topic holds a random number of the
 			// events, drawn at the start; a kill the redrive outran comes
 			// at once (a restart after it).
-			var points []int
-			for range 3 {
+			// The first in the redrive's first quarter, so that one kill at
+			// least lands while it runs (it sends 20,000 in seconds).
+			points := []int{4*aggs + 1 + rand.N(aggs*(per-4)/4)}
+			for range 2 {
 				points = append(points, 4*aggs+1+rand.N(aggs*(per-4)))
 			}
 			slices.Sort(points)
 			for k, at := range points {
 				c.WaitFor(t, 5*time.Minute, fmt.Sprintf("%d events on the topic before kill %d", at, k+1), func(recs []*kgo.Record) bool { return delivered(recs) >= at })
-				kill()
+				kill(true) // once the topic holds at > 4*aggs events
 				testenv.Eventually(t, time.Minute, "the connector to hold the slot", func() bool { return slotActive(t, db) })
 			}
 			c.WaitFor(t, 5*time.Minute, "every event on its topic", func(recs []*kgo.Record) bool { return delivered(recs) == aggs*per })
