@@ -51,10 +51,11 @@ func isDigest(id string) bool {
 }
 
 // Find looks record key k up in m, a map by KeyID. A checkpoint written
-// before keys were known by KeyID names a key that reads as a digest as it
-// is, so such a key is looked up as it is too, after its digest: at worst
-// a row whose key is another parking's digest goes behind that parking,
-// and comes out in its order with it.
+// before keys were known by KeyID names every key as it is (a replay's
+// hold reads its list so, and New keeps a key that reads as a digest so),
+// so a key that is not its own KeyID is looked up as it is too, after its
+// digest: at worst a row whose key is another parking's digest goes
+// behind that parking, and comes out in its order with it.
 func Find[V any](m map[string]V, k []byte) (V, bool) {
 	if plain(k) {
 		v, ok := m[string(k)] // no copy of k: the common case costs a lookup
@@ -63,12 +64,8 @@ func Find[V any](m map[string]V, k []byte) (V, bool) {
 	if v, ok := m[KeyID(string(k))]; ok {
 		return v, ok
 	}
-	if isDigest(string(k)) {
-		v, ok := m[string(k)]
-		return v, ok
-	}
-	var none V
-	return none, false
+	v, ok := m[string(k)]
+	return v, ok
 }
 
 // TableDest is Dest for an event whose topic could not be worked out.

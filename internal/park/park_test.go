@@ -318,6 +318,10 @@ func TestKeyID(t *testing.T) {
 	if p := s.Parked([]byte(long)); p == nil || p.Key != KeyID(long) {
 		t.Fatalf("a saved long key's parking is not found by the key: %+v", p)
 	}
+	// A replay's hold is a map of the checkpoint's list as it was saved.
+	if _, ok := Find(map[string]bool{long: true}, []byte(long)); !ok {
+		t.Fatal("a saved long key, named as it is, is not found by the key")
+	}
 	if s.ByKey(long) == nil {
 		t.Fatal("a request naming a saved long key as it is finds no parking")
 	}
