@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxcdc/cdc/internal/checkpoint"
 	"github.com/outboxcdc/cdc/internal/config"
+	"github.com/outboxcdc/cdc/internal/delivery"
 	"github.com/outboxcdc/cdc/internal/demo"
 	"github.com/outboxcdc/cdc/internal/endpoint"
 	"github.com/outboxcdc/cdc/internal/errtext"
@@ -91,8 +92,12 @@ func runCmd(ctx context.Context, c *cli, args []string) int {
 	if code, ok := c.parse(fs, args); !ok {
 		return code
 	}
-	p, log, code, ok := c.pipeline(*file, func(cfg *config.Config) {
+	p, log, code, ok := c.pipeline(*file, func(cfg *config.Config, o *pipeline.Options) {
 		cfg.Postgres.OnLive = liveProcs(os.Getenv, runtime.GOMAXPROCS(0))
+		// A session that streams has connected, read the checkpoint and
+		// checked the topics: code the stream does not run again. Off
+		// the stream's goroutine, which OnSession must not block.
+		o.OnSession = func(*delivery.Tracker) { go dropStartPages() }
 	})
 	if !ok {
 		return code

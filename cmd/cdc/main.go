@@ -89,6 +89,9 @@ func usage(w io.Writer) {
 }
 
 func main() {
+	// The packages' init functions have run: what they touched of the
+	// binary, no command runs again.
+	dropStartPages()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
@@ -179,17 +182,17 @@ func (c *cli) usageErr(format string, args ...any) int {
 	return 2
 }
 
-// pipeline loads the config at path and builds the pipeline, which
-// validates it. ok false means return code.
 // pipeline loads the config at path, lets each adjust set what a command
-// sets beyond it, and makes the pipeline.
-func (c *cli) pipeline(path string, adjust ...func(*config.Config)) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
+// sets beyond it (in the config and the pipeline's options), and makes the
+// pipeline, which validates the config. ok false means return code.
+func (c *cli) pipeline(path string, adjust ...func(*config.Config, *pipeline.Options)) (p *pipeline.Pipeline, log hclog.Logger, code int, ok bool) {
 	cfg, lc, err := config.Load(path, c.env)
 	if err != nil {
 		return nil, nil, c.usageErr("%v", err), false
 	}
+	opts := pipeline.Options{ConfigFile: path, Version: version}
 	for _, f := range adjust {
-		f(&cfg)
+		f(&cfg, &opts)
 	}
 	c.http = lc.HTTP
 	c.weak = lc.Weaknesses()
@@ -199,7 +202,7 @@ func (c *cli) pipeline(path string, adjust ...func(*config.Config)) (p *pipeline
 		JSONFormat: lc.JSON,
 		Output:     c.stderr,
 	})
-	p, err = pipeline.New(cfg, log, pipeline.Options{ConfigFile: path, Version: version})
+	p, err = pipeline.New(cfg, log, opts)
 	if err != nil {
 		return nil, nil, c.usageErr("%v", err), false
 	}
