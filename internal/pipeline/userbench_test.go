@@ -166,6 +166,9 @@ type connector struct {
 	start time.Time
 	out   strings.Builder
 	http  string // its metrics endpoint
+	// peakAnon and peakFile are the largest RssAnon and RssFile
+	// sampleRSS saw, in MB.
+	peakAnon, peakFile float64
 
 	exited  chan struct{} // closed when the process has ended
 	waitErr error         // how it ended, once exited is closed
@@ -347,6 +350,26 @@ func (c *connector) stop(b *testing.B) (cpu time.Duration, rssMB float64) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), rssMB
 }
 
+// sampleRSS keeps the largest RssAnon and RssFile seen: the peak's split
+// between the binary's pages and the rest (VmHWM is only their sum), as
+// seen at waitConfirmed's sample period.
+func (c *connector) sampleRSS() {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		switch k {
+		case "RssAnon":
+			c.peakAnon = max(c.peakAnon, kb/1024)
+		case "RssFile":
+			c.peakFile = max(c.peakFile, kb/1024)
+		}
+	}
+}
+
 // waitConfirmed polls the slot until Postgres has been told a position past
 // after, and returns when it saw it.
 func (c *connector) waitConfirmed(b *testing.B, conn *pgx.Conn, after pglogrepl.LSN) time.Time {
@@ -360,6 +383,7 @@ func (c *connector) waitConfirmed(b *testing.B, conn *pgx.Conn, after pglogrepl.
 		if l, _ := pglogrepl.ParseLSN(s); l > after {
 			return time.Now()
 		}
+		c.sampleRSS()
 		select {
 		case <-c.exited:
 			b.Fatalf("the connector ended (%v) before it confirmed past %s\n%s", c.waitErr, after, c.out.String())
@@ -393,8 +417,10 @@ func drainOnce(b *testing.B, per int) {
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(d.cpu.Seconds()*100_000/float64(events), "cpu_s/100k")
 	b.ReportMetric(d.rss, "peak_rss_MB")
+	b.ReportMetric(d.anon, "peak_anon_MB")
+	b.ReportMetric(d.file, "peak_file_MB")
 	fmt.Printf("\ndrain %d events in %d-row transactions (%s):\n", events, per, brokerName())
-	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB\n", d.elapsed.Seconds(), float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss)
+	fmt.Printf("  cdc, start to confirm: %7.3f s  %8.0f events/s  cpu %.2f s  peak RSS %.1f MB (sampled: anon %.1f, the binary's pages %.1f)\n", d.elapsed.Seconds(), float64(events)/d.elapsed.Seconds(), d.cpu.Seconds(), d.rss, d.anon, d.file)
 	fmt.Printf("  pg_recvlogical:        %7.3f s  (before %.3f, after %.3f)\n", d.ref.Seconds(), d.refBefore.Seconds(), d.refAfter.Seconds())
 	fmt.Printf("  ratio:                 %7.2f  (cdc speed / pg_recvlogical speed)\n", ratio)
 	fmt.Printf("  CPU (s): walsender %.2f for cdc, %.2f for pg_recvlogical; broker %.2f while cdc ran\n\n", d.walsender, d.refWalsender, d.broker)
@@ -481,6 +507,9 @@ func payloadOnce(b *testing.B, size, events int) {
 type drained struct {
 	elapsed, cpu, ref, refBefore, refAfter time.Duration
 	rss                                    float64
+	// The largest RssAnon and RssFile sampled while it drained, in MB:
+	// the peak's split, the binary's pages apart from the rest.
+	anon, file float64
 	// The CPU of the walsenders feeding the connector and the first
 	// pg_recvlogical, and the broker's while the connector ran, in
 	// seconds (0 when unknown).
@@ -604,6 +633,7 @@ func drainBacklog(b *testing.B, bl backlog) drained {
 	d.refAfter = recvlogicalTime(b, recvlogical, db, "ref_after", end)
 	b.StopTimer()
 	d.cpu, d.rss = c.stop(b)
+	d.anon, d.file = c.peakAnon, c.peakFile
 	d.ref = (d.refBefore + d.refAfter) / 2
 	// Slot names are the cluster's: free them for the next drain, once
 	// the walsenders of the processes that exited have noticed.
