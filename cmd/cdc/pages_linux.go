@@ -18,10 +18,11 @@ import (
 // faulted in), most of which a stream never runs again. Dropping the
 // mappings' pages (MADV_DONTNEED) takes them out of the RSS at once; the
 // ones the stream uses come back on first use as minor faults from the page
-// cache, which still holds them: no I/O, a few hundred faults
-// (docs/benchmarks.md, "Memory"). It changes the process's RSS, not the
-// page cache: a cgroup that charged the file's pages on first read still
-// does.
+// cache, which still holds them: no I/O, and about 300 faults for the
+// 19 MB a drain brings back (docs/benchmarks.md, "The binary's start pages
+// given back"; the CPU per event did not move). It changes the process's
+// RSS, not the page cache: a cgroup that charged the file's pages on first
+// read still does.
 //
 // Only mappings whose every page is the file's are dropped: read-only, and
 // with no private copy of a page (smaps' Anonymous 0). A page the dynamic

@@ -351,7 +351,8 @@ func (c *connector) stop(b *testing.B) (cpu time.Duration, rssMB float64) {
 }
 
 // sampleRSS keeps the largest RssAnon and RssFile seen: the peak's split
-// between the binary's pages and the rest (VmHWM is only their sum), as
+// between the mapped files' pages (the binary's, and about 1.2 MB of
+// libc's and the loader's) and the rest (VmHWM is only their sum), as
 // seen at waitConfirmed's sample period.
 func (c *connector) sampleRSS() {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
