@@ -38,6 +38,14 @@
 //     OrderColumns, as a job saved in it resumes. An order of the commits
 //     takes no order_by: a plan asked for one with order_by fails.
 //
+//   - A Cursor in its caller's transaction over a plain table sorts only
+//     each row's key and place (tableoid, ctid), and reads a chunk's rows
+//     by their places in the same snapshot, where a place cannot change:
+//     a row listed and not found is an error to read again, never a row
+//     skipped; a WITH HOLD cursor, whose places a later snapshot may give
+//     to other rows, and a partitioned table's keep the rows whole
+//     (TestCursorByPlaceReadsTheWholeRowsOrder).
+//
 //   - A Cursor reads in one snapshot, so no row moves in the order while it
 //     reads: that of the transaction it is opened in, or, outside one, its
 //     own, whose rows a WITH HOLD cursor keeps on the server, holding no
