@@ -46,10 +46,11 @@ type Plan struct {
 	// of the commit it stopped in, or (resume[1]) past that commit, which
 	// it sent whole (Plan.Whole).
 	resume [2]string
-	// byTID: the table is a plain one (no partitions), so that a Cursor
-	// in a transaction's snapshot sorts only each row's key and place
-	// (keyRows, in two parts as rows) and reads a chunk's rows by their
-	// places (fetch), instead of sorting every row whole.
+	// byTID: the table is a plain heap one that none inherits from (no
+	// partitions, no children), so that a Cursor in a transaction's
+	// snapshot sorts only each row's key and place (keyRows, in two
+	// parts as rows) and reads a chunk's rows by their places (fetch),
+	// instead of sorting every row whole.
 	byTID   bool
 	keyRows [2]string
 	fetch   string
@@ -169,8 +170,19 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 	if err != nil {
 		return nil, err
 	}
+	// Read by place only where a place names one row for the whole of a
+	// snapshot: a heap table with no table inheriting from it (a
+	// foreign one can repeat a ctid within its tableoid, and every
+	// child's rows at the chunk's ctids would be read to be dropped), on
+	// a server where old_snapshot_threshold cannot let VACUUM take a row
+	// the snapshot still sees (its reads of the table after the first
+	// would fail with "snapshot too old", where the sorted rows would
+	// not).
 	var plain bool
-	if err := conn.QueryRow(ctx, `SELECT relkind = 'r' FROM pg_class WHERE oid = $1::regclass`, t.Name.String()).Scan(&plain); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT c.relkind = 'r' AND coalesce(a.amname = 'heap', false)
+		AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)
+		AND coalesce(current_setting('old_snapshot_threshold', true), '-1') = '-1'
+		FROM pg_class c LEFT JOIN pg_am a ON a.oid = c.relam WHERE c.oid = $1::regclass`, t.Name.String()).Scan(&plain); err != nil {
 		return nil, errorf("backfill of %s: %v", t, errtext.OneLine(err))
 	}
 	if order, err = choose(ctx, conn, t, orderBy, order); err != nil {
