@@ -2,14 +2,10 @@ package tableread
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxcdc/cdc/internal/pgident"
 )
@@ -35,17 +31,8 @@ type Cursor struct {
 	conn *pgx.Conn
 	name string
 	hold bool
-	// byTID: the cursor holds each row's key and place only, and Next
-	// reads the rows by their places (Plan.byTID), in the snapshot the
-	// cursor was opened in; a WITH HOLD cursor outlives it, and a place
-	// in a later snapshot may hold another row, so it holds the rows.
-	byTID bool
-	pos   int64 // rows taken: the cursor stands on row pos
-	done  bool
-	// failed is a read by place that did not find its rows: the cursor
-	// stands past rows it did not return, and is not read again (a
-	// caller opens another, in a new snapshot).
-	failed error
+	pos  int64 // rows taken: the cursor stands on row pos
+	done bool
 	// Horizon is the job's (checkpoint.Job.Horizon): the one it was
 	// opened with, or, for a job's first read, the 64-bit xid below which
 	// every transaction had ended when the cursor's snapshot was taken.
@@ -72,21 +59,7 @@ func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon
 	// A name of its own: the first start's transaction reads each table's
 	// job from a cursor of its own.
 	c := &Cursor{plan: p, conn: conn, name: fmt.Sprintf("cdc_rows_%d", cursors.Add(1)), hold: conn.PgConn().TxStatus() == 'I', Horizon: horizon}
-	c.byTID = p.byTID && !c.hold
-	if c.byTID {
-		// Its reads by place must see the cursor's snapshot: in READ
-		// COMMITTED each would take a newer one.
-		var iso string
-		if err := conn.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil {
-			return nil, statementError(fmt.Sprintf("backfill of %s: read the transaction's isolation", p.Table), err)
-		}
-		c.byTID = iso == "repeatable read" || iso == "serializable"
-	}
-	query := p.rowsQuery
-	if c.byTID {
-		query = p.keyRowsQuery
-	}
-	q, resume := query(""), after != nil
+	q, resume := p.rowsQuery(""), after != nil
 	var params []any
 	if resume {
 		if err := p.checkKey(after); err != nil {
@@ -95,9 +68,9 @@ func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon
 		if horizon == 0 {
 			return nil, errorf("backfill of %s: the saved position in commit order has no horizon; start the backfill again", p.Table)
 		}
-		q = query(p.resume[0])
+		q = p.rowsQuery(p.resume[0])
 		if whole {
-			q = query(p.resume[1])
+			q = p.rowsQuery(p.resume[1])
 		}
 		for _, v := range after[:p.group] {
 			params = append(params, v)
@@ -130,209 +103,25 @@ func (p *Plan) Open(ctx context.Context, conn *pgx.Conn, after []string, horizon
 // budget are dropped, and the cursor moved back to the last row kept.
 func (c *Cursor) Next(ctx context.Context) (Chunk, error) {
 	p := c.plan
-	switch {
-	case c.failed != nil:
-		return Chunk{}, c.failed
-	case c.done:
+	if c.done {
 		return Chunk{Final: true}, nil
 	}
-	for {
-		limit := max(p.limit, 1)
-		rr := c.conn.PgConn().ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", limit, pgident.Ident(c.name)), nil, nil, nil, nil)
-		var ch Chunk
-		var read int
-		var cut, over bool
-		if c.byTID {
-			var err error
-			if ch, read, cut, over, err = c.byPlace(ctx, rr, limit); err != nil {
-				var stmt *stmtError
-				if !errors.As(err, &stmt) {
-					c.failed = err
-				}
-				return Chunk{}, err
-			}
-		} else {
-			ch, read, cut = p.collect(rr, limit)
-			if _, err := rr.Close(); err != nil {
-				return Chunk{}, statementError(fmt.Sprintf("backfill of %s: read a chunk", p.Table), err)
-			}
-		}
-		c.pos += int64(len(ch.Rows))
-		if read > len(ch.Rows) {
-			// Back onto the last row kept: the next chunk starts after it.
-			if _, err := c.conn.Exec(ctx, fmt.Sprintf("MOVE ABSOLUTE %d IN %s", c.pos, pgident.Ident(c.name))); err != nil {
-				return Chunk{}, statementError(fmt.Sprintf("backfill of %s: move the cursor back", p.Table), err)
-			}
-		}
-		if over {
-			continue // fewer rows, from the same one
-		}
-		ch.Final = !cut && read < limit
-		c.done = ch.Final
-		return ch, nil
-	}
-}
-
-// byPlace reads the chunk of a cursor of keys and places (Cursor.byTID):
-// rr, which asked for limit rows, gives each row's key terms, its ctid
-// and its tableoid, in the plan's order; the rows are then read by their
-// places, in the same snapshot, and kept in that order within the plan's
-// budget, as collect keeps them. They come in the order of their places,
-// not the chunk's, so that the budget is kept while they come: once the
-// rows held reach it with more to come, the chunk is dropped (over) and
-// the plan's limit lowered below what was held, to read again from the
-// same row; a single row is always read whole. A row of the list not
-// where it lay, or two at one place, is an error, never a row skipped or
-// sent twice: in one snapshot, with the table locked against a rewrite,
-// it cannot happen.
-func (c *Cursor) byPlace(ctx context.Context, rr *pgconn.ResultReader, limit int) (ch Chunk, read int, cut, over bool, err error) {
-	p := c.plan
-	n := len(p.terms)
-	var keys [][][]byte // each row's key values, in the order
-	at := map[place]int{}
-	var tids strings.Builder
-	tids.WriteByte('{')
-	var bad error
-	for rr.NextRow() {
-		v := rr.Values()
-		if bad != nil {
-			continue
-		}
-		size := 0
-		for _, k := range v[:n] {
-			size += len(k)
-		}
-		buf, key := make([]byte, 0, size), make([][]byte, n)
-		for i, k := range v[:n] {
-			start := len(buf)
-			buf = append(buf, k...)
-			key[i] = buf[start:len(buf):len(buf)]
-		}
-		pl, ok := parsePlace(v[n], v[n+1])
-		if _, twice := at[pl]; !ok || twice {
-			bad = fmt.Errorf("backfill of %s: the cursor gave the place %q in table %q twice or not as a ctid; the backfill reads it again in a new snapshot", p.Table, v[n], v[n+1])
-			continue
-		}
-		at[pl] = len(keys)
-		keys = append(keys, key)
-		if len(keys) > 1 {
-			tids.WriteByte(',')
-		}
-		tids.WriteByte('"')
-		tids.Write(v[n]) // (block,offset): no quote or backslash
-		tids.WriteByte('"')
-	}
+	limit := max(p.limit, 1)
+	rr := c.conn.PgConn().ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM %s", limit, pgident.Ident(c.name)), nil, nil, nil, nil)
+	ch, read, cut := p.collect(rr, limit)
 	if _, err := rr.Close(); err != nil {
-		return Chunk{}, 0, false, false, statementError(fmt.Sprintf("backfill of %s: read a chunk", p.Table), err)
+		return Chunk{}, statementError(fmt.Sprintf("backfill of %s: read a chunk", p.Table), err)
 	}
-	if bad != nil {
-		return Chunk{}, 0, false, false, bad
-	}
-	read = len(keys)
-	k := keeper{p: p, limit: limit}
-	if read == 0 {
-		ch, cut = k.chunk()
-		return ch, 0, cut, false, nil
-	}
-	tids.WriteByte('}')
-	rows, sizes := make([][][]byte, read), make([]int, read)
-	held, bytes := 0, int64(0)
-	rr = c.conn.PgConn().ExecParams(ctx, p.fetch, [][]byte{[]byte(tids.String())}, nil, nil, nil)
-	for rr.NextRow() {
-		if over {
-			continue // read off the wire, not kept
-		}
-		v := rr.Values()
-		pl, ok := parsePlace(v[p.keyAt+1], v[p.keyAt])
-		i, listed := at[pl]
-		if !ok || !listed || rows[i] != nil {
-			continue // not the table's own row (the plan reads none but its own)
-		}
-		size := 0
-		for _, x := range v[:p.keyAt] {
-			size += len(x)
-		}
-		for _, x := range keys[i] {
-			size += len(x)
-		}
-		buf, row := make([]byte, 0, size), make([][]byte, p.keyAt+n)
-		for j, x := range v[:p.keyAt] {
-			if x != nil {
-				start := len(buf)
-				buf = append(buf, x...)
-				row[j] = buf[start:len(buf):len(buf)]
-			}
-		}
-		for j, x := range keys[i] {
-			start := len(buf)
-			buf = append(buf, x...)
-			row[p.keyAt+j] = buf[start:len(buf):len(buf)]
-		}
-		rows[i], sizes[i] = row, size
-		held++
-		bytes += int64(size)
-		if p.budget > 0 && bytes >= p.budget && held < read {
-			over = true
-			rows = nil // let go of what was held
+	c.pos += int64(len(ch.Rows))
+	if read > len(ch.Rows) {
+		// Back onto the last row kept: the next chunk starts after it.
+		if _, err := c.conn.Exec(ctx, fmt.Sprintf("MOVE ABSOLUTE %d IN %s", c.pos, pgident.Ident(c.name))); err != nil {
+			return Chunk{}, statementError(fmt.Sprintf("backfill of %s: move the cursor back", p.Table), err)
 		}
 	}
-	if _, err := rr.Close(); err != nil {
-		return Chunk{}, 0, false, false, statementError(fmt.Sprintf("backfill of %s: read a chunk's rows", p.Table), err)
-	}
-	if over {
-		// None kept: the cursor goes back to the chunk's first row, and
-		// the next try asks for fewer than were held when the budget was
-		// reached.
-		p.limit = max(1, min(held-1, limit/2))
-		return Chunk{}, read, false, true, nil
-	}
-	for i, row := range rows {
-		if row == nil {
-			return Chunk{}, 0, false, false, fmt.Errorf("backfill of %s: a row the cursor listed was not at its place (ctid) in the same snapshot; the backfill reads it again in a new snapshot", p.Table)
-		}
-		k.keep(row, sizes[i])
-	}
-	ch, cut = k.chunk()
-	return ch, read, cut, false, nil
-}
-
-// place is where a row lies: its table's oid and its ctid.
-type place struct {
-	table  uint32
-	block  uint32
-	offset uint16
-}
-
-// parsePlace parses a ctid's and a tableoid's text, "(block,offset)" and
-// an oid, without an allocation: it runs twice a row.
-func parsePlace(ctid, oid []byte) (place, bool) {
-	t, ok := digits(oid, 1<<32-1)
-	if !ok || len(ctid) < 5 || ctid[0] != '(' || ctid[len(ctid)-1] != ')' {
-		return place{}, false
-	}
-	inner := ctid[1 : len(ctid)-1]
-	comma := slices.Index(inner, ',')
-	if comma < 0 {
-		return place{}, false
-	}
-	blk, ok1 := digits(inner[:comma], 1<<32-1)
-	off, ok2 := digits(inner[comma+1:], 1<<16-1)
-	return place{uint32(t), uint32(blk), uint16(off)}, ok1 && ok2
-}
-
-// digits is the decimal number b, at most limit.
-func digits(b []byte, limit uint64) (uint64, bool) {
-	if len(b) == 0 || len(b) > 10 {
-		return 0, false
-	}
-	var n uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + uint64(c-'0')
-	}
-	return n, n <= limit
+	ch.Final = !cut && read < limit
+	c.done = ch.Final
+	return ch, nil
 }
 
 // Close closes the cursor (a WITH HOLD cursor outlives its transaction).

@@ -38,22 +38,6 @@
 //     OrderColumns, as a job saved in it resumes. An order of the commits
 //     takes no order_by: a plan asked for one with order_by fails.
 //
-//   - A Cursor in its caller's REPEATABLE READ (or SERIALIZABLE)
-//     transaction over a heap table that no table inherits from, on a
-//     server without old_snapshot_threshold, sorts only each row's key
-//     and place (tableoid, ctid), and reads a chunk's rows by their
-//     places in the same snapshot, where a place names one row for the
-//     snapshot's life (TestCursorByPlaceReadsTheWholeRowsOrder). A place
-//     listed twice, or a row listed and not found, is an error after
-//     which the cursor reads nothing more (a caller reads again in a new
-//     snapshot), never a row skipped or sent twice. Its rows come in the
-//     order of their places, so it holds them only up to the budget: past
-//     it, the chunk is dropped and asked again with fewer rows
-//     (TestCursorByPlaceHoldsTheBudget). Elsewhere (WITH HOLD, whose
-//     places a later snapshot may give to other rows; READ COMMITTED;
-//     children, a foreign one of which repeats ctids; partitions) the
-//     rows are sorted whole (TestReadByPlaceOnlyWhereAPlaceIsOneRow).
-//
 //   - A Cursor reads in one snapshot, so no row moves in the order while it
 //     reads: that of the transaction it is opened in, or, outside one, its
 //     own, whose rows a WITH HOLD cursor keeps on the server, holding no

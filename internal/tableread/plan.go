@@ -45,15 +45,7 @@ type Plan struct {
 	// resume is the condition on a resumed job's rows: from the first row
 	// of the commit it stopped in, or (resume[1]) past that commit, which
 	// it sent whole (Plan.Whole).
-	resume [2]string
-	// byTID: the table is a plain heap one that none inherits from (no
-	// partitions, no children), so that a Cursor in a transaction's
-	// snapshot sorts only each row's key and place (keyRows, in two
-	// parts as rows) and reads a chunk's rows by their places (fetch),
-	// instead of sorting every row whole.
-	byTID   bool
-	keyRows [2]string
-	fetch   string
+	resume  [2]string
 	Columns []decode.Column
 	keyAt   int // index of the first key column in a row
 	chunk   int
@@ -170,21 +162,6 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 	if err != nil {
 		return nil, err
 	}
-	// Read by place only where a place names one row for the whole of a
-	// snapshot: a heap table with no table inheriting from it (a
-	// foreign one can repeat a ctid within its tableoid, and every
-	// child's rows at the chunk's ctids would be read to be dropped), on
-	// a server where old_snapshot_threshold cannot let VACUUM take a row
-	// the snapshot still sees (its reads of the table after the first
-	// would fail with "snapshot too old", where the sorted rows would
-	// not).
-	var plain bool
-	if err := conn.QueryRow(ctx, `SELECT c.relkind = 'r' AND coalesce(a.amname = 'heap', false)
-		AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)
-		AND coalesce(current_setting('old_snapshot_threshold', true), '-1') = '-1'
-		FROM pg_class c LEFT JOIN pg_am a ON a.oid = c.relam WHERE c.oid = $1::regclass`, t.Name.String()).Scan(&plain); err != nil {
-		return nil, errorf("backfill of %s: %v", t, errtext.OneLine(err))
-	}
 	if order, err = choose(ctx, conn, t, orderBy, order); err != nil {
 		return nil, err
 	}
@@ -222,7 +199,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 	if err := sqlwhere.Check(strings.TrimSpace(where)); err != nil {
 		return nil, errorf("backfill of %s: %v", t, err)
 	}
-	p := &Plan{Table: t, Where: strings.TrimSpace(where), Order: order, Key: key, terms: terms, prefix: prefix, group: group, chunk: chunk, limit: chunk, byTID: plain}
+	p := &Plan{Table: t, Where: strings.TrimSpace(where), Order: order, Key: key, terms: terms, prefix: prefix, group: group, chunk: chunk, limit: chunk}
 	p.build()
 	if err := p.prepare(ctx, conn); err != nil {
 		return nil, err
@@ -375,16 +352,6 @@ func (p *Plan) build() {
 	}
 	p.rows = [2]string{fmt.Sprintf("SELECT %s FROM (SELECT %s, %s AS cmd, ctid AS row_at FROM %s WHERE %s", strings.Join(outer, ", "), strings.Join(inner, ", "), cmd, from, cond),
 		") r ORDER BY " + strings.Join(order, ", ")}
-	// The same order of the key's terms and places alone: what the
-	// server sorts is a few dozen bytes a row, not the row (for a table
-	// of payloads, several times the sort's work and its spill to disk),
-	// and each chunk's rows are then read by their places (fetch), in
-	// the same snapshot. A place is a tableoid and a ctid: a table that
-	// others inherit from reads theirs too, and a ctid is only one
-	// table's.
-	p.keyRows = [2]string{fmt.Sprintf("SELECT %s, r.row_at, r.row_in FROM (SELECT %s, %s AS cmd, ctid AS row_at, tableoid AS row_in FROM %s WHERE %s",
-		strings.Join(outer[p.keyAt:], ", "), strings.Join(inner[p.keyAt:], ", "), cmd, from, cond), p.rows[1]}
-	p.fetch = fmt.Sprintf("SELECT %s, tableoid, ctid FROM %s WHERE ctid = ANY($1::tid[])", strings.Join(sel[:p.keyAt], ", "), from)
 	if p.group > 0 {
 		for i, op := range []string{">=", ">"} {
 			p.resume[i] = fmt.Sprintf(" AND ((%s) %s (%s) OR %s >= $%d)", strings.Join(keyList[:p.group], ", "), op, params(1, p.group), xminTerm.sql, p.group+1)
@@ -395,15 +362,11 @@ func (p *Plan) build() {
 // rowsQuery is the Cursor's query with resume ("" for none).
 func (p *Plan) rowsQuery(resume string) string { return p.rows[0] + resume + p.rows[1] }
 
-// keyRowsQuery is the Cursor's query of keys and places (Plan.byTID) with
-// resume ("" for none).
-func (p *Plan) keyRowsQuery(resume string) string { return p.keyRows[0] + resume + p.keyRows[1] }
-
 // prepare has the server parse the queries: a bad condition fails here,
 // before anything is sent. It reads the columns a chunk returns.
 func (p *Plan) prepare(ctx context.Context, conn *pgx.Conn) error {
 	t := p.Table
-	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last, p.rowsQuery(p.resume[0]), p.keyRowsQuery(p.resume[0]), p.fetch} {
+	for i, q := range []string{p.queries[0][0], p.queries[1][1], p.last, p.rowsQuery(p.resume[0])} {
 		sd, err := conn.Prepare(ctx, "", q)
 		if err != nil {
 			return errorf("backfill of %s: the condition %q does not work: %s; fix backfill.where (or --where)", t, p.Where, pgMessage(err))

@@ -103,10 +103,10 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 // whether some were dropped past the budget. It adjusts the plan's limit
 // to the rows' size and sets the chunk's Last.
 func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, cut bool) {
-	k := keeper{p: p, limit: limit}
+	var bytes int64
 	for rr.NextRow() {
 		read++
-		if k.cut {
+		if cut {
 			continue // past the budget: read off the wire, not kept
 		}
 		src := rr.Values()
@@ -115,6 +115,7 @@ func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, c
 		for _, v := range src {
 			size += len(v)
 		}
+		bytes += int64(size)
 		buf := make([]byte, 0, size) // one allocation for the row's values
 		for i, v := range src {
 			if v != nil {
@@ -123,50 +124,21 @@ func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, c
 				row[i] = buf[start:len(buf):len(buf)]
 			}
 		}
-		k.keep(row, size)
+		c.Rows = append(c.Rows, row)
+		// A row larger than the budget is read alone; a chunk ends at
+		// the row that reaches it.
+		cut = p.budget > 0 && bytes >= p.budget && len(c.Rows) < limit
 	}
-	c, cut = k.chunk()
-	return c, read, cut
-}
-
-// keeper keeps a chunk's rows, in order, within the plan's byte budget.
-type keeper struct {
-	p     *Plan
-	limit int
-	c     Chunk
-	bytes int64
-	cut   bool // the budget was reached before limit rows: no more is kept
-}
-
-// keep adds row, of size bytes of values, to the chunk, unless the
-// budget was reached.
-func (k *keeper) keep(row [][]byte, size int) {
-	if k.cut {
-		return
-	}
-	k.bytes += int64(size)
-	k.c.Rows = append(k.c.Rows, row)
-	// A row larger than the budget is read alone; a chunk ends at the row
-	// that reaches it.
-	p := k.p
-	k.cut = p.budget > 0 && k.bytes >= p.budget && len(k.c.Rows) < k.limit
-}
-
-// chunk is the chunk kept, and whether rows were dropped past the budget:
-// it adjusts the plan's limit to the rows' size and sets the chunk's
-// Last.
-func (k *keeper) chunk() (Chunk, bool) {
-	p, c := k.p, k.c
 	switch {
-	case k.cut:
+	case cut:
 		p.limit = len(c.Rows) // what fits
-	case p.budget > 0 && len(c.Rows) == k.limit && k.bytes*2 <= p.budget:
-		p.limit = min(2*k.limit, p.chunk) // room for more
+	case p.budget > 0 && len(c.Rows) == limit && bytes*2 <= p.budget:
+		p.limit = min(2*limit, p.chunk) // room for more
 	}
 	if n := len(c.Rows); n > 0 {
 		c.Last = p.KeyOf(c.Rows[n-1])
 	}
-	return c, k.cut
+	return c, read, cut
 }
 
 // CommitBefore reports whether row a of p's chunk committed before row b
