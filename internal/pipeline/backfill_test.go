@@ -767,3 +767,47 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 		t.Fatal("the stream started: the backfill was not the step that stuck")
 	}
 }
+
+// TestInheritingTableIsNoOutbox: a table that inherits from the outbox
+// (kid, and grandkid from it) is a table of its own: the stream takes
+// its inserts for no table's, and the first start's backfill reads the
+// outbox's own rows, ONLY the table, so the two paths agree. Before, the
+// backfill sent the children's rows as events, which the stream never
+// did, and a table that joined by ALTER TABLE ... INHERIT after the
+// snapshot had rows never in the outbox sent.
+func TestInheritingTableIsNoOutbox(t *testing.T) {
+	kafka := testenv.NewKafka(t)
+	db := testenv.Require(t, pg).NewDatabase(t)
+	testenv.Exec(t, db, pollerSchema,
+		`CREATE TABLE kid () INHERITS (event_outbox)`,
+		`CREATE TABLE grandkid () INHERITS (kid)`,
+		`INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'old', '{}')`,
+		`INSERT INTO kid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'kid-old', '{}')`,
+		`INSERT INTO grandkid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'grandkid-old', '{}')`)
+	cfg := newEnvConfig(db, kafka)
+	cfg.Tables = []*outbox.Source{pollerTable(kafka.Prefix, &outbox.BackfillOptions{})}
+	e := &env{db: db, kafka: kafka, cfg: cfg}
+	e.start(t)
+	c := kafka.NewConsumer(t, kafka.AllTopics())
+	c.WaitCount(t, time.Minute, 1)
+	// The children's rows first, then the outbox's: once "new" is in,
+	// any row of theirs the stream took would be in too.
+	testenv.Exec(t, db, `INSERT INTO kid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'kid-new', '{}')`,
+		`INSERT INTO grandkid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'grandkid-new', '{}')`,
+		`INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'new', '{}')`)
+	c.WaitFor(t, time.Minute, `the event "new"`, func(rs []*kgo.Record) bool {
+		for _, r := range rs {
+			if testenv.Header(r, route.HeaderEventType) == "new" {
+				return true
+			}
+		}
+		return false
+	})
+	var got []string
+	for _, r := range c.Records {
+		got = append(got, testenv.Header(r, route.HeaderEventType))
+	}
+	if fmt.Sprint(got) != "[old new]" {
+		t.Errorf("the events are %v, want the outbox's own [old new]", got)
+	}
+}

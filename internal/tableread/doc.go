@@ -72,4 +72,10 @@
 //     was rewritten, created again or had a partition attached or
 //     detached since the snapshot: none of these is MVCC-safe, and such a
 //     snapshot would read fewer rows without a word.
+//
+//   - A read names the table ONLY unless it is partitioned: the stream
+//     takes a partition's insert for its table's and an inheritance
+//     child's for none, so a table that inherits from the outbox, before
+//     the snapshot or by an ALTER TABLE ... INHERIT after it, is not read
+//     (TestReadsNoInheritingTable).
 package tableread

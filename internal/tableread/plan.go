@@ -61,6 +61,9 @@ type Plan struct {
 	limit  int
 	// leaves, when set (ReadLeaves), are the only partitions read.
 	leaves []uint32
+	// partitioned: the table is partitioned, and its rows are its leaves'
+	// (from).
+	partitioned bool
 }
 
 // Order is the order a plan reads a table's rows in (docs/design.md,
@@ -200,6 +203,9 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 		return nil, errorf("backfill of %s: %v", t, err)
 	}
 	p := &Plan{Table: t, Where: strings.TrimSpace(where), Order: order, Key: key, terms: terms, prefix: prefix, group: group, chunk: chunk, limit: chunk}
+	if err := conn.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = $1::regclass`, t.Name.String()).Scan(&p.partitioned); err != nil {
+		return nil, fmt.Errorf("read the kind of %s: %w", t, err)
+	}
 	p.build()
 	if err := p.prepare(ctx, conn); err != nil {
 		return nil, err
@@ -419,8 +425,22 @@ func (p *Plan) ReadLeaves(ctx context.Context, conn *pgx.Conn, leaves []uint32) 
 	return p.prepare(ctx, conn)
 }
 
-// from is the table, as a statement names it: always quoted.
-func (p *Plan) from() string { return pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name) }
+// from is the table, as a statement names it: always quoted, and ONLY
+// the table unless it is partitioned. The stream takes a partition's
+// insert for its table's (package leaf) and an inheritance child's for
+// none: a table that inherits from the outbox is a table of its own, and
+// its rows are no events of the outbox. Read along with the table's, a
+// backfill would send them, and those of a table that joined by ALTER
+// TABLE ... INHERIT after the snapshot was taken (which HoldFiles' lock
+// does not hold off): rows never written to the outbox. A partitioned
+// table holds no row of its own, and may have no child but a partition.
+func (p *Plan) from() string {
+	name := pgident.QualifiedIdent(p.Table.Name.Schema, p.Table.Name.Name)
+	if p.partitioned {
+		return name
+	}
+	return "ONLY " + name
+}
 
 // ChunkSize is how many rows a full chunk holds at most.
 func (p *Plan) ChunkSize() int { return p.chunk }
