@@ -99,6 +99,10 @@ type benchResult struct {
 	AckP50       float64   `json:"ack_p50_ms,omitempty"` // commit → Kafka's ack, bucket bounds
 	AckP99       float64   `json:"ack_p99_ms,omitempty"`
 	Reached      float64   `json:"reached,omitempty"` // events/s the writer reached
+	// FloorP50 and FloorP99: commit → received for pg_recvlogical alone,
+	// the same writer at the same rate, in the same run (latencyFloor).
+	FloorP50 float64 `json:"floor_p50_ms,omitempty"`
+	FloorP99 float64 `json:"floor_p99_ms,omitempty"`
 	// CPUPercent: each process's CPU while the writer wrote, in percent
 	// of one core (sweep).
 	CPUPercent map[string]float64 `json:"cpu_percent,omitempty"`
@@ -1061,26 +1065,7 @@ func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) bench
 	warmEnd := start.Add(time.Second)
 	var cpu *cpuMeter // from the end of the warm-up to the last write
 	var wrote time.Duration
-	writeDone := make(chan error, 1)
-	go func() {
-		written := 0
-		for t := time.NewTicker(10 * time.Millisecond); written < total; <-t.C {
-			if cpu == nil && time.Now().After(warmEnd) {
-				cpu = newCPUMeter(pids)
-			}
-			due := min(total, int(time.Since(start).Seconds()*float64(rate))+per)
-			due -= due % per
-			if due > written {
-				if _, err := conn.Exec(context.Background(), fmt.Sprintf("CALL fill_tx(%d, %d)", due-written, per)); err != nil {
-					writeDone <- err
-					return
-				}
-				written = due
-			}
-		}
-		wrote = time.Since(start)
-		writeDone <- nil
-	}()
+	writeDone := steadyWriter(conn, rate, per, total, start, func() { cpu = newCPUMeter(pids) }, &wrote)
 
 	var lat []float64
 	seen := -1 // the warm-up event comes first
@@ -1114,6 +1099,10 @@ func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) bench
 	}
 	slices.Sort(lat)
 	q := func(f float64) float64 { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	var floor []float64
+	if top == "" {
+		floor = latencyFloor(b, p, db, conn, rate, per, d)
+	}
 	b.ReportMetric(q(0.5), "p50_ms")
 	b.ReportMetric(q(0.99), "p99_ms")
 	b.ReportMetric(lat[len(lat)-1], "max_ms")
@@ -1122,6 +1111,15 @@ func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) bench
 	fmt.Printf("\ncommit → visible at %d events/s, %d-row transactions, %s (%d events counted; the writer reached %.0f/s):\n", rate, per, brokerName(), len(lat), reached)
 	fmt.Printf("  p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms  (%.1f events/request, cpu %.2f s, peak RSS %.1f MB)\n", q(0.5), q(0.9), q(0.99), lat[len(lat)-1], perRequest, cpuTime.Seconds(), rss)
 	fmt.Printf("  commit → Kafka's ack, by cdc_commit_to_ack_seconds: p50 ≤ %g ms, p99 ≤ %g ms\n", ackP50, ackP99)
+	var floorP50, floorP99 float64
+	if len(floor) > 0 {
+		fq := func(f float64) float64 { return floor[min(len(floor)-1, int(f*float64(len(floor))))] }
+		floorP50, floorP99 = fq(0.5), fq(0.99)
+		b.ReportMetric(floorP99, "floor_p99_ms")
+		b.ReportMetric(q(0.99)-floorP99, "p99_over_floor_ms")
+		fmt.Printf("  the floor, pg_recvlogical alone on a slot of its own at the same rate: p50 %.1f ms  p99 %.1f ms  max %.1f ms; the connector's p99 minus the floor's: %+.1f ms\n",
+			floorP50, floorP99, floor[len(floor)-1], q(0.99)-floorP99)
+	}
 	fmt.Printf("  CPU, %% of a core, from the warm-up to the last event:")
 	for _, name := range []string{"connector", "walsender", "writer", "broker"} {
 		if v, ok := cpuPct[name]; ok {
@@ -1139,7 +1137,7 @@ func latencyWith(b *testing.B, rate, per int, d time.Duration, top string) bench
 		bench = "sweep"
 	}
 	r := benchResult{Bench: bench, Broker: brokerName(), Events: total, TxSize: per, Rate: float64(rate), Reached: reached, CPU: cpuTime.Seconds(), RSSMB: rss, PerRequest: perRequest, Latency: cdf,
-		AckP50: ackP50, AckP99: ackP99, CPUPercent: cpuPct}
+		AckP50: ackP50, AckP99: ackP99, CPUPercent: cpuPct, FloorP50: floorP50, FloorP99: floorP99}
 	if top == "" {
 		r.save(b)
 	}

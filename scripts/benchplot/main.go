@@ -44,6 +44,7 @@ type result struct {
 	Latency    []float64 `json:"latency_ms"`
 	PerRequest float64   `json:"events_per_request"`
 
+	FloorP99     float64            `json:"floor_p99_ms"`
 	PayloadBytes int                `json:"payload_bytes"`
 	Reached      float64            `json:"reached"`
 	CPUPercent   map[string]float64 `json:"cpu_percent"`
@@ -79,6 +80,7 @@ func main() {
 	table(drains, lats)
 	payloadTable(payloads)
 	sweepTable(sweeps)
+	floorTable(append(append([]result(nil), lats...), sweeps...))
 	startupTable(by["startup"])
 	pairTable(by["exactly-once"], "exactly-once drain", "at-least-once", "exactly-once")
 	pairTable(by["schema-avro"], "schema drain", "json", "avro")
@@ -175,6 +177,36 @@ func sweepTable(runs []result) {
 			fmt.Printf(" %.0f |", medianOf(rs, func(r result) float64 { return r.CPUPercent[name] }))
 		}
 		fmt.Println()
+	}
+}
+
+// floorTable prints, run by run, each latency run's p99 beside the floor
+// measured after it in the same database (pg_recvlogical alone, the
+// same writer at the same rate), and how far above the floor it is:
+// issue 56 holds it within 10 ms.
+func floorTable(runs []result) {
+	var with []result
+	for _, r := range runs {
+		if r.FloorP99 > 0 {
+			with = append(with, r)
+		}
+	}
+	if len(with) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| commit → visible, run by run | p99 (ms) | floor's p99 (ms) | above the floor (ms) | within 10 ms |")
+	fmt.Println("|---|---|---|---|---|")
+	n := map[string]int{}
+	for _, r := range with {
+		what := fmt.Sprintf("%d events/s, %d-row tx", int(r.Rate), r.TxSize)
+		n[what]++
+		over := quantile(r, 0.99) - r.FloorP99
+		yes := "yes"
+		if over > 10 {
+			yes = "no"
+		}
+		fmt.Printf("| %s, run %d | %.1f | %.1f | %+.1f | %s |\n", what, n[what], quantile(r, 0.99), r.FloorP99, over, yes)
 	}
 }
 
