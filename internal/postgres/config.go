@@ -238,6 +238,11 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		// sends only flushed WAL, and with synchronous_commit off a
 		// commit waits for the WAL writer (up to wal_writer_delay).
 		pc.RuntimeParams["synchronous_commit"] = "local"
+		// A backfill's reads are scans and sorts, whose expressions JIT
+		// compiles for longer than it saves: 0.5 s of a 3.5 s read of a
+		// million rows in commit order, and half of a count's time
+		// (docs/benchmarks.md, "Backfill").
+		pc.RuntimeParams["jit"] = "off"
 		if cfg.rowsTimeout > 0 {
 			pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.rowsTimeout.Milliseconds(), 10)
 		}

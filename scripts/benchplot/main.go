@@ -276,10 +276,19 @@ func read(path string) ([]result, error) {
 }
 
 // backfillTable prints the first-start backfill's medians.
-func backfillTable(runs []result) {
-	if len(runs) == 0 {
-		return
+func backfillTable(all []result) {
+	bySize := map[int][]result{}
+	for _, r := range all {
+		bySize[r.TxSize] = append(bySize[r.TxSize], r)
 	}
+	for _, n := range keys(bySize) {
+		backfillRuns(bySize[n])
+	}
+}
+
+// backfillRuns prints the medians of one backlog's backfill runs: written
+// in one transaction (TxSize 0) or in TxSize-row ones.
+func backfillRuns(runs []result) {
 	col := func(f func(result) float64) float64 {
 		var v []float64
 		for _, r := range runs {
@@ -290,7 +299,11 @@ func backfillTable(runs []result) {
 	fmt.Println()
 	fmt.Println("| backfill | runs | cdc (s) | rows/s | psql \\copy (s) | ratio | CPU (s) | peak RSS (MB) |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
-	fmt.Printf("| %d rows, first start | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, len(runs),
+	written := "one transaction"
+	if runs[0].TxSize > 0 {
+		written = fmt.Sprintf("%d-row transactions", runs[0].TxSize)
+	}
+	fmt.Printf("| %d rows in %s, first start | %d | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f |\n", runs[0].Events, written, len(runs),
 		col(func(r result) float64 { return r.Seconds }), col(func(r result) float64 { return float64(r.Events) / r.Seconds }),
 		col(func(r result) float64 { return r.RefSecs }), col(func(r result) float64 { return r.Ratio }),
 		col(func(r result) float64 { return r.CPU }), col(func(r result) float64 { return r.RSSMB }))
@@ -301,7 +314,7 @@ func backfillTable(runs []result) {
 	// cdc, the broker.
 	other := func(k string) float64 { return col(func(r result) float64 { return r.CPUSeconds[k] }) }
 	fmt.Println()
-	fmt.Println("| backfill CPU (s), medians | reader | Postgres | broker | all | wall × 2 cores |")
+	fmt.Printf("| backfill CPU (s), medians, %s | reader | Postgres | broker | all | wall × 2 cores |\n", written)
 	fmt.Println("|---|---|---|---|---|---|")
 	fmt.Printf("| cdc | %.2f | %.2f | %.2f | %.2f | %.2f |\n", col(func(r result) float64 { return r.CPU }), other("postgres"), other("broker"),
 		col(func(r result) float64 { return r.CPU + r.CPUSeconds["postgres"] + r.CPUSeconds["broker"] }), 2*col(func(r result) float64 { return r.Seconds }))
