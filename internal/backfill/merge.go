@@ -28,6 +28,42 @@ type reader struct {
 	final, ended bool  // the chunk in rows is the last; its end is logged
 	more         bool  // rows end in a commit of two tables: read the next chunk onto them
 	sent         int64 // rows sent in this session
+	// ahead, when not nil, brings the chunk after rows, read while rows
+	// are sent (readAhead).
+	ahead chan fetched
+}
+
+// fetched is a chunk read ahead, or the error that read ended in.
+type fetched struct {
+	c   tableread.Chunk
+	err error
+}
+
+// fetch is the reader's next chunk: the one read ahead, or one read now.
+func (rd *reader) fetch() (tableread.Chunk, error) {
+	if rd.ahead == nil {
+		return rd.next()
+	}
+	f := <-rd.ahead
+	rd.ahead = nil
+	return f.c, f.err
+}
+
+// readAhead starts the read of the next chunk, which fetch takes.
+func (rd *reader) readAhead() {
+	rd.ahead = make(chan fetched, 1)
+	go func(next func() (tableread.Chunk, error), out chan<- fetched) {
+		c, err := next()
+		out <- fetched{c, err}
+	}(rd.next, rd.ahead)
+}
+
+// wait waits for a read ahead to end: the connection is free again.
+func (rd *reader) wait() {
+	if rd.ahead != nil {
+		<-rd.ahead
+		rd.ahead = nil
+	}
 }
 
 // jobError is err, of job's read: Continue names the job it stops on.
@@ -111,14 +147,31 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 	for _, rd := range rds {
 		chunk = max(chunk, rd.plan.ChunkSize())
 	}
+	// A cursor alone on its connection reads its next chunk while the
+	// rows of one are sent: Postgres and the connector take turns
+	// otherwise, and the reads were two thirds of a backfill's time
+	// (docs/benchmarks.md, "Backfill"). Only a cursor's: a chunk in
+	// order_by reads after the job's position, which the rows sent move;
+	// readers of several tables share one connection. The chunk read
+	// ahead is held too: the bytes in flight leave room for two.
+	ahead := len(rds) == 1 && rds[0].plan.InCommitOrder()
+	defer func() {
+		for _, rd := range rds {
+			rd.wait()
+		}
+	}()
+	held := r.ChunkBytes
+	if ahead {
+		held *= 2
+	}
 	limit, bytes := max(r.MaxInFlight-chunk, 1), int64(-1)
 	if r.MaxInFlightBytes > 0 {
-		bytes = max(r.MaxInFlightBytes-r.ChunkBytes, 0)
+		bytes = max(r.MaxInFlightBytes-held, 0)
 	}
 	for {
 		for _, rd := range rds {
 			if (len(rd.rows) == 0 || rd.more) && !rd.final {
-				c, err := rd.next()
+				c, err := rd.fetch()
 				if err != nil {
 					return &jobError{*rd.job, err}
 				}
@@ -126,6 +179,9 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 					c.Rows = append(rd.rows, c.Rows...)
 				}
 				rd.rows, rd.final, rd.more = c.Rows, c.Final, false
+				if ahead && !rd.final {
+					rd.readAhead()
+				}
 			}
 		}
 		finished, err := r.sendInOrder(s, rds, at)

@@ -43,7 +43,8 @@ type Runner struct {
 	// ChunkBytes bounds the bytes of a chunk's rows
 	// (tableread.Plan.SetBudget): a chunk is read only once the events in
 	// flight leave room for it, so memory holds at most ChunkBytes of rows
-	// besides what waits for Kafka.
+	// besides what waits for Kafka (twice ChunkBytes for a cursor that
+	// reads ahead, with as much less in flight: sendMerged).
 	ChunkBytes int64
 	// Room, when set, waits until the events in flight beside the stream
 	// leave room for a chunk of ChunkBytes: the session's tracker.
