@@ -21,10 +21,10 @@ import (
 // aheadSession records what a first start sends and the room it waits
 // for, and fails the session at event failAt (0: never).
 type aheadSession struct {
-	types   []string
-	bytes   []int64
-	failAt  int
-	failed  bool
+	types  []string
+	bytes  []int64
+	failAt int
+	failed bool
 }
 
 var errSessionDown = errors.New("the session ended (test)")
