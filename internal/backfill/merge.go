@@ -280,10 +280,10 @@ func (r *Runner) sendInOrder(s Session, rds []*reader, at pglogrepl.LSN) (finish
 		if err == nil {
 			err = s.Event(&m)
 		}
-		if errors.As(err, new(*outbox.EventError)) {
-			s.Commit(at, now) // what it sent before is kept (stopOnEvent)
-		}
 		if err != nil {
+			if errors.As(err, new(*outbox.EventError)) {
+				s.Commit(at, now) // what it sent before is kept (stopOnEvent)
+			}
 			return false, &jobError{*rd.job, err}
 		}
 		took[best]++

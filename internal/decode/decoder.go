@@ -396,24 +396,32 @@ func (d *Decoder) insert(r *reader) (Message, error) {
 	if r.err != nil {
 		return Message{}, nil
 	}
-	m, err := d.row(rel, d.newEvent(rel.table))
+	m, err := d.row(rel, d.newEvent(rel.table), false)
 	m.Fresh, m.Rel, m.Elsewhere = rel.fresh, rel.id, rel.elsewhere
 	return m, err
 }
 
 // row builds the event of one row of rel, from the values in d.vals.
-func (d *Decoder) row(rel *relation, ev outbox.Event) (Message, error) {
+func (d *Decoder) row(rel *relation, ev outbox.Event, owned bool) (Message, error) {
 	ev.Extra = make([]outbox.Value, len(rel.extra))
 	// One copy of the row's text values, out of the replication buffer
 	// pgconn reuses: one allocation per row rather than one per column.
-	size := 0
-	for _, c := range rel.used {
-		if c < len(d.vals) {
-			size += len(d.vals[c].data)
+	// Values that are the caller's own (a backfill's rows, RowDecoder)
+	// are not copied again.
+	var buf []byte
+	if !owned {
+		size := 0
+		for _, c := range rel.used {
+			if c < len(d.vals) {
+				size += len(d.vals[c].data)
+			}
 		}
+		buf = make([]byte, 0, size)
 	}
-	buf := make([]byte, 0, size)
 	text := func(b []byte) []byte {
+		if owned {
+			return b[:len(b):len(b)]
+		}
 		start := len(buf)
 		buf = append(buf, b...)
 		return buf[start:len(buf):len(buf)] // capped: an append elsewhere cannot reach the next value

@@ -29,7 +29,9 @@ func NewRowDecoder(t *outbox.Source, cols []Column) (*RowDecoder, error) {
 
 // Row decodes one row: vals[i] is column i's text, nil for NULL. The
 // event carries lsn and at as its commit LSN and time: where and when the
-// backfill read it. It does not keep vals.
+// backfill read it. The event's values are vals' bytes, not copies of
+// them: vals must not change while the event is in use, as a chunk's rows
+// do not (each is an allocation of its own, tableread's Plan.collect).
 func (rd *RowDecoder) Row(vals [][]byte, lsn pglogrepl.LSN, at time.Time) (Message, error) {
 	if len(vals) != len(rd.d.vals) {
 		rd.d.vals = make([]tupleValue, len(vals))
@@ -41,7 +43,7 @@ func (rd *RowDecoder) Row(vals [][]byte, lsn pglogrepl.LSN, at time.Time) (Messa
 			rd.d.vals[i] = tupleValue{kind: colText, data: v}
 		}
 	}
-	m, err := rd.d.row(rd.rel, outbox.Event{Source: rd.rel.table, CommitLSN: lsn, CommitTime: at})
+	m, err := rd.d.row(rd.rel, outbox.Event{Source: rd.rel.table, CommitLSN: lsn, CommitTime: at}, true)
 	if err != nil {
 		return Message{}, fmt.Errorf("backfill row: %w", err)
 	}
