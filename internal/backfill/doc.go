@@ -45,7 +45,10 @@
 //     aggregate into two), they stop, unless backfill.on_unknown_order:
 //     send (tableread.Crossing). A stop on an event checkpoints what was
 //     sent before it and the keys parked, and resumes at that event, past
-//     the last transaction sent whole (checkpoint.Job.Whole).
+//     the last transaction sent whole (checkpoint.Job.Whole). A table read
+//     alone from a cursor reads its next chunk while the rows of one are
+//     sent, in order, each once, and the bytes in flight leave room for
+//     both chunks (TestReadAheadKeepsTheOrder).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

@@ -769,7 +769,8 @@ func TestHealthyThroughAFirstStartBackfill(t *testing.T) {
 }
 
 // TestInheritingTableIsNoOutbox: a table that inherits from the outbox
-// (kid, and grandkid from it) is a table of its own: the stream takes
+// (kid, grandkid from it, a foreign archive) is a table of its own: the
+// publication is of the outbox ONLY, the stream takes
 // its inserts for no table's, and the first start's backfill reads the
 // outbox's own rows, ONLY the table, so the two paths agree. Before, the
 // backfill sent the children's rows as events, which the stream never
@@ -781,6 +782,14 @@ func TestInheritingTableIsNoOutbox(t *testing.T) {
 	testenv.Exec(t, db, pollerSchema,
 		`CREATE TABLE kid () INHERITS (event_outbox)`,
 		`CREATE TABLE grandkid () INHERITS (kid)`,
+		// A foreign archive that cannot be scanned (its wrapper has no
+		// handler, as a server that is down fails), and cannot be
+		// published: the publication takes the outbox ONLY, and the
+		// first start's lock too (found by an attack: the connector
+		// could not create its publication, then never finished its
+		// first start).
+		`CREATE FOREIGN DATA WRAPPER unreachable`, `CREATE SERVER archive_server FOREIGN DATA WRAPPER unreachable`,
+		`CREATE FOREIGN TABLE archive () INHERITS (event_outbox) SERVER archive_server`,
 		`INSERT INTO event_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'old', '{}')`,
 		`INSERT INTO kid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'kid-old', '{}')`,
 		`INSERT INTO grandkid (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'agg-1', 'grandkid-old', '{}')`)

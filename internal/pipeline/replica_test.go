@@ -90,7 +90,7 @@ func TestReplica(t *testing.T) {
 		e.cfg.Postgres.PrimaryURL = ""
 		err := waitFatal(t, e.launch(t, discard{}))
 		var se *postgres.StandbyError
-		if !errors.As(err, &se) || !strings.Contains(err.Error(), "postgres.primary_url") || !strings.Contains(err.Error(), "CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox") {
+		if !errors.As(err, &se) || !strings.Contains(err.Error(), "postgres.primary_url") || !strings.Contains(err.Error(), "CREATE PUBLICATION outbox_cdc FOR TABLE ONLY public.outbox") {
 			t.Fatalf("got %v; want a StandbyError naming postgres.primary_url and the CREATE PUBLICATION to run", err)
 		}
 		testenv.Exec(t, primary, `CREATE PUBLICATION outbox_cdc FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true)`)

@@ -343,7 +343,7 @@ func TestRecreatedOutboxLeastPrivileged(t *testing.T) {
 	err := waitFatal(t, r)
 	var role string
 	testenv.QueryRow(t, e.cfg.Postgres.URL, `SELECT current_user`, nil, &role)
-	add, grant := "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox", "GRANT SELECT ON public.outbox TO "+role
+	add, grant := "ALTER PUBLICATION outbox_cdc ADD TABLE ONLY public.outbox", "GRANT SELECT ON public.outbox TO "+role
 	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), add) || !strings.Contains(err.Error(), grant) {
 		t.Fatalf("got %v; want a setup error that says to run %q and %q", err, add, grant)
 	}
@@ -460,7 +460,7 @@ func TestTableLeftPublication(t *testing.T) {
 	testenv.Exec(t, e.db, `ALTER PUBLICATION outbox_cdc DROP TABLE outbox`)
 	err := waitFatal(t, r)
 	want := "outbox table public.outbox left publication outbox_cdc (someone removed it)"
-	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ALTER PUBLICATION outbox_cdc ADD TABLE public.outbox") {
+	if !errors.As(err, new(*errtext.Fatal)) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ALTER PUBLICATION outbox_cdc ADD TABLE ONLY public.outbox") {
 		t.Fatalf("got %v, want a setup error that says %q and the statement", err, want)
 	}
 	err = waitFatal(t, e.launch(t, discard{}))

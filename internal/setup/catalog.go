@@ -208,9 +208,10 @@ func scanRel(row pgx.Row) (RelState, error) {
 	return st, err
 }
 
-// AddStatement is the statement that adds table t to publication name.
+// AddStatement is the statement that adds table t to publication name,
+// ONLY t, as tableList names it.
 func AddStatement(publication string, t Table) string {
-	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgident.Quote(publication), t)
+	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE ONLY %s", pgident.Quote(publication), t)
 }
 
 // ViaRootStatement is the statement that makes publication name publish a

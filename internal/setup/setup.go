@@ -341,7 +341,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string, tables 
 			}
 			return Catalog{}, errtext.Fatalf("create publication %s: %v; run as the tables' owner or a superuser: %s", name, err, sql)
 		}
-		log.Info("created publication", "publication", name, "tables", tableList(tables))
+		log.Info("created publication", "publication", name, "tables", strings.Join(tableNames(tables), ", "))
 		return ReadCatalog(ctx, conn, name, tables)
 	}
 	if !pub.Inserts {
@@ -453,12 +453,25 @@ func createStatement(name string, tables []Table) string {
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)", name, tableList(tables))
 }
 
+// tableList names tables for a publication, each ONLY: a table that
+// inherits from an outbox is no outbox (docs/design.md, "A table that
+// inherits from the outbox"), and a foreign one cannot be published at
+// all. ONLY leaves a partitioned table's partitions in.
 func tableList(tables []Table) string {
+	names := tableNames(tables)
+	for i, n := range names {
+		names[i] = "ONLY " + n
+	}
+	return strings.Join(names, ", ")
+}
+
+// tableNames are tables' names, quoted as SQL needs.
+func tableNames(tables []Table) []string {
 	names := make([]string, len(tables))
 	for i, t := range tables {
 		names[i] = t.String()
 	}
-	return strings.Join(names, ", ")
+	return names
 }
 
 // InspectSlot reads slot from pg_replication_slots. A missing slot is

@@ -407,7 +407,7 @@ func TestCheckPublication(t *testing.T) {
 	for _, want := range []string{
 		`as the publication's owner run: ALTER PUBLICATION outbox_cdc SET (publish_via_partition_root = true)`,
 		`publication outbox_cdc does not include outbox table public.plain`,
-		`ALTER PUBLICATION outbox_cdc ADD TABLE public.plain; GRANT SELECT ON public.plain TO ` + role,
+		`ALTER PUBLICATION outbox_cdc ADD TABLE ONLY public.plain; GRANT SELECT ON public.plain TO ` + role,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("no problem says %q; got:\n%s", want, strings.Join(ce.Problems, "\n"))

@@ -18,7 +18,8 @@
 // timestamps, OrderCommitTime, or transaction ids, OrderCommit, then
 // commands), from one sorted query, a Cursor fetched a chunk at a time.
 // The key of the last row read (Chunk.Last) is text, so a job resumes
-// from a checkpoint after a crash, and memory holds one chunk.
+// from a checkpoint after a crash, and memory holds one chunk (two where
+// the backfill reads a cursor's next while it sends one: package backfill).
 // Rows are read in Postgres' text format on a connection with the
 // replication connection's output settings (postgres.ConnectRows), so that
 // decode.RowDecoder turns them into the same events their INSERTs would
@@ -77,5 +78,8 @@
 //     takes a partition's insert for its table's and an inheritance
 //     child's for none, so a table that inherits from the outbox, before
 //     the snapshot or by an ALTER TABLE ... INHERIT after it, is not read
-//     (TestReadsNoInheritingTable).
+//     (TestReadsNoInheritingTable); HoldFiles locks it ONLY too, then a
+//     partitioned table's leaves, so that a locked child, or a foreign one
+//     that cannot be scanned, holds no read
+//     (TestHoldFilesTouchesNoInheritingTable).
 package tableread

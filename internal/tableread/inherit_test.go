@@ -110,3 +110,63 @@ func readsNoInheritingTable(t *testing.T, order Order, after bool) {
 		t.Errorf("the count is %d rows, want the outbox's own 2", n)
 	}
 }
+
+// TestHoldFilesTouchesNoInheritingTable (found by an attack): HoldFiles,
+// which every read in a snapshot runs first, locked the table with a
+// read of it and its children: a foreign table inheriting from the
+// outbox that cannot be scanned (its wrapper here has no handler, as an
+// archive whose server is down fails) failed every first start, and a
+// child locked by a migration held it, for rows no read takes. It locks
+// the table ONLY, and a partitioned table's leaves.
+func TestHoldFilesTouchesNoInheritingTable(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup []string
+		lock  string // taken by another transaction first
+	}{
+		{"foreign child", []string{`CREATE FOREIGN DATA WRAPPER unreachable`, `CREATE SERVER archive_server FOREIGN DATA WRAPPER unreachable`,
+			`CREATE FOREIGN TABLE archive () INHERITS (outbox) SERVER archive_server`}, ""},
+		{"locked child", []string{`CREATE TABLE kid () INHERITS (outbox)`}, `LOCK TABLE ONLY kid IN ACCESS EXCLUSIVE MODE`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := pg.NewDatabase(t)
+			testenv.Exec(t, db, append([]string{`CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+				aggregateid text NOT NULL, type text NOT NULL, payload jsonb)`,
+				`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'a', 'outbox-1', '{}')`}, tc.setup...)...)
+			ctx := context.Background()
+			if tc.lock != "" {
+				other := testenv.Connect(t, db)
+				if _, err := other.Exec(ctx, "BEGIN; "+tc.lock); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conn, err := postgres.ConnectRows(ctx, postgres.Config{URL: db}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+				t.Fatal(err)
+			}
+			// A wait on the child's lock fails, instead of hanging the test.
+			if _, err := conn.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+				t.Fatal(err)
+			}
+			if err := HoldFiles(ctx, conn, testTable()); err != nil {
+				t.Fatalf("HoldFiles failed on a table that inherits from the outbox, which no read takes: %v", err)
+			}
+			plan, err := NewPlan(ctx, conn, testTable(), "", nil, OrderCommit, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur, err := plan.Open(ctx, conn, nil, 0, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cur.Close(ctx)
+			if got := fmt.Sprint(readAll(t, cur)); got != "[outbox-1]" {
+				t.Errorf("read %s, want [outbox-1]", got)
+			}
+		})
+	}
+}

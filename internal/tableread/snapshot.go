@@ -12,7 +12,7 @@ import (
 )
 
 // HoldFiles, in a repeatable-read transaction whose snapshot is taken,
-// locks the table and its leaves with a read of no row, so that no rewrite
+// locks the table and its leaves with reads of no row, so that no rewrite
 // or partition change commits until the transaction ends, and then fails
 // when what the snapshot shows of the table is not what a read of it
 // scans now. Neither a rewrite (ALTER TABLE ... TYPE, a volatile default,
@@ -30,11 +30,30 @@ import (
 // not an Error: the next try takes a snapshot anew.
 func HoldFiles(ctx context.Context, conn *pgx.Conn, t *outbox.Source) error {
 	from := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
-	if _, err := conn.Exec(ctx, "SELECT FROM "+from+" LIMIT 0"); err != nil {
+	// The table ONLY, as a read names it (Plan.from): a table that
+	// inherits from it is no outbox, and a lock on one, or a foreign one
+	// that cannot be scanned, must not hold its backfill. Then a
+	// partitioned table's leaves, whose rows are the table's: locked after
+	// the snapshot, a leaf rewritten in between is what the check below
+	// finds.
+	if _, err := conn.Exec(ctx, "SELECT FROM ONLY "+from+" LIMIT 0"); err != nil {
 		return fmt.Errorf("backfill: lock %s: %w", t, err)
 	}
+	// As the snapshot shows the name: one created again since is none,
+	// which the check below reports.
+	var partitioned bool
+	err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(c.relkind = 'p'), false) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, t.Name.Schema, t.Name.Name).Scan(&partitioned)
+	if err != nil {
+		return fmt.Errorf("backfill: read the kind of %s: %w", t, err)
+	}
+	if partitioned {
+		if _, err := conn.Exec(ctx, "SELECT FROM "+from+" LIMIT 0"); err != nil {
+			return fmt.Errorf("backfill: lock the partitions of %s: %w", t, err)
+		}
+	}
 	var moved, changed []string
-	err := conn.QueryRow(ctx, `WITH RECURSIVE was(relid) AS (
+	err = conn.QueryRow(ctx, `WITH RECURSIVE was(relid) AS (
 			SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $2 AND c.relname = $3
 			UNION ALL
 			SELECT i.inhrelid FROM was JOIN pg_inherits i ON i.inhparent = was.relid JOIN pg_class c ON c.oid = i.inhrelid AND c.relispartition),
