@@ -191,9 +191,16 @@ func publicationStatus(ctx context.Context, conn *pgx.Conn, name string) (Public
 // retentionStatus is what t holds, for its retention.
 func retentionStatus(ctx context.Context, conn *pgx.Conn, t *outbox.Source) RetentionStatus {
 	rs := RetentionStatus{Table: t.String(), After: t.Retention.After.String(), Mode: t.Retention.Mode}
-	q := fmt.Sprintf("SELECT count(*), NULL::timestamptz FROM %s", pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+	// ONLY a table that is not partitioned, as retention deletes: a table
+	// that inherits from it is no outbox.
+	from := pgident.QualifiedIdent(t.Name.Schema, t.Name.Name)
+	var part bool
+	if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(relkind = 'p'), false) FROM pg_class WHERE oid = to_regclass($1)`, from).Scan(&part); err == nil && !part {
+		from = "ONLY " + from
+	}
+	q := fmt.Sprintf("SELECT count(*), NULL::timestamptz FROM %s", from)
 	if col := t.Columns[outbox.FieldTimestamp]; col != "" {
-		q = fmt.Sprintf("SELECT count(*), min(%s)::timestamptz FROM %s", pgident.Ident(col), pgident.QualifiedIdent(t.Name.Schema, t.Name.Name))
+		q = fmt.Sprintf("SELECT count(*), min(%s)::timestamptz FROM %s", pgident.Ident(col), from)
 	}
 	if err := conn.QueryRow(ctx, q).Scan(&rs.Rows, &rs.Oldest); err != nil {
 		rs.Error = errtext.OneLine(err)

@@ -302,11 +302,24 @@ func (c *Cleaner) delete(ctx context.Context, conn *pgx.Conn, t *outbox.Source, 
 			if err != nil {
 				return err
 			}
+			// ONLY a table that is not partitioned: one that inherits from
+			// it is no outbox (docs/design.md, "A table that inherits from
+			// the outbox"), and a lock on it, or a foreign one that cannot
+			// be scanned, must not hold the outbox's retention. Its rows
+			// were never deletable (covered).
+			var part bool
+			if err := tx.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = $1::oid`, st.Rel).Scan(&part); err != nil {
+				return err
+			}
+			from := name
+			if !part {
+				from = "ONLY " + name
+			}
 			// tableoid with ctid: a partitioned table's partitions each
 			// number their own rows.
 			q := fmt.Sprintf(`WITH %s,
 				doomed AS (SELECT t.tableoid, t.ctid FROM %s t CROSS JOIN x LEFT JOIN lf ON lf.leaf = t.tableoid WHERE %s LIMIT $4)
-				DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, coveredCTE(bounds), name, deletable, name)
+				DELETE FROM %s d USING doomed WHERE d.tableoid = doomed.tableoid AND d.ctid = doomed.ctid`, coveredCTE(bounds), from, deletable, from)
 			tag, err := tx.Exec(ctx, q, st.Rel, int64(mark.XMin), int64(st.Floor), t.Retention.BatchSize)
 			n = tag.RowsAffected()
 			return err

@@ -71,7 +71,19 @@ func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sour
 		return false, err
 	}
 	var pe *pgconn.PgError
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
+	// ONLY a table that is not partitioned: a writer to a table that
+	// inherits from it (no outbox) must not keep the repair from holding
+	// the outbox's writers off; a partitioned table's leaves take inserts
+	// of their own, and are locked with it.
+	var part bool
+	if err := tx.QueryRow(ctx, `SELECT coalesce(bool_or(relkind = 'p'), false) FROM pg_class WHERE oid = $1::oid`, st.OID).Scan(&part); err != nil {
+		return false, err
+	}
+	only := "ONLY "
+	if part {
+		only = ""
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+only+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
 		// lock_not_available, insufficient_privilege
 		why := "a transaction writing to it held it past " + lockWait.String()
 		if pe.Code == "42501" {
