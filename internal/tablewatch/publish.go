@@ -71,19 +71,7 @@ func (w *Watch) lockedRepair(ctx context.Context, conn *pgx.Conn, t *outbox.Sour
 		return false, err
 	}
 	var pe *pgconn.PgError
-	// ONLY a table that is not partitioned: a writer to a table that
-	// inherits from it (no outbox) must not keep the repair from holding
-	// the outbox's writers off; a partitioned table's leaves take inserts
-	// of their own, and are locked with it.
-	var part bool
-	if err := tx.QueryRow(ctx, `SELECT coalesce(bool_or(relkind = 'p'), false) FROM pg_class WHERE oid = $1::oid`, st.OID).Scan(&part); err != nil {
-		return false, err
-	}
-	only := "ONLY "
-	if part {
-		only = ""
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+only+st.Table.String()+" IN SHARE MODE"); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
+	if err := lockWriters(ctx, tx, st); errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "42501") {
 		// lock_not_available, insufficient_privilege
 		why := "a transaction writing to it held it past " + lockWait.String()
 		if pe.Code == "42501" {
@@ -157,4 +145,22 @@ func readError(t *outbox.Source, role string, err error) error {
 func onPrimary(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	standby, err := postgres.InRecovery(ctx, conn)
 	return !standby, err
+}
+
+// lockWriters holds off the writers of the table st names, in tx: ONLY
+// a table that is not partitioned, so that a writer to a table that
+// inherits from it (no outbox) does not keep the repair from holding the
+// outbox's writers off; a partitioned table's leaves take inserts of
+// their own, and are locked with it.
+func lockWriters(ctx context.Context, tx pgx.Tx, st setup.TableState) error {
+	var part bool
+	if err := tx.QueryRow(ctx, `SELECT coalesce(bool_or(relkind = 'p'), false) FROM pg_class WHERE oid = $1::oid`, st.OID).Scan(&part); err != nil {
+		return err
+	}
+	only := "ONLY "
+	if part {
+		only = ""
+	}
+	_, err := tx.Exec(ctx, "LOCK TABLE "+only+st.Table.String()+" IN SHARE MODE")
+	return err
 }
