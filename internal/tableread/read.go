@@ -104,13 +104,21 @@ func (p *Plan) Read(ctx context.Context, conn *pgx.Conn, after, until []string) 
 // to the rows' size and sets the chunk's Last.
 func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, cut bool) {
 	var bytes int64
+	// The rows' value slices, cut from one allocation for the chunk: a
+	// row's slice is held only while its chunk is (what an event keeps
+	// is the row's bytes, an allocation of each row's own).
+	var heads [][]byte
 	for rr.NextRow() {
 		read++
 		if cut {
 			continue // past the budget: read off the wire, not kept
 		}
 		src := rr.Values()
-		row := make([][]byte, len(src))
+		if len(heads) < len(src) {
+			heads = make([][]byte, max(limit-len(c.Rows), 1)*len(src))
+		}
+		row := heads[:len(src):len(src)]
+		heads = heads[len(src):]
 		size := 0
 		for _, v := range src {
 			size += len(v)
