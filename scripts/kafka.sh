@@ -120,7 +120,7 @@ PROPS
   fi
   local t0=$(date +%s%N)
   mkdir -p "$dir/logs"
-  nohup java -Xmx512m -Xms256m -XX:+UseSerialGC \
+  nohup java -Xmx512m -Xms256m -XX:+UseSerialGC -Xlog:gc:file="$dir/logs/gc.log":uptime \
     -Dkafka.logs.dir="$dir/logs" -Dlog4j2.configurationFile="file:$here/kafka/log4j2.properties" \
     -cp "$cache/libs/*" kafka.Kafka "$dir/server.properties" >"$dir/logs/stdout.log" 2>&1 &
   echo $! > "$dir/pid"
