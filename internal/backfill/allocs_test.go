@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"bytes"
 	"context"
 	"runtime"
 	"testing"
@@ -21,6 +22,9 @@ import (
 type countSession struct {
 	t    *testing.T
 	sent int
+	// seen marks each row's payload "i" as sent: 20,000 copies of one
+	// row (rows sharing value slices) would pass a count.
+	seen []bool
 }
 
 func (s *countSession) Begin(time.Time) error { return nil }
@@ -28,8 +32,33 @@ func (s *countSession) Event(m *decode.Message) error {
 	if string(m.Event.Fields[outbox.FieldEventType].B) != "OrderCreated" || len(m.Event.Fields[outbox.FieldPayload].B) < 200 {
 		s.t.Errorf("event %d: type %q, payload %q", s.sent, m.Event.Fields[outbox.FieldEventType].B, m.Event.Fields[outbox.FieldPayload].B)
 	}
+	i := payloadI(m.Event.Fields[outbox.FieldPayload].B)
+	switch {
+	case i <= 0 || i >= len(s.seen):
+		s.t.Errorf("event %d: no row's payload: %.60q", s.sent, m.Event.Fields[outbox.FieldPayload].B)
+	case s.seen[i]:
+		s.t.Errorf("event %d: row %d sent again", s.sent, i)
+	default:
+		s.seen[i] = true
+	}
 	s.sent++
 	return nil
+}
+
+// payloadI is the "i" of a payload {"i": n, ...}, or -1.
+func payloadI(p []byte) int {
+	const at = `{"i": `
+	if !bytes.HasPrefix(p, []byte(at)) {
+		return -1
+	}
+	n := 0
+	for _, c := range p[len(at):] {
+		if c < '0' || c > '9' {
+			return n
+		}
+		n = n*10 + int(c-'0')
+	}
+	return -1
 }
 func (s *countSession) Commit(pglogrepl.LSN, time.Time)            {}
 func (s *countSession) WaitRoom(context.Context, int, int64) error { return nil }
@@ -37,7 +66,8 @@ func (s *countSession) Save(context.Context, checkpoint.Job) error { return nil 
 func (s *countSession) Working()                                   {}
 
 // TestBackfillAllocationsPerRow pins what a first start's read allocates
-// for each row it sends, up to the session: the row's bytes, one
+// for each row it sends, each row sent once (its own values, not another
+// row's), up to the session: the row's bytes, one
 // allocation, which the event's values alias (decode.RowDecoder.Row),
 // and the chunk's share of its rows' value slices, cut from one. The
 // message each row decodes into was a heap allocation of its own (483
@@ -54,7 +84,7 @@ func TestBackfillAllocationsPerRow(t *testing.T) {
 		 FROM generate_series(1, 20000) i`)
 	r.MaxInFlight = 4096
 	snap := exportSnapshot(t, db)
-	s := &countSession{t: t}
+	s := &countSession{t: t, seen: make([]bool, rows+1)}
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)

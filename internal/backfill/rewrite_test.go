@@ -17,11 +17,16 @@ var pg *testenv.Postgres
 
 func TestMain(m *testing.M) { testenv.Main(m, &pg) }
 
-// session collects what the first start's backfill sends.
+// session collects what the first start's backfill sends: a copy of
+// each message, which Session.Event may not keep.
 type session struct{ events []*decode.Message }
 
-func (s *session) Begin(time.Time) error                      { return nil }
-func (s *session) Event(m *decode.Message) error              { s.events = append(s.events, m); return nil }
+func (s *session) Begin(time.Time) error { return nil }
+func (s *session) Event(m *decode.Message) error {
+	c := *m
+	s.events = append(s.events, &c)
+	return nil
+}
 func (s *session) Commit(pglogrepl.LSN, time.Time)            {}
 func (s *session) WaitRoom(context.Context, int, int64) error { return nil }
 func (s *session) Save(context.Context, checkpoint.Job) error { return nil }

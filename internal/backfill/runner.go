@@ -211,7 +211,10 @@ func (r *Runner) progressLog(job checkpoint.Job, rows int64, since time.Time, fi
 type Session interface {
 	// Begin opens a transaction of events committed at now.
 	Begin(now time.Time) error
-	// Event routes and produces one event, as the stream would.
+	// Event routes and produces one event, as the stream would. It keeps
+	// no pointer into m once it returns: the next row is decoded into
+	// the same message (sendInOrder), as the stream's are (package
+	// session's msg).
 	Event(m *decode.Message) error
 	// Commit closes the transaction at at, the slot's consistent point,
 	// and lets its records go.
