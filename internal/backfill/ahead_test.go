@@ -25,6 +25,14 @@ type aheadSession struct {
 	bytes  []int64
 	failAt int
 	failed bool
+	// saves are the jobs' progress as saved: the events sent by then,
+	// and whether the job says their last one's commit was sent whole.
+	saves []aheadSave
+}
+
+type aheadSave struct {
+	sent  int
+	whole bool
 }
 
 var errSessionDown = errors.New("the session ended (test)")
@@ -45,8 +53,11 @@ func (s *aheadSession) WaitRoom(_ context.Context, n int, bytes int64) error {
 	}
 	return nil
 }
-func (s *aheadSession) Save(context.Context, checkpoint.Job) error { return nil }
-func (s *aheadSession) Working()                                   {}
+func (s *aheadSession) Save(_ context.Context, job checkpoint.Job) error {
+	s.saves = append(s.saves, aheadSave{len(s.types), job.Whole})
+	return nil
+}
+func (s *aheadSession) Working() {}
 
 // TestReadAheadKeepsTheOrder: a first start's cursor reads its next
 // chunk while the rows of one are sent (sendMerged). Over generated
@@ -71,10 +82,12 @@ func readAhead(t *testing.T, seed uint64) {
 	db, r := outboxWith20(t, false)
 	testenv.Exec(t, db, `DELETE FROM outbox`)
 	n := 0
-	for range 5 + rng.IntN(20) {
+	txOf := map[string]int{} // each row's type: its transaction
+	for tx := range 5 + rng.IntN(20) {
 		var vals []string
 		for range 1 + rng.IntN(40) {
 			n++
+			txOf[fmt.Sprintf("%06d", n)] = tx
 			size := 10
 			if rng.IntN(10) == 0 {
 				size = 1 + rng.IntN(300_000)
@@ -84,6 +97,7 @@ func readAhead(t *testing.T, seed uint64) {
 		testenv.Exec(t, db, `INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES `+strings.Join(vals, ", "))
 	}
 	r.ChunkBytes = int64(1<<10 + rng.IntN(1<<20))
+	r.StatusInterval = time.Nanosecond // progress saved after every chunk sent
 	r.MaxInFlightBytes = 64 << 20
 	chunk := 1 + rng.IntN(50)
 	r.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: chunk}
@@ -113,6 +127,22 @@ func readAhead(t *testing.T, seed uint64) {
 		}
 		if !slices.Equal(s.types, want) {
 			t.Fatalf("chunks of %d rows, a budget of %d bytes: sent %v; want every row once, in order %v", chunk, r.ChunkBytes, s.types, want)
+		}
+		// A job saved whole resumes past its last row's commit: the rest
+		// of that commit must have been sent (a chunk ends anywhere,
+		// and a FETCH of several chunks holds the rows after it).
+		wholes := 0
+		for _, sv := range s.saves {
+			if !sv.whole || sv.sent == 0 {
+				continue
+			}
+			wholes++
+			if last := s.types[sv.sent-1]; sv.sent < len(want) && txOf[want[sv.sent]] == txOf[last] {
+				t.Fatalf("saved whole after %d events (the last %s), but %s of the same commit was not sent yet: a resume would skip it", sv.sent, last, want[sv.sent])
+			}
+		}
+		if wholes == 0 {
+			t.Fatalf("no save of %d said its commit was sent whole: the check above checked nothing", len(s.saves))
 		}
 		for _, b := range s.bytes {
 			if b != r.MaxInFlightBytes-2*r.ChunkBytes {

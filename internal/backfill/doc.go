@@ -46,9 +46,11 @@
 //     send (tableread.Crossing). A stop on an event checkpoints what was
 //     sent before it and the keys parked, and resumes at that event, past
 //     the last transaction sent whole (checkpoint.Job.Whole). A table read
-//     alone from a cursor reads its next chunk while the rows of one are
-//     sent, in order, each once, and the bytes in flight leave room for
-//     both chunks (TestReadAheadKeepsTheOrder).
+//     alone from a cursor reads four chunks' rows a FETCH (readChunks;
+//     within one chunk's byte budget), hands them out a chunk at a time,
+//     and reads the next FETCH while they are sent: in order, each once,
+//     the bytes in flight leaving room for both reads, and a job saved
+//     whole only when its last commit was (TestReadAheadKeepsTheOrder).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

@@ -31,7 +31,21 @@ type reader struct {
 	// ahead, when not nil, brings the chunk after rows, read while rows
 	// are sent (readAhead).
 	ahead chan fetched
+	// piece, when not 0, is the most rows fetch hands out at once: a
+	// cursor alone reads readChunks chunks' rows a FETCH, and pending
+	// holds those not handed out yet (pendingFinal: no row is left after
+	// them).
+	piece        int
+	pending      [][][]byte
+	pendingFinal bool
 }
+
+// readChunks is how many chunks' rows a cursor alone on its connection
+// reads with one FETCH: each FETCH is a round trip after which the server
+// waits, and with one chunk a FETCH the first start's backfill waited for
+// its reads for two thirds of its time (docs/benchmarks.md, "Larger
+// reads"). Its bytes are still bounded by the chunk's budget.
+const readChunks = 4
 
 // fetched is a chunk read ahead, or the error that read ended in.
 type fetched struct {
@@ -39,8 +53,31 @@ type fetched struct {
 	err error
 }
 
-// fetch is the reader's next chunk: the one read ahead, or one read now.
+// fetch is the reader's next chunk: with piece set, at most piece rows
+// of what take read; otherwise take's.
 func (rd *reader) fetch() (tableread.Chunk, error) {
+	if rd.piece == 0 {
+		return rd.take()
+	}
+	if len(rd.pending) == 0 && !rd.pendingFinal {
+		c, err := rd.take()
+		if err != nil {
+			return tableread.Chunk{}, err
+		}
+		rd.pending, rd.pendingFinal = c.Rows, c.Final
+		if !c.Final {
+			rd.readAhead() // while the rows read are sent
+		}
+	}
+	n := min(len(rd.pending), rd.piece)
+	c := tableread.Chunk{Rows: rd.pending[:n:n]}
+	rd.pending = rd.pending[n:]
+	c.Final = rd.pendingFinal && len(rd.pending) == 0
+	return c, nil
+}
+
+// take is the reader's next read: the one read ahead, or one read now.
+func (rd *reader) take() (tableread.Chunk, error) {
 	if rd.ahead == nil {
 		return rd.next()
 	}
@@ -155,6 +192,12 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 	// readers of several tables share one connection. The chunk read
 	// ahead is held too: the bytes in flight leave room for two.
 	ahead := len(rds) == 1 && rds[0].plan.InCommitOrder()
+	if ahead {
+		// Several chunks a FETCH, handed out a chunk at a time: the
+		// events in flight keep their room for a chunk's rows.
+		rds[0].piece = chunk
+		rds[0].plan.SetReadRows(chunk * readChunks)
+	}
 	defer func() {
 		for _, rd := range rds {
 			rd.wait()
@@ -179,9 +222,6 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 					c.Rows = append(rd.rows, c.Rows...)
 				}
 				rd.rows, rd.final, rd.more = c.Rows, c.Final, false
-				if ahead && !rd.final {
-					rd.readAhead()
-				}
 			}
 		}
 		finished, err := r.sendInOrder(s, rds, at)
@@ -314,7 +354,11 @@ func (r *Runner) stopOnEvent(ctx context.Context, s Session, rds []*reader, err 
 // job that sent its last commit whole resumes past it.
 func saveAll(ctx context.Context, s Session, rds []*reader) error {
 	for _, rd := range rds {
-		rd.job.Whole = rd.plan.Whole(rd.job.After, rd.rows, rd.final)
+		next := rd.rows // the rows after those sent
+		if len(next) == 0 {
+			next = rd.pending
+		}
+		rd.job.Whole = rd.plan.Whole(rd.job.After, next, rd.final || rd.pendingFinal && len(rd.pending) == 0)
 		if err := saveAcked(ctx, s, *rd.job); err != nil {
 			return err
 		}

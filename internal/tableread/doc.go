@@ -18,8 +18,10 @@
 // timestamps, OrderCommitTime, or transaction ids, OrderCommit, then
 // commands), from one sorted query, a Cursor fetched a chunk at a time.
 // The key of the last row read (Chunk.Last) is text, so a job resumes
-// from a checkpoint after a crash, and memory holds one chunk (two where
-// the backfill reads a cursor's next while it sends one: package backfill).
+// from a checkpoint after a crash, and memory holds one chunk's bytes (two
+// where the backfill reads a cursor's next while it sends one: package
+// backfill; a read may hold more rows than a chunk, SetReadRows, within
+// the same bytes).
 // Rows are read in Postgres' text format on a connection with the
 // replication connection's output settings (postgres.ConnectRows), so that
 // decode.RowDecoder turns them into the same events their INSERTs would

@@ -59,6 +59,10 @@ type Plan struct {
 	// chunk, and shrinks to what fit when one did not.
 	budget int64
 	limit  int
+	// most is the rows a query asks for at most: chunk, unless
+	// SetReadRows raised it for a Cursor whose chunks are handed out a
+	// chunk_size at a time.
+	most int
 	// leaves, when set (ReadLeaves), are the only partitions read.
 	leaves []uint32
 	// partitioned: the table is partitioned, and its rows are its leaves'
@@ -148,9 +152,22 @@ const firstLimit = 64
 // in bytes").
 func (p *Plan) SetBudget(n int64) {
 	p.budget = n
-	p.limit = min(p.chunk, firstLimit)
+	p.limit = min(p.most, firstLimit)
 	if n == 0 {
-		p.limit = p.chunk
+		p.limit = p.most
+	}
+}
+
+// SetReadRows lets a query (a Cursor's FETCH) ask for up to n rows, and
+// at least ChunkSize, within the byte budget as before: the caller hands
+// the rows out a ChunkSize at a time. A FETCH is a round trip after
+// which the server waits for the next: with chunks of 1,000 rows the
+// first start's backfill waited for its reads for two thirds of its time
+// (docs/benchmarks.md, "Larger reads").
+func (p *Plan) SetReadRows(n int) {
+	p.most = max(n, p.chunk)
+	if p.budget == 0 {
+		p.limit = p.most
 	}
 }
 
@@ -202,7 +219,7 @@ func NewPlan(ctx context.Context, conn *pgx.Conn, t *outbox.Source, where string
 	if err := sqlwhere.Check(strings.TrimSpace(where)); err != nil {
 		return nil, errorf("backfill of %s: %v", t, err)
 	}
-	p := &Plan{Table: t, Where: strings.TrimSpace(where), Order: order, Key: key, terms: terms, prefix: prefix, group: group, chunk: chunk, limit: chunk}
+	p := &Plan{Table: t, Where: strings.TrimSpace(where), Order: order, Key: key, terms: terms, prefix: prefix, group: group, chunk: chunk, limit: chunk, most: chunk}
 	if err := conn.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = $1::regclass`, t.Name.String()).Scan(&p.partitioned); err != nil {
 		return nil, fmt.Errorf("read the kind of %s: %w", t, err)
 	}

@@ -141,7 +141,7 @@ func (p *Plan) collect(rr *pgconn.ResultReader, limit int) (c Chunk, read int, c
 	case cut:
 		p.limit = len(c.Rows) // what fits
 	case p.budget > 0 && len(c.Rows) == limit && bytes*2 <= p.budget:
-		p.limit = min(2*limit, p.chunk) // room for more
+		p.limit = min(2*limit, p.most) // room for more
 	}
 	if n := len(c.Rows); n > 0 {
 		c.Last = p.KeyOf(c.Rows[n-1])

@@ -18,7 +18,7 @@ import (
 // TestChunksHoldEachRowsOwnValues: over generated tables (transactions
 // of 1 to 30 rows, payloads of 2 bytes to 60 KB with tabs, newlines,
 // backslashes and quotes in them, NULL payloads), chunk sizes and byte
-// budgets, every row a Cursor's chunks (in the order of the commits) and
+// budgets, and FETCHes of several chunks' rows (SetReadRows), every row a Cursor's chunks (in the order of the commits) and
 // keyset chunks (in the primary key's) hold is, value for value and key
 // term for key term, the row the plan's query returns in one read, in its
 // place: no row shares or overwrites another's values (a chunk cuts its
@@ -66,6 +66,9 @@ func chunkRows(t *testing.T, seed uint64) {
 		}
 		budget := int64(1 + rng.IntN(200_000))
 		plan.SetBudget(budget)
+		if plan.InCommitOrder() {
+			plan.SetReadRows(chunk * rng.IntN(6)) // a FETCH of several chunks (backfill's readChunks)
+		}
 		whole := plan.rowsQuery("") // every row, in the plan's order
 		if order == OrderColumns {
 			whole = strings.Replace(plan.queries[0][0], "$1", "NULL", 1) // LIMIT NULL: every row
