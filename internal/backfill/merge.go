@@ -14,6 +14,7 @@ import (
 	"github.com/outboxcdc/cdc/internal/decode"
 	"github.com/outboxcdc/cdc/internal/errtext"
 	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/readahead"
 	"github.com/outboxcdc/cdc/internal/tableread"
 )
 
@@ -28,16 +29,10 @@ type reader struct {
 	final, ended bool  // the chunk in rows is the last; its end is logged
 	more         bool  // rows end in a commit of two tables: read the next chunk onto them
 	sent         int64 // rows sent in this session
-	// ahead, when not nil, brings the chunk after rows, read while rows
-	// are sent (readAhead).
-	ahead chan fetched
-	// piece, when not 0, is the most rows fetch hands out at once: a
-	// cursor alone reads readChunks chunks' rows a FETCH, and pending
-	// holds those not handed out yet (pendingFinal: no row is left after
-	// them).
-	piece        int
-	pending      [][][]byte
-	pendingFinal bool
+	// ahead, when not nil, hands out the cursor's reads, several chunks'
+	// rows each, a chunk at a time, reading the next while they are sent
+	// (readChunks).
+	ahead *readahead.Reader
 }
 
 // readChunks is how many chunks' rows a cursor alone on its connection
@@ -47,59 +42,19 @@ type reader struct {
 // reads"). Its bytes are still bounded by the chunk's budget.
 const readChunks = 4
 
-// fetched is a chunk read ahead, or the error that read ended in.
-type fetched struct {
-	c   tableread.Chunk
-	err error
-}
-
-// fetch is the reader's next chunk: with piece set, at most piece rows
-// of what take read; otherwise take's.
+// fetch is the reader's next chunk: ahead's, or one read now.
 func (rd *reader) fetch() (tableread.Chunk, error) {
-	if rd.piece == 0 {
-		return rd.take()
-	}
-	if len(rd.pending) == 0 && !rd.pendingFinal {
-		c, err := rd.take()
-		if err != nil {
-			return tableread.Chunk{}, err
-		}
-		rd.pending, rd.pendingFinal = c.Rows, c.Final
-		if !c.Final {
-			rd.readAhead() // while the rows read are sent
-		}
-	}
-	n := min(len(rd.pending), rd.piece)
-	c := tableread.Chunk{Rows: rd.pending[:n:n]}
-	rd.pending = rd.pending[n:]
-	c.Final = rd.pendingFinal && len(rd.pending) == 0
-	return c, nil
-}
-
-// take is the reader's next read: the one read ahead, or one read now.
-func (rd *reader) take() (tableread.Chunk, error) {
 	if rd.ahead == nil {
 		return rd.next()
 	}
-	f := <-rd.ahead
-	rd.ahead = nil
-	return f.c, f.err
-}
-
-// readAhead starts the read of the next chunk, which fetch takes.
-func (rd *reader) readAhead() {
-	rd.ahead = make(chan fetched, 1)
-	go func(next func() (tableread.Chunk, error), out chan<- fetched) {
-		c, err := next()
-		out <- fetched{c, err}
-	}(rd.next, rd.ahead)
+	rows, last, err := rd.ahead.Next()
+	return tableread.Chunk{Rows: rows, Final: last}, err
 }
 
 // wait waits for a read ahead to end: the connection is free again.
 func (rd *reader) wait() {
 	if rd.ahead != nil {
-		<-rd.ahead
-		rd.ahead = nil
+		rd.ahead.Wait()
 	}
 }
 
@@ -184,20 +139,7 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 	for _, rd := range rds {
 		chunk = max(chunk, rd.plan.ChunkSize())
 	}
-	// A cursor alone on its connection reads its next chunk while the
-	// rows of one are sent: Postgres and the connector take turns
-	// otherwise, and the reads were two thirds of a backfill's time
-	// (docs/benchmarks.md, "Backfill"). Only a cursor's: a chunk in
-	// order_by reads after the job's position, which the rows sent move;
-	// readers of several tables share one connection. The chunk read
-	// ahead is held too: the bytes in flight leave room for two.
-	ahead := len(rds) == 1 && rds[0].plan.InCommitOrder()
-	if ahead {
-		// Several chunks a FETCH, handed out a chunk at a time: the
-		// events in flight keep their room for a chunk's rows.
-		rds[0].piece = chunk
-		rds[0].plan.SetReadRows(chunk * readChunks)
-	}
+	ahead := readAheadAlone(rds, chunk)
 	defer func() {
 		for _, rd := range rds {
 			rd.wait()
@@ -255,6 +197,30 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, rds []*reader, at pg
 			return nil
 		}
 	}
+}
+
+// readAheadAlone reads rds' cursor ahead, when it is one alone, and
+// reports whether it does. A cursor alone on its connection reads its
+// next rows while those of one read are sent: Postgres and the connector
+// take turns otherwise, and the reads were two thirds of a backfill's
+// time (docs/benchmarks.md, "Backfill"). Only a cursor's: a chunk in
+// order_by reads after the job's position, which the rows sent move;
+// readers of several tables share one connection. It reads several
+// chunks' rows a FETCH, handed out a chunk at a time, so that the events
+// in flight keep their room for a chunk's rows. The read ahead is held
+// too: the bytes in flight leave room for two reads.
+func readAheadAlone(rds []*reader, chunk int) bool {
+	if len(rds) != 1 || !rds[0].plan.InCommitOrder() {
+		return false
+	}
+	rd := rds[0]
+	rd.plan.SetReadRows(chunk * readChunks)
+	next := rd.next
+	rd.ahead = readahead.New(func() ([][][]byte, bool, error) {
+		c, err := next()
+		return c.Rows, c.Final, err
+	}, chunk)
+	return true
 }
 
 // sendInOrder sends one transaction: rds' rows in the order of their
@@ -354,11 +320,12 @@ func (r *Runner) stopOnEvent(ctx context.Context, s Session, rds []*reader, err 
 // job that sent its last commit whole resumes past it.
 func saveAll(ctx context.Context, s Session, rds []*reader) error {
 	for _, rd := range rds {
-		next := rd.rows // the rows after those sent
-		if len(next) == 0 {
-			next = rd.pending
+		next, final := rd.rows, rd.final // the rows after those sent
+		if len(next) == 0 && rd.ahead != nil {
+			pending, last := rd.ahead.Pending()
+			next, final = pending, final || last && len(pending) == 0
 		}
-		rd.job.Whole = rd.plan.Whole(rd.job.After, next, rd.final || rd.pendingFinal && len(rd.pending) == 0)
+		rd.job.Whole = rd.plan.Whole(rd.job.After, next, final)
 		if err := saveAcked(ctx, s, *rd.job); err != nil {
 			return err
 		}
