@@ -50,7 +50,8 @@
 //     within one chunk's byte budget), hands them out a chunk at a time,
 //     and reads the next FETCH while they are sent: in order, each once,
 //     the bytes in flight leaving room for both reads, and a job saved
-//     whole only when its last commit was (TestReadAheadKeepsTheOrder).
+//     whole only when its last commit was (TestReadAheadKeepsTheOrder,
+//     and across stops and starts TestInterruptedFirstStartsLoseNoRow).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

@@ -21,7 +21,8 @@
 // from a checkpoint after a crash, and memory holds one chunk's bytes (two
 // where the backfill reads a cursor's next while it sends one: package
 // backfill; a read may hold more rows than a chunk, SetReadRows, within
-// the same bytes).
+// the same budget of value bytes, which does not count the 24 bytes of a
+// value's slice).
 // Rows are read in Postgres' text format on a connection with the
 // replication connection's output settings (postgres.ConnectRows), so that
 // decode.RowDecoder turns them into the same events their INSERTs would
