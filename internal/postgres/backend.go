@@ -30,7 +30,9 @@ const (
 // pid runs, as conn (another connection: the backend's own is busy with
 // the statement) sees it in pg_stat_activity: active, and not waiting on a
 // heavyweight lock (wait_event_type 'Lock': a table, a row, a transaction,
-// an advisory lock), which may never be released. Waiting on I/O or a
+// an advisory lock), which may never be released, nor on the client
+// ('Client': a backfill's copy held back while Kafka takes the rows sent,
+// whose progress is the session's to show). Waiting on I/O or a
 // lightweight lock is the work itself. A backend that is idle, gone, or
 // not visible to conn's role (NULL state) is not working.
 func BackendWorking(ctx context.Context, conn *pgx.Conn, pid uint32) (bool, error) {
@@ -38,7 +40,7 @@ func BackendWorking(ctx context.Context, conn *pgx.Conn, pid uint32) (bool, erro
 	defer cancel()
 	var working bool
 	err := conn.QueryRow(ctx, `
-		SELECT coalesce(state = 'active' AND wait_event_type IS DISTINCT FROM 'Lock', false)
+		SELECT coalesce(state = 'active' AND wait_event_type IS DISTINCT FROM 'Lock' AND wait_event_type IS DISTINCT FROM 'Client', false)
 		FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&working)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil // the backend is gone

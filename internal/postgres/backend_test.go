@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,8 +12,8 @@ import (
 )
 
 // TestBackendWorking pins what counts as the server working on a
-// statement: running, even asleep, yes; idle, waiting on a lock, or gone,
-// no.
+// statement: running, even asleep, yes; idle, waiting on a lock or on the
+// client to read what it sent, or gone, no.
 func TestBackendWorking(t *testing.T) {
 	db := testenv.Require(t, pg).NewDatabase(t)
 	ctx := context.Background()
@@ -47,6 +48,7 @@ func TestBackendWorking(t *testing.T) {
 		{"a statement waiting on a lock", func(t *testing.T) uint32 {
 			return running(t, "SELECT pg_advisory_lock(47)", "wait_event_type = 'Lock'")
 		}, false},
+		{"a copy the client does not read", func(t *testing.T) uint32 { return unread(t, db) }, false},
 		{"an idle connection", func(*testing.T) uint32 { return idle.PgConn().PID() }, false},
 		{"a backend that is gone", func(*testing.T) uint32 { return 1 << 30 }, false},
 	} {
@@ -121,3 +123,30 @@ func TestVisible(t *testing.T) {
 		}
 	}
 }
+
+// unread starts a copy on a connection of its own whose rows the client
+// stops taking, and returns its backend's pid once the server waits to
+// write them (ClientWrite).
+func unread(t *testing.T, db string) uint32 {
+	conn := testenv.Connect(t, db)
+	pid := conn.PgConn().PID()
+	held := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = conn.PgConn().CopyTo(context.Background(), blocked(held), "COPY (SELECT repeat('x', 10000) FROM generate_series(1, 1000000)) TO STDOUT")
+	}()
+	t.Cleanup(func() { close(held); <-done })
+	testenv.Eventually(t, time.Minute, "the copy to wait on its client", func() bool {
+		var n int
+		testenv.QueryRow(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Client'", []any{int64(pid)}, &n)
+		return n == 1
+	})
+	return pid
+}
+
+// blocked is a writer whose first write waits until held is closed, then
+// fails.
+type blocked chan struct{}
+
+func (b blocked) Write([]byte) (int, error) { <-b; return 0, io.EOF }

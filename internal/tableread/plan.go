@@ -385,6 +385,14 @@ func (p *Plan) build() {
 // rowsQuery is the Cursor's query with resume ("" for none).
 func (p *Plan) rowsQuery(resume string) string { return p.rows[0] + resume + p.rows[1] }
 
+// CopySQL is a Cursor's read of every matching row, in an order of the
+// commits (InCommitOrder), as a COPY to the client in text format: the
+// same rows in the same order, with Columns' values (package copyread).
+func (p *Plan) CopySQL() string { return "COPY (" + p.rowsQuery("") + ") TO STDOUT" }
+
+// Budget is a chunk's bound in bytes of values (SetBudget; 0: none).
+func (p *Plan) Budget() int64 { return p.budget }
+
 // prepare has the server parse the queries: a bad condition fails here,
 // before anything is sent. It reads the columns a chunk returns.
 func (p *Plan) prepare(ctx context.Context, conn *pgx.Conn) error {

@@ -1,0 +1,283 @@
+package copyread
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Options bound a Reader's batches and its wait for the first row.
+type Options struct {
+	// Width is how many values each row has: a row with more or fewer
+	// is an error.
+	Width int
+	// Rows is the most rows a batch holds (at least one).
+	Rows int
+	// Budget ends a batch at the row whose values reach it, in bytes
+	// (0: no bound); a row larger than it is a batch alone.
+	Budget int64
+	// FirstRow, when not zero, cancels a copy that sent no row within
+	// it: a sort that runs that long before its first row is what a
+	// statement timeout would end, and the copy itself runs as long as
+	// its rows take to send (FirstRowError).
+	FirstRow time.Duration
+}
+
+// Reader is a copy's rows, handed out a batch at a time.
+type Reader struct {
+	out    chan batch
+	stop   chan struct{}
+	done   chan struct{}
+	cancel context.CancelCauseFunc
+	ended  bool
+	err    error
+}
+
+type batch struct {
+	rows [][][]byte
+	last bool
+	err  error
+}
+
+// FirstRowError is a copy cancelled because no row came within
+// Options.FirstRow.
+type FirstRowError struct{ After time.Duration }
+
+func (e *FirstRowError) Error() string {
+	return fmt.Sprintf("the copy sent no row within %s", e.After)
+}
+
+// errStopped is what a copy that Stop ended returns.
+var errStopped = errors.New("the copy was stopped")
+
+// Start runs sql, a COPY ... TO STDOUT in text format, on conn, which it
+// uses until the copy ends or Stop returns, and hands out its rows as o
+// says.
+func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Reader {
+	ctx, cancel := context.WithCancelCause(ctx)
+	r := &Reader{out: make(chan batch), stop: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
+	w := &writer{o: o, out: r.out, stop: r.stop}
+	w.o.Rows = max(w.o.Rows, 1)
+	var timer *time.Timer
+	if o.FirstRow > 0 {
+		timer = time.AfterFunc(o.FirstRow, func() { cancel(&FirstRowError{o.FirstRow}) })
+		w.first = func() { timer.Stop() }
+	}
+	go func() {
+		defer close(r.done)
+		_, err := conn.CopyTo(ctx, w, sql)
+		if timer != nil {
+			timer.Stop()
+		}
+		var first *FirstRowError
+		switch {
+		case err == nil && len(w.partial) > 0:
+			err = fmt.Errorf("the copy ended inside a row (%d bytes after the last newline)", len(w.partial))
+		case err != nil && errors.As(context.Cause(ctx), &first):
+			err = first
+		}
+		if err != nil {
+			w.send(batch{err: err})
+			return
+		}
+		w.send(batch{rows: w.cur, last: true})
+	}()
+	return r
+}
+
+// Next returns the next batch of rows, and whether they are the last: no
+// row is left after them. After the last, or an error, it returns the
+// same again.
+func (r *Reader) Next() (rows [][][]byte, last bool, err error) {
+	if r.ended {
+		return nil, r.err == nil, r.err
+	}
+	select {
+	case b := <-r.out:
+		if b.err != nil || b.last {
+			r.ended, r.err = true, b.err
+		}
+		return b.rows, b.last, b.err
+	case <-r.done: // only once Stop was called: the last batch is always taken first
+		r.ended, r.err = true, errStopped
+		return nil, false, errStopped
+	}
+}
+
+// Stop ends the copy, if it still runs, and waits until nothing uses the
+// connection: a copy cut short closes it.
+func (r *Reader) Stop() {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.cancel(errStopped)
+	<-r.done
+}
+
+// writer parses the copy's text into rows, as pgconn hands it over (one
+// row a message, as Postgres sends it, though any cut is taken).
+type writer struct {
+	o       Options
+	out     chan<- batch
+	stop    <-chan struct{}
+	first   func() // the first row came
+	cur     [][][]byte
+	heads   [][]byte // the value slices left for the batch's rows
+	bytes   int64
+	partial []byte // a row begun in an earlier Write
+}
+
+func (w *writer) Write(p []byte) (int, error) {
+	n := len(p)
+	if w.first != nil {
+		w.first()
+		w.first = nil
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n') // a newline in a value is escaped
+		if i < 0 {
+			w.partial = append(w.partial, p...)
+			return n, nil
+		}
+		line := p[:i]
+		if len(w.partial) > 0 {
+			w.partial = append(w.partial, line...)
+			line = w.partial
+		}
+		if err := w.row(line); err != nil {
+			return 0, err
+		}
+		w.partial, p = w.partial[:0], p[i+1:]
+	}
+	return n, nil
+}
+
+// row adds the row of one line to the batch, which it hands out when full.
+func (w *writer) row(line []byte) error {
+	width := w.o.Width
+	if len(w.heads) < width {
+		// One allocation for the value slices of the batch's rows: a
+		// row's slice lives as long as its batch.
+		w.heads = make([][]byte, (w.o.Rows-len(w.cur))*width)
+	}
+	row := w.heads[:width:width]
+	w.heads = w.heads[width:]
+	// One allocation for the row's values, which an event may keep (a
+	// Kafka record aliases them until it is acknowledged): unescaped,
+	// they are no longer than the line.
+	buf := make([]byte, 0, len(line))
+	rest := line
+	for k := 0; ; k++ {
+		if k == width {
+			return fmt.Errorf("the copy sent a row of more than %d values", width)
+		}
+		f, tab := rest, bytes.IndexByte(rest, '\t')
+		if tab >= 0 {
+			f, rest = rest[:tab], rest[tab+1:]
+		}
+		if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
+			row[k] = nil
+		} else {
+			start := len(buf)
+			var err error
+			if buf, err = unescape(buf, f); err != nil {
+				return err
+			}
+			row[k] = buf[start:len(buf):len(buf)]
+		}
+		if tab < 0 {
+			if k+1 != width {
+				return fmt.Errorf("the copy sent a row of %d values, not %d", k+1, width)
+			}
+			break
+		}
+	}
+	if w.cur == nil {
+		w.cur = make([][][]byte, 0, w.o.Rows)
+	}
+	w.cur = append(w.cur, row)
+	w.bytes += int64(len(buf))
+	if len(w.cur) < w.o.Rows && (w.o.Budget <= 0 || w.bytes < w.o.Budget) {
+		return nil
+	}
+	return w.send(batch{rows: w.cur})
+}
+
+// send hands b out, once Next takes it, unless Stop comes first, and
+// begins the next batch.
+func (w *writer) send(b batch) error {
+	w.cur, w.heads, w.bytes = nil, nil, 0
+	select {
+	case w.out <- b:
+		return nil
+	case <-w.stop:
+		return errStopped
+	}
+}
+
+// unescape appends f, one value in COPY's text format, to dst as the
+// value itself: a backslash and the letter of a control character (\b,
+// \f, \n, \r, \t, \v), up to three octal digits, or x and one or two hex
+// digits stand for that byte; before any other character, that
+// character.
+func unescape(dst, f []byte) ([]byte, error) {
+	for {
+		i := bytes.IndexByte(f, '\\')
+		if i < 0 {
+			return append(dst, f...), nil
+		}
+		dst = append(dst, f[:i]...)
+		if i+1 == len(f) {
+			return nil, errors.New("the copy sent a value ending in a lone backslash")
+		}
+		c := f[i+1]
+		f = f[i+2:]
+		switch {
+		case c == 'b':
+			c = '\b'
+		case c == 'f':
+			c = '\f'
+		case c == 'n':
+			c = '\n'
+		case c == 'r':
+			c = '\r'
+		case c == 't':
+			c = '\t'
+		case c == 'v':
+			c = '\v'
+		case '0' <= c && c <= '7':
+			c -= '0'
+			for j := 0; j < 2 && len(f) > 0 && '0' <= f[0] && f[0] <= '7'; j++ {
+				c = c*8 + f[0] - '0'
+				f = f[1:]
+			}
+		case c == 'x' && len(f) > 0 && hex(f[0]) >= 0:
+			c = byte(hex(f[0]))
+			f = f[1:]
+			if len(f) > 0 && hex(f[0]) >= 0 {
+				c = c*16 + byte(hex(f[0]))
+				f = f[1:]
+			}
+		}
+		dst = append(dst, c)
+	}
+}
+
+// hex is the value of hex digit c, or -1.
+func hex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}

@@ -1,0 +1,29 @@
+// Package copyread reads a query's rows by COPY (query) TO STDOUT, in
+// text format, as a stream: Postgres sends every row without waiting for
+// a FETCH, sorts with parallel workers where it can, and keeps no
+// scrollable copy of the result. A backfill's first start reads a table
+// alone in the order of the commits this way (package backfill,
+// docs/benchmarks.md, "A copy for the first start").
+//
+// Invariants:
+//
+//   - The rows come out in the order the server sent them, each once,
+//     with every value as the text format gives it (a query's text
+//     result, value for value: COPY's escapes undone), nil for NULL: the
+//     same rows a cursor of the query reads.
+//
+//   - Memory is bounded as a cursor's chunks are: the rows are handed out
+//     in batches of at most Options.Rows rows, each ending at the row that
+//     reaches Options.Budget bytes of values, and the reader fills one
+//     batch while the last one handed out is held: the copy waits (and,
+//     through TCP, the server with it) until Next takes a batch.
+//
+//   - The last batch says so; a row cut short, a row of the wrong width,
+//     a bad escape or the server's error is an error where the rows would
+//     have gone on, after every row before it. Nothing is dropped.
+//
+//   - Stop ends the copy and waits for it: once it returns, no goroutine
+//     uses the connection. A copy stopped before its end leaves the
+//     connection closed (pgconn closes it), which a backfill that stops
+//     on an error gives up anyway.
+package copyread
