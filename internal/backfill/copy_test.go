@@ -1,0 +1,58 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/outboxcdc/cdc/internal/checkpoint"
+	"github.com/outboxcdc/cdc/internal/outbox"
+	"github.com/outboxcdc/cdc/internal/testenv"
+)
+
+// slowSession is an aheadSession whose wait for room takes pause: Kafka
+// slow to acknowledge.
+type slowSession struct {
+	aheadSession
+	pause time.Duration
+}
+
+func (s *slowSession) WaitRoom(ctx context.Context, n int, bytes int64) error {
+	time.Sleep(s.pause) // the span under test: a backfill slower than the statement timeout
+	return s.aheadSession.WaitRoom(ctx, n, bytes)
+}
+
+// TestCopyOutlivesTheStatementTimeout: a first start's copy is one
+// statement for every row, held back while Kafka takes them: a backfill
+// that takes longer than backfill.statement_timeout is not cancelled by
+// it, and sends every row once, in order. The rows (20 MB) are more than
+// the socket's buffers hold, so the server still runs the copy when the
+// timeout would have fired; with the setting left on, it fails.
+func TestCopyOutlivesTheStatementTimeout(t *testing.T) {
+	db, r := outboxWith20(t, false)
+	testenv.Exec(t, db, `DELETE FROM outbox`,
+		`INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+		SELECT 'order', 'a' || (i % 3), lpad(i::text, 6, '0'), jsonb_build_object('pad', repeat('x', 100000)) FROM generate_series(1, 200) i`)
+	r.StatementTimeout = 300 * time.Millisecond
+	r.ChunkBytes = 500_000 // five rows a chunk
+	r.MaxInFlightBytes = 64 << 20
+	r.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 1000}
+	var want []string
+	for i := 1; i <= 200; i++ {
+		want = append(want, fmt.Sprintf("%06d", i))
+	}
+	s := &slowSession{pause: 30 * time.Millisecond}
+	started := time.Now()
+	job := checkpoint.Job{ID: "first", Table: "public.outbox", Initial: true}
+	if err := r.FirstStart(context.Background(), s, []checkpoint.Job{job}, exportSnapshot(t, db), 1); err != nil {
+		t.Fatalf("a backfill of %s, longer than the statement timeout %s: %v", time.Since(started).Round(time.Millisecond), r.StatementTimeout, err)
+	}
+	if took := time.Since(started); took < 2*r.StatementTimeout {
+		t.Fatalf("the backfill took %s: not long enough to test the statement timeout", took)
+	}
+	if !slices.Equal(s.types, want) {
+		t.Fatalf("sent %d rows %v; want each of the 200 once, in order", len(s.types), s.types)
+	}
+}

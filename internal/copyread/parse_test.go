@@ -1,0 +1,202 @@
+package copyread
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+)
+
+// escape is one value as PostgreSQL's COPY TO writes it in text format
+// (CopyAttributeOutText, with a tab for the delimiter): a backslash
+// before a backslash, and the letters of \b \f \n \r \t \v; every other
+// byte as it is.
+func escape(v []byte) []byte {
+	var out []byte
+	for _, c := range v {
+		switch c {
+		case '\\':
+			out = append(out, '\\', '\\')
+		case '\b':
+			out = append(out, '\\', 'b')
+		case '\f':
+			out = append(out, '\\', 'f')
+		case '\n':
+			out = append(out, '\\', 'n')
+		case '\r':
+			out = append(out, '\\', 'r')
+		case '\t':
+			out = append(out, '\\', 't')
+		case '\v':
+			out = append(out, '\\', 'v')
+		default:
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// line is a row as COPY TO writes it: its values escaped, \N for NULL,
+// tabs between, a newline after.
+func line(row [][]byte) []byte {
+	var out []byte
+	for i, v := range row {
+		if i > 0 {
+			out = append(out, '\t')
+		}
+		if v == nil {
+			out = append(out, '\\', 'N')
+		} else {
+			out = append(out, escape(v)...)
+		}
+	}
+	return append(out, '\n')
+}
+
+// value is a random value, often of the bytes COPY escapes, or text that
+// looks like an escape (\N, a backslash and a letter).
+func value(rng *rand.Rand) []byte {
+	switch rng.IntN(9) {
+	case 0:
+		return nil
+	case 1:
+		return []byte{}
+	case 2:
+		return []byte(`\N`)
+	case 3:
+		if rng.IntN(5) == 0 {
+			return bytes.Repeat([]byte("x\t\\"), rng.IntN(20000))
+		}
+	}
+	alphabet := []byte("ab\\\t\n\r\b\f\v\x00\x01\x1fN7xé")
+	v := make([]byte, rng.IntN(40))
+	for i := range v {
+		v[i] = alphabet[rng.IntN(len(alphabet))]
+		if rng.IntN(10) == 0 {
+			v[i] = byte(rng.IntN(256))
+		}
+	}
+	return v
+}
+
+// TestWriterGivesBackEveryRow: generated rows, written as COPY TO writes
+// them and handed to the writer cut anywhere (one row a message, as the
+// server sends, or any piece), come out in batches, in order, each row
+// once and value for value (nil for NULL only), each batch within Rows
+// and ending at the first row that reaches Budget; and the writer is held
+// back while a batch is not taken: it never gets a batch ahead.
+func TestWriterGivesBackEveryRow(t *testing.T) {
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 56))
+		width := 1 + rng.IntN(7)
+		rows := make([][][]byte, rng.IntN(300))
+		var text []byte
+		for i := range rows {
+			rows[i] = make([][]byte, width)
+			for k := range rows[i] {
+				rows[i][k] = value(rng)
+			}
+			text = append(text, line(rows[i])...)
+		}
+		o := Options{Width: width, Rows: 1 + rng.IntN(40)}
+		if rng.IntN(2) == 0 {
+			o.Budget = int64(1 + rng.IntN(2000))
+		}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			out := make(chan batch)
+			stop := make(chan struct{})
+			defer close(stop)
+			w := &writer{o: o, out: out, stop: stop}
+			var written atomic.Int64 // rows whose Write returned
+			go func() {
+				for rest := text; len(rest) > 0; {
+					n := len(rest)
+					if piece := rng.IntN(3); piece == 0 {
+						n = bytes.IndexByte(rest, '\n') + 1 // a row a message
+					} else if piece == 1 {
+						n = min(n, 1+rng.IntN(50))
+					}
+					if _, err := w.Write(rest[:n]); err != nil {
+						out <- batch{err: err}
+						return
+					}
+					written.Add(int64(bytes.Count(rest[:n], []byte{'\n'})))
+					rest = rest[n:]
+				}
+				out <- batch{rows: w.cur, last: true}
+			}()
+			var got [][][]byte
+			for {
+				b := <-out
+				if b.err != nil {
+					t.Fatal(b.err)
+				}
+				// The rows written are those taken and fewer than a batch
+				// more, the next being filled: a full one waits in send.
+				if n := written.Load(); n > int64(len(got)+len(b.rows)+o.Rows-1) {
+					t.Fatalf("%d rows written with %d taken: the writer ran more than a batch ahead", n, len(got)+len(b.rows))
+				}
+				checkBatch(t, o, b)
+				got = append(got, b.rows...)
+				if b.last {
+					break
+				}
+			}
+			if len(got) != len(rows) {
+				t.Fatalf("%d rows out, %d in", len(got), len(rows))
+			}
+			for i := range rows {
+				for k := range rows[i] {
+					if (got[i][k] == nil) != (rows[i][k] == nil) || !bytes.Equal(got[i][k], rows[i][k]) {
+						t.Fatalf("row %d value %d: got %q (nil %v), want %q (nil %v)", i, k, got[i][k], got[i][k] == nil, rows[i][k], rows[i][k] == nil)
+					}
+				}
+			}
+		})
+	}
+}
+
+// checkBatch checks a batch's bounds: at most Rows rows, and no row
+// before its last one reaching Budget.
+func checkBatch(t *testing.T, o Options, b batch) {
+	t.Helper()
+	if len(b.rows) > o.Rows {
+		t.Fatalf("a batch of %d rows, more than %d", len(b.rows), o.Rows)
+	}
+	var size int64
+	for i, row := range b.rows {
+		if o.Budget > 0 && size >= o.Budget {
+			t.Fatalf("row %d of a batch came after %d bytes, past the budget %d", i, size, o.Budget)
+		}
+		for _, v := range row {
+			size += int64(len(v))
+		}
+	}
+	if !b.last && len(b.rows) < o.Rows && (o.Budget == 0 || size < o.Budget) {
+		t.Fatalf("a batch of %d rows and %d bytes handed out before it was full", len(b.rows), size)
+	}
+}
+
+// TestUnescape: the escapes COPY FROM reads (octal, hex, any character
+// after a backslash) are read as it reads them, and a value cut after a
+// backslash, or a row of the wrong width, is an error.
+func TestUnescape(t *testing.T) {
+	for in, want := range map[string]string{
+		`a\\b`: `a\b`, `\101\x42\x4a`: "ABJ", `\0`: "\x00", `\7777`: "\xff7", `\xg`: "xg", `\q`: "q", `\N`: "N" /* inside a value */, `\b\f\n\r\t\v`: "\b\f\n\r\t\v",
+	} {
+		got, err := unescape(nil, []byte(in))
+		if err != nil || string(got) != want {
+			t.Errorf("unescape(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := unescape(nil, []byte(`ab\`)); err == nil {
+		t.Error("a value ending in a backslash: no error")
+	}
+	for _, text := range []string{"a\tb\tc\n", "a\n", "a\tb\\\n"} {
+		w := &writer{o: Options{Width: 2, Rows: 10}}
+		if _, err := w.Write([]byte(text)); err == nil {
+			t.Errorf("%q read as a row of 2 values", text)
+		}
+	}
+}
