@@ -52,6 +52,15 @@
 //     the bytes in flight leaving room for both reads, and a job saved
 //     whole only when its last commit was (TestReadAheadKeepsTheOrder,
 //     and across stops and starts TestInterruptedFirstStartsLoseNoRow).
+//     A table read alone from its first row in a snapshot's transaction
+//     (a first start's, an adopted slot's) is read by one COPY of the
+//     cursor's query instead (copyAlone, package copyread): the same rows
+//     in the same order, handed out a chunk at a time, the copy held back
+//     while a chunk is held, so memory holds two chunks as with the read
+//     ahead; backfill.statement_timeout bounds its wait for the first row,
+//     not the copy, which runs as long as Kafka takes the rows
+//     (TestCopyOutlivesTheStatementTimeout); one interrupted resumes from
+//     its saved position by the cursor.
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

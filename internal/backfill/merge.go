@@ -32,12 +32,14 @@ type reader struct {
 	sent         int64 // rows sent in this session
 	// ahead, when not nil, hands out the cursor's reads, several chunks'
 	// rows each, a chunk at a time, reading the next while they are sent
-	// (readChunks).
-	ahead *readahead.Reader
-	// fresh: the job reads every row from the start, in an order of the
-	// commits, in conn's snapshot, which a copy can read (copyAlone).
+	// (readChunks), or a copy's (fresh: from the first row, in conn's
+	// snapshot).
+	ahead interface {
+		Next() ([][][]byte, bool, error)
+		Pending() ([][][]byte, bool)
+		Wait()
+	}
 	fresh bool
-	copy  *copyread.Reader
 }
 
 // readChunks is how many chunks' rows a cursor alone on its connection
@@ -56,14 +58,11 @@ func (rd *reader) fetch() (tableread.Chunk, error) {
 	return tableread.Chunk{Rows: rows, Final: last}, err
 }
 
-// wait waits for a read ahead, or a copy, to end: the connection is
-// free again (or, for a copy cut short, closed).
+// wait waits for a read ahead to end: the connection is free again (or,
+// for a copy cut short, closed).
 func (rd *reader) wait() {
 	if rd.ahead != nil {
 		rd.ahead.Wait()
-	}
-	if rd.copy != nil {
-		rd.copy.Stop()
 	}
 }
 
@@ -222,14 +221,18 @@ func (r *Runner) sendMerged(ctx context.Context, s Session, conn *pgx.Conn, rds 
 // chunks' rows a FETCH, handed out a chunk at a time, so that the events
 // in flight keep their room for a chunk's rows. The read ahead is held
 // too: the bytes in flight leave room for two reads. A fresh read alone
-// is a copy instead (copyAlone), which holds as much.
+// is a COPY of the cursor's query, which holds as much (readahead.Copy).
 func (r *Runner) readAheadAlone(ctx context.Context, conn *pgx.Conn, rds []*reader, chunk int) (bool, error) {
 	if len(rds) != 1 || !rds[0].plan.InCommitOrder() {
 		return false, nil
 	}
 	rd := rds[0]
-	if rd.fresh {
-		return true, r.copyAlone(ctx, conn, rd, chunk)
+	if p := rd.plan; rd.fresh {
+		c, err := readahead.StartCopy(ctx, conn, p.Table.String(), p.CopySQL(), copyread.Options{Width: len(p.Columns), Rows: chunk, Budget: p.Budget(), FirstRow: r.StatementTimeout})
+		if c != nil {
+			rd.ahead = c
+		}
+		return true, err
 	}
 	rd.plan.SetReadRows(chunk * readChunks)
 	next := rd.next
@@ -238,44 +241,6 @@ func (r *Runner) readAheadAlone(ctx context.Context, conn *pgx.Conn, rds []*read
 		return c.Rows, c.Final, err
 	}, chunk)
 	return true, nil
-}
-
-// copyAlone reads rd, a fresh read alone on conn, by one COPY of every
-// row in the cursor's order, in the same snapshot: Postgres sends the
-// rows without waiting for a FETCH each, and keeps no scrollable copy of
-// them; it reads the next chunk while the connector sends the last, and
-// waits, through TCP, while a chunk is held (package copyread). The
-// cursor's read was Postgres's pace, 3.5 s a million rows against the
-// copy's 2.6 (docs/benchmarks.md, "A copy for the first start"). The
-// copy is one statement for every row, which runs as long as Kafka takes
-// them: statement_timeout would end a long backfill, so it bounds the
-// wait for the first row instead, the sort a cursor's first FETCH would
-// have waited for, and is set back once the copy ended. A job
-// interrupted resumes from its saved position by the cursor (Continue).
-func (r *Runner) copyAlone(ctx context.Context, conn *pgx.Conn, rd *reader, chunk int) error {
-	if _, err := conn.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
-		return fmt.Errorf("backfill of %s: %w", rd.plan.Table, err)
-	}
-	plan := rd.plan
-	rd.copy = copyread.Start(ctx, conn.PgConn(), plan.CopySQL(), copyread.Options{
-		Width: len(plan.Columns), Rows: chunk, Budget: plan.Budget(), FirstRow: r.StatementTimeout})
-	rd.next = func() (tableread.Chunk, error) {
-		rows, last, err := rd.copy.Next()
-		var first *copyread.FirstRowError
-		switch {
-		case errors.As(err, &first):
-			err = fmt.Errorf("backfill of %s: the read in commit order sent no row within backfill.statement_timeout (%s), sorting the rows; raise backfill.statement_timeout, or narrow tables[].backfill.where", plan.Table, first.After)
-		case err != nil:
-			err = fmt.Errorf("backfill of %s: read the rows in commit order: %w", plan.Table, err)
-		case last:
-			// The copy has ended: another table's read may follow.
-			if _, err = conn.Exec(ctx, "SET LOCAL statement_timeout TO DEFAULT"); err != nil {
-				err = fmt.Errorf("backfill of %s: %w", plan.Table, err)
-			}
-		}
-		return tableread.Chunk{Rows: rows, Final: last}, err
-	}
-	return nil
 }
 
 // sendInOrder sends one transaction: rds' rows in the order of their

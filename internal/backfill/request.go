@@ -18,8 +18,8 @@ type Requested struct {
 	ID    string
 	Table string
 	Where string
-	Rows  int64 // rows matching now
-	key   string
+	Rows  int64  // rows matching now
+	Key   string // the checkpoint record the job is in
 }
 
 // Request asks the running pipeline (cdc run with this config) to
@@ -64,37 +64,5 @@ func (r *Runner) Request(ctx context.Context, keys [][]byte, load func(context.C
 	if err := postgres.EmitMessage(ctx, r.Postgres, rows, decode.ControlPrefix, string(b), "the backfill's announcement to the connector"); err != nil {
 		return Requested{}, err
 	}
-	return Requested{ID: job.ID, Table: job.Table, Where: where, Rows: total, key: rec.Key()}, nil
-}
-
-// Watch follows job r in the checkpoint topic, calling show with its
-// state (zero until the pipeline started it) about once a second, until
-// it is done or ctx ends. A job that ended on an error returns it.
-func Watch(ctx context.Context, store *checkpoint.Store, r Requested, show func(checkpoint.Job)) (checkpoint.Job, error) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		recs, err := store.Load(ctx, false)
-		if err != nil {
-			return checkpoint.Job{}, err
-		}
-		var job checkpoint.Job
-		if rec, ok := recs[r.key]; ok {
-			if j := rec.FindBackfill(r.ID); j != nil {
-				job = *j
-			}
-		}
-		show(job)
-		if job.Done() {
-			if job.Error != "" {
-				return job, fmt.Errorf("backfill %s of %s failed: %s", job.ID, job.Table, job.Error)
-			}
-			return job, nil
-		}
-		select {
-		case <-ctx.Done():
-			return job, ctx.Err()
-		case <-t.C:
-		}
-	}
+	return Requested{ID: job.ID, Table: job.Table, Where: where, Rows: total, Key: rec.Key()}, nil
 }

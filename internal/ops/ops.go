@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -246,8 +247,35 @@ func (o *Ops) RequestBackfill(ctx context.Context, t *outbox.Source, where strin
 	return o.backfills().Request(ctx, o.Config.Checkpoint.SigningKeys, load, t, where)
 }
 
-// WatchBackfill follows job r, which RequestBackfill started
-// (backfill.Watch).
+// WatchBackfill follows job r, which RequestBackfill started, in the
+// checkpoint topic, calling show with its state (zero until the pipeline
+// started it) about once a second, until it is done or ctx ends. A job
+// that ended on an error returns it.
 func (o *Ops) WatchBackfill(ctx context.Context, r backfill.Requested, show func(checkpoint.Job)) (checkpoint.Job, error) {
-	return backfill.Watch(ctx, o.store, r, show)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		recs, err := o.store.Load(ctx, false)
+		if err != nil {
+			return checkpoint.Job{}, err
+		}
+		var job checkpoint.Job
+		if rec, ok := recs[r.Key]; ok {
+			if j := rec.FindBackfill(r.ID); j != nil {
+				job = *j
+			}
+		}
+		show(job)
+		if job.Done() {
+			if job.Error != "" {
+				return job, fmt.Errorf("backfill %s of %s failed: %s", job.ID, job.Table, job.Error)
+			}
+			return job, nil
+		}
+		select {
+		case <-ctx.Done():
+			return job, ctx.Err()
+		case <-t.C:
+		}
+	}
 }

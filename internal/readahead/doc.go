@@ -2,7 +2,9 @@
 // while it reads the next in a goroutine: a backfill's cursor fetches
 // several chunks' rows at once, and Postgres sends the next fetch's rows
 // while the connector sends the rows of the one before (package backfill,
-// docs/benchmarks.md, "Larger reads").
+// docs/benchmarks.md, "Larger reads"). Copy hands out a table's rows
+// read by one COPY the same way (a first start's read of a table alone,
+// package copyread), the copy itself filling the next chunk.
 //
 // Invariants:
 //
