@@ -56,3 +56,36 @@ func TestCopyOutlivesTheStatementTimeout(t *testing.T) {
 		t.Fatalf("sent %d rows %v; want each of the 200 once, in order", len(s.types), s.types)
 	}
 }
+
+// TestCopySavesWhole: with one-row commits, every save after a chunk is
+// after a whole commit, and a copied job says so (the copy reads the row
+// after each chunk before handing it out): resumed, it would not send the
+// last commit again, as the cursor's read ahead does not. Found by the
+// attack on the copy.
+func TestCopySavesWhole(t *testing.T) {
+	db, r := outboxWith20(t, false)
+	testenv.Exec(t, db, `DELETE FROM outbox`)
+	for i := range 30 {
+		testenv.Exec(t, db, fmt.Sprintf(`INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'a', '%06d', '{}')`, i))
+	}
+	r.StatusInterval = time.Nanosecond // a save after every chunk
+	r.MaxInFlightBytes = 64 << 20
+	r.Tables[0].Backfill = &outbox.BackfillOptions{ChunkSize: 4}
+	s := &aheadSession{}
+	job := checkpoint.Job{ID: "first", Table: "public.outbox", Initial: true}
+	if err := r.FirstStart(context.Background(), s, []checkpoint.Job{job}, exportSnapshot(t, db), 1); err != nil {
+		t.Fatal(err)
+	}
+	mid := 0
+	for _, sv := range s.saves {
+		if sv.sent > 0 && sv.sent < 30 {
+			mid++
+			if !sv.whole {
+				t.Fatalf("saved after %d one-row commits, not whole (saves %v)", sv.sent, s.saves)
+			}
+		}
+	}
+	if mid < 5 {
+		t.Fatalf("%d saves before the end: the check above checked little (saves %v)", mid, s.saves)
+	}
+}

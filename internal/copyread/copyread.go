@@ -35,10 +35,12 @@ type Reader struct {
 	cancel context.CancelCauseFunc
 	ended  bool
 	err    error
+	next   [][]byte
 }
 
 type batch struct {
 	rows [][][]byte
+	next [][]byte // the row after them, when known
 	last bool
 	err  error
 }
@@ -80,11 +82,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Rea
 		case err != nil && errors.As(context.Cause(ctx), &first):
 			err = first
 		}
-		if err != nil {
-			w.send(batch{err: err})
-			return
-		}
-		w.send(batch{rows: w.cur, last: true})
+		w.finish(err)
 	}()
 	return r
 }
@@ -101,12 +99,18 @@ func (r *Reader) Next() (rows [][][]byte, last bool, err error) {
 		if b.err != nil || b.last {
 			r.ended, r.err = true, b.err
 		}
+		r.next = b.next
 		return b.rows, b.last, b.err
 	case <-r.done: // only once Stop was called: the last batch is always taken first
 		r.ended, r.err = true, errStopped
 		return nil, false, errStopped
 	}
 }
+
+// Peek is the row after the batch Next returned last, which the next
+// batch begins with, when known (nil: not, or none): a job saved after
+// that batch may say whether it ended a commit.
+func (r *Reader) Peek() [][]byte { return r.next }
 
 // Stop ends the copy, if it still runs, and waits until nothing uses the
 // connection: a copy cut short closes it.
@@ -128,6 +132,7 @@ type writer struct {
 	stop    <-chan struct{}
 	first   func() // the first row came
 	cur     [][][]byte
+	full    [][][]byte // a full batch, held until the row after it is read
 	heads   [][]byte // the value slices left for the batch's rows
 	bytes   int64
 	partial []byte // a row begun in an earlier Write
@@ -169,9 +174,10 @@ func (w *writer) row(line []byte) error {
 	row := w.heads[:width:width]
 	w.heads = w.heads[width:]
 	// One allocation for the row's values, which an event may keep (a
-	// Kafka record aliases them until it is acknowledged): unescaped,
-	// they are no longer than the line.
-	buf := make([]byte, 0, len(line))
+	// Kafka record aliases them until it is acknowledged), of what they
+	// take unescaped (valueBytes): the line's length would hold twice
+	// the budget of values that COPY escapes each byte of.
+	buf := make([]byte, 0, valueBytes(line, width))
 	rest := line
 	for k := 0; ; k++ {
 		if k == width {
@@ -202,17 +208,69 @@ func (w *writer) row(line []byte) error {
 		w.cur = make([][][]byte, 0, w.o.Rows)
 	}
 	w.cur = append(w.cur, row)
-	w.bytes += int64(len(buf))
+	w.bytes += int64(cap(buf))
+	if w.full != nil {
+		// The row after a full batch: it goes out with it, as the
+		// next batch's first, so that a save after it knows whether
+		// the batch ended a commit.
+		full := w.full
+		w.full = nil
+		if err := w.send(batch{rows: full, next: row}); err != nil {
+			return err
+		}
+	}
 	if len(w.cur) < w.o.Rows && (w.o.Budget <= 0 || w.bytes < w.o.Budget) {
 		return nil
 	}
-	return w.send(batch{rows: w.cur})
+	w.full, w.cur, w.heads, w.bytes = w.cur, nil, nil, 0
+	return nil
+}
+
+// finish hands out what the copy left, once it ended on err (nil: all
+// sent): the full batch held, then the rows after it, the last or
+// followed by err.
+func (w *writer) finish(err error) {
+	if w.full != nil && len(w.cur) == 0 && err == nil {
+		w.cur, w.full = w.full, nil
+	}
+	if w.full != nil {
+		var next [][]byte
+		if len(w.cur) > 0 {
+			next = w.cur[0]
+		}
+		if w.send(batch{rows: w.full, next: next}) != nil {
+			return
+		}
+	}
+	if err == nil {
+		w.send(batch{rows: w.cur, last: true})
+		return
+	}
+	if len(w.cur) > 0 && w.send(batch{rows: w.cur}) != nil {
+		return
+	}
+	w.send(batch{err: err})
+}
+
+// valueBytes is at least the bytes a line's width values take unescaped,
+// and at most a byte more for each octal or hex digit past the first
+// (COPY TO writes none): the line less its tabs, and a byte for each
+// escape, which stands for one byte or, \N, for none.
+func valueBytes(line []byte, width int) int {
+	n := len(line) - (width - 1)
+	for rest := line; ; {
+		i := bytes.IndexByte(rest, '\\')
+		if i < 0 || i+1 >= len(rest) {
+			return max(n, 0)
+		}
+		n--
+		rest = rest[i+2:]
+	}
 }
 
 // send hands b out, once Next takes it, unless Stop comes first, and
 // begins the next batch.
 func (w *writer) send(b batch) error {
-	w.cur, w.heads, w.bytes = nil, nil, 0
 	select {
 	case w.out <- b:
 		return nil

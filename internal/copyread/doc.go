@@ -14,9 +14,17 @@
 //
 //   - Memory is bounded as a cursor's chunks are: the rows are handed out
 //     in batches of at most Options.Rows rows, each ending at the row that
-//     reaches Options.Budget bytes of values, and the reader fills one
-//     batch while the last one handed out is held: the copy waits (and,
-//     through TCP, the server with it) until Next takes a batch.
+//     reaches Options.Budget bytes of values (a row's bytes are sized to
+//     its values unescaped, not to COPY's text, which doubles a
+//     backslash), and the reader fills one batch while the last one
+//     handed out is held: the copy waits (and, through TCP, the server
+//     with it) until Next takes a batch. A full batch is held until the
+//     row after it is read, which Peek then shows: a backfill saved after
+//     the batch knows whether it ended a commit.
+//
+//   - The text is UTF-8's: the connection's client_encoding must not be
+//     one whose characters hold a backslash byte (SJIS, BIG5, GBK, ...),
+//     which COPY does not escape; postgres.PinFormats pins UTF8.
 //
 //   - The last batch says so; a row cut short, a row of the wrong width,
 //     a bad escape or the server's error is an error where the rows would

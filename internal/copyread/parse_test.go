@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 )
@@ -124,20 +126,29 @@ func TestWriterGivesBackEveryRow(t *testing.T) {
 					written.Add(int64(bytes.Count(rest[:n], []byte{'\n'})))
 					rest = rest[n:]
 				}
-				out <- batch{rows: w.cur, last: true}
+				w.finish(nil)
 			}()
 			var got [][][]byte
+			var next [][]byte
 			for {
 				b := <-out
 				if b.err != nil {
 					t.Fatal(b.err)
 				}
-				// The rows written are those taken and fewer than a batch
-				// more, the next being filled: a full one waits in send.
-				if n := written.Load(); n > int64(len(got)+len(b.rows)+o.Rows-1) {
+				// The rows written are those taken and a batch more at
+				// most: a full one is held until the row after it, whose
+				// Write waits in send.
+				if n := written.Load(); n > int64(len(got)+len(b.rows)+o.Rows) {
 					t.Fatalf("%d rows written with %d taken: the writer ran more than a batch ahead", n, len(got)+len(b.rows))
 				}
 				checkBatch(t, o, b)
+				if len(got) > 0 && next != nil && !slices.EqualFunc(next, b.rows[0], bytes.Equal) {
+					t.Fatalf("a batch said the row after it was %q; the next batch began with %q", next, b.rows[0])
+				}
+				if !b.last && b.next == nil && len(got)+len(b.rows) < len(rows) {
+					t.Fatalf("a batch ended after %d rows without the row after it", len(got)+len(b.rows))
+				}
+				next = b.next
 				got = append(got, b.rows...)
 				if b.last {
 					break
@@ -169,9 +180,16 @@ func checkBatch(t *testing.T, o Options, b batch) {
 		if o.Budget > 0 && size >= o.Budget {
 			t.Fatalf("row %d of a batch came after %d bytes, past the budget %d", i, size, o.Budget)
 		}
+		var values int
 		for _, v := range row {
-			size += int64(len(v))
+			values += len(v)
 		}
+		l := line(row)
+		held := valueBytes(l[:len(l)-1], o.Width) // what the writer holds and counts
+		if held < values || held > values+1+len(row) {
+			t.Fatalf("row %d: %d bytes held for %d bytes of values", i, held, values)
+		}
+		size += int64(held)
 	}
 	if !b.last && len(b.rows) < o.Rows && (o.Budget == 0 || size < o.Budget) {
 		t.Fatalf("a batch of %d rows and %d bytes handed out before it was full", len(b.rows), size)
@@ -198,5 +216,45 @@ func TestUnescape(t *testing.T) {
 		if _, err := w.Write([]byte(text)); err == nil {
 			t.Errorf("%q read as a row of 2 values", text)
 		}
+	}
+}
+
+// TestBatchHoldsItsBudget: a batch of values COPY escapes every byte of
+// (backslashes, which it doubles) holds about its budget on the heap, not
+// the escaped text's twice that (found by the attack on the copy: each
+// row's bytes were sized by its line).
+func TestBatchHoldsItsBudget(t *testing.T) {
+	const rows, size = 8, 1 << 20
+	value := bytes.Repeat([]byte(`\`), size)
+	var text []byte
+	for range rows {
+		text = append(text, line([][]byte{value})...)
+	}
+	o := Options{Width: 1, Rows: 1000, Budget: rows * size}
+	out := make(chan batch, 2)
+	w := &writer{o: o, out: out, stop: make(chan struct{})}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := w.Write(text); err != nil {
+		t.Fatal(err)
+	}
+	w.finish(nil)
+	b := <-out
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if len(b.rows) != rows {
+		t.Fatalf("a batch of %d rows, want %d", len(b.rows), rows)
+	}
+	for _, r := range b.rows {
+		if !bytes.Equal(r[0], value) {
+			t.Fatal("a value differs")
+		}
+	}
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	runtime.KeepAlive(text)
+	runtime.KeepAlive(b)
+	if held > o.Budget+o.Budget/10 {
+		t.Fatalf("a batch of %d bytes of values holds %d bytes (%.1fx its budget)", o.Budget, held, float64(held)/float64(o.Budget))
 	}
 }

@@ -367,7 +367,14 @@ func Every(ctx context.Context, cfg Config, interval time.Duration, now bool, fn
 // PinFormats sets the output formats the decoder and router read: pgoutput
 // renders column values with the walsender's settings, and a backfill
 // reads rows as text with its session's, which must be the same.
+//
+// The text is UTF-8 whatever the database's or the role's default
+// client_encoding: a record's JSON is, and in the client-only encodings
+// (SJIS, BIG5, GBK, GB18030, UHC, JOHAB) a character's second byte can be
+// a backslash, which a COPY's text does not escape
+// (TestCopyUnderAnotherClientEncoding).
 func PinFormats(params map[string]string) {
+	params["client_encoding"] = "UTF8"
 	params["TimeZone"] = "UTC"
 	params["DateStyle"] = "ISO, YMD"
 	params["bytea_output"] = "hex"

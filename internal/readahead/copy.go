@@ -55,8 +55,15 @@ func (c *Copy) Next() (rows [][][]byte, last bool, err error) {
 	return rows, last, nil
 }
 
-// Pending is no rows: a copy hands out each chunk it read.
-func (c *Copy) Pending() (rows [][][]byte, last bool) { return nil, false }
+// Pending is the row after the rows Next returned last, which the next
+// chunk begins with, when the copy read it (copyread.Reader.Peek): a job
+// saved after them is saved whole when they ended a commit.
+func (c *Copy) Pending() (rows [][][]byte, last bool) {
+	if next := c.r.Peek(); next != nil {
+		return [][][]byte{next}, false
+	}
+	return nil, false
+}
 
 // Wait ends the copy, if it still runs, and waits until nothing uses the
 // connection: a copy cut short closes it.
