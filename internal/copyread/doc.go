@@ -22,9 +22,9 @@
 //     row after it is read, which Peek then shows: a backfill saved after
 //     the batch knows whether it ended a commit.
 //
-//   - The text is UTF-8's: the connection's client_encoding must not be
-//     one whose characters hold a backslash byte (SJIS, BIG5, GBK, ...),
-//     which COPY does not escape; postgres.PinFormats pins UTF8.
+//   - The connection's client_encoding must not be one whose characters
+//     hold a backslash byte (SJIS, BIG5, GBK, ...), which COPY does not
+//     escape: postgres.PinEncoding pins the database's own.
 //
 //   - The last batch says so; a row cut short, a row of the wrong width,
 //     a bad escape or the server's error is an error where the rows would

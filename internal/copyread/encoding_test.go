@@ -13,9 +13,9 @@ import (
 
 // TestCopyUnderAnotherClientEncoding: a database whose default
 // client_encoding is SJIS, whose characters' second bytes include a
-// backslash that COPY's text does not escape, is read in UTF-8 by the
-// rows connection (postgres.PinFormats), as the stream sends it: the
-// copy reads each value as the query does, and as UTF-8 ('表' is 0x95
+// backslash that COPY's text does not escape, is read in its own
+// encoding, UTF-8, by the rows connection (postgres.PinEncoding), as the
+// stream is: the copy reads each value as the query does ('表' is 0x95
 // 0x5C in SJIS). Found by the attack on the copy.
 func TestCopyUnderAnotherClientEncoding(t *testing.T) {
 	db := pg.NewDatabase(t)

@@ -248,10 +248,33 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 		}
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err == nil && pinned && PinEncoding(conn.PgConn(), pc.RuntimeParams) {
+		conn.Close(context.WithoutCancel(ctx))
+		conn, err = pgx.ConnectConfig(ctx, pc)
+	}
 	if err != nil {
 		return nil, ConnectError(err, &pc.Config, "connection")
 	}
 	return conn, nil
+}
+
+// PinEncoding reports whether conn's client_encoding is not the
+// database's own, having set params' to it, for the caller to connect
+// again with params: the rows and the walsender's text then come in the
+// database's encoding, unconverted, both alike, whatever client_encoding
+// the database or the role sets by default. A client-only encoding
+// (SJIS, BIG5, GBK, GB18030, UHC, JOHAB) can hide a backslash in a
+// character's second byte, which COPY's text does not escape
+// (TestCopyUnderAnotherClientEncoding); converting to UTF-8 instead
+// would fail on a SQL_ASCII database's other bytes, and change the keys
+// of a LATIN1 one's aggregates from what they were.
+func PinEncoding(conn *pgconn.PgConn, params map[string]string) bool {
+	server := conn.ParameterStatus("server_encoding")
+	if server == "" || conn.ParameterStatus("client_encoding") == server {
+		return false
+	}
+	params["client_encoding"] = server
+	return true
 }
 
 // redact drops anything that could hold a password from a parse error:
@@ -367,14 +390,7 @@ func Every(ctx context.Context, cfg Config, interval time.Duration, now bool, fn
 // PinFormats sets the output formats the decoder and router read: pgoutput
 // renders column values with the walsender's settings, and a backfill
 // reads rows as text with its session's, which must be the same.
-//
-// The text is UTF-8 whatever the database's or the role's default
-// client_encoding: a record's JSON is, and in the client-only encodings
-// (SJIS, BIG5, GBK, GB18030, UHC, JOHAB) a character's second byte can be
-// a backslash, which a COPY's text does not escape
-// (TestCopyUnderAnotherClientEncoding).
 func PinFormats(params map[string]string) {
-	params["client_encoding"] = "UTF8"
 	params["TimeZone"] = "UTC"
 	params["DateStyle"] = "ISO, YMD"
 	params["bytea_output"] = "hex"

@@ -57,6 +57,10 @@ func Connect(ctx context.Context, cfg postgres.Config, log hclog.Logger) (*Conn,
 		coalesce(pcfg)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err == nil && postgres.PinEncoding(conn, pcfg.RuntimeParams) {
+		conn.Close(context.WithoutCancel(ctx))
+		conn, err = pgconn.ConnectConfig(ctx, pcfg)
+	}
 	if err != nil {
 		return nil, postgres.ConnectError(err, pcfg, "replication connection")
 	}
