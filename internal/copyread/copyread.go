@@ -133,7 +133,7 @@ type writer struct {
 	first   func() // the first row came
 	cur     [][][]byte
 	full    [][][]byte // a full batch, held until the row after it is read
-	heads   [][]byte // the value slices left for the batch's rows
+	heads   [][]byte   // the value slices left for the batch's rows
 	bytes   int64
 	partial []byte // a row begun in an earlier Write
 }
