@@ -134,6 +134,7 @@ type writer struct {
 	cur     [][][]byte
 	full    [][][]byte // a full batch, held until the row after it is read
 	heads   [][]byte   // the value slices left for the batch's rows
+	fit     int        // the rows the last full batch held
 	bytes   int64
 	partial []byte // a row begun in an earlier Write
 }
@@ -167,9 +168,12 @@ func (w *writer) Write(p []byte) (int, error) {
 func (w *writer) row(line []byte) error {
 	width := w.o.Width
 	if len(w.heads) < width {
-		// One allocation for the value slices of the batch's rows: a
-		// row's slice lives as long as its batch.
-		w.heads = make([][]byte, (w.o.Rows-len(w.cur))*width)
+		// One allocation for the value slices of many rows (a row's
+		// slice lives as long as its batch), for as many as the last
+		// batch held, then doubling: sized by the rows that fit the
+		// budget, not by Rows, which may be 100,000.
+		n := min(w.o.Rows-len(w.cur), max(w.fit-len(w.cur), len(w.cur), 16))
+		w.heads = make([][]byte, n*width)
 	}
 	row := w.heads[:width:width]
 	w.heads = w.heads[width:]
@@ -205,7 +209,7 @@ func (w *writer) row(line []byte) error {
 		}
 	}
 	if w.cur == nil {
-		w.cur = make([][][]byte, 0, w.o.Rows)
+		w.cur = make([][][]byte, 0, min(w.o.Rows, max(w.fit, 16)))
 	}
 	w.cur = append(w.cur, row)
 	w.bytes += int64(cap(buf))
@@ -222,7 +226,7 @@ func (w *writer) row(line []byte) error {
 	if len(w.cur) < w.o.Rows && (w.o.Budget <= 0 || w.bytes < w.o.Budget) {
 		return nil
 	}
-	w.full, w.cur, w.heads, w.bytes = w.cur, nil, nil, 0
+	w.full, w.fit, w.cur, w.heads, w.bytes = w.cur, len(w.cur), nil, nil, 0
 	return nil
 }
 

@@ -258,3 +258,49 @@ func TestBatchHoldsItsBudget(t *testing.T) {
 		t.Fatalf("a batch of %d bytes of values holds %d bytes (%.1fx its budget)", o.Budget, held, float64(held)/float64(o.Budget))
 	}
 }
+
+// TestBatchSlicesFollowItsRows: with chunk_size at its limit (100,000)
+// and rows the budget cuts a batch at (1 MB rows, a 1 MB budget), what
+// the batches hold follows their rows, not Rows: their value slices and
+// row lists are sized by the rows that fit (found by the attack on the
+// copy: each one-row batch held 100,000 rows' slices, 19 times its
+// values).
+func TestBatchSlicesFollowItsRows(t *testing.T) {
+	const width, size = 7, 1 << 20
+	row := make([][]byte, width)
+	row[0] = bytes.Repeat([]byte("x"), size)
+	for k := 1; k < width; k++ {
+		row[k] = []byte("v")
+	}
+	var text []byte
+	for range 3 {
+		text = append(text, line(row)...)
+	}
+	o := Options{Width: width, Rows: 100000, Budget: size}
+	out := make(chan batch, 4)
+	w := &writer{o: o, out: out, stop: make(chan struct{})}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := w.Write(text); err != nil {
+		t.Fatal(err)
+	}
+	w.finish(nil)
+	var bs []batch
+	for b := range out {
+		bs = append(bs, b)
+		if b.last {
+			break
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	runtime.KeepAlive(text)
+	runtime.KeepAlive(bs)
+	values := int64(3 * (size + width - 1))
+	t.Logf("%d batches, %d bytes of values, %d bytes held (%.1fx)", len(bs), values, held, float64(held)/float64(values))
+	if held > 2*values {
+		t.Fatalf("3 one-row batches of %d bytes of values hold %d bytes (%.1fx): the value slices are sized to Rows, not the rows", values, held, float64(held)/float64(values))
+	}
+}
