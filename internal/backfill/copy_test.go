@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +88,36 @@ func TestCopySavesWhole(t *testing.T) {
 	}
 	if mid < 5 {
 		t.Fatalf("%d saves before the end: the check above checked little (saves %v)", mid, s.saves)
+	}
+}
+
+// TestCopyFirstRowTimeoutAndItsRemedy: a first start whose sorted read
+// sends no row within backfill.statement_timeout (a condition slow on
+// every row) fails with a line naming the setting and what to do, having
+// sent nothing; raised, as it says, the same first start sends every row
+// once, in order.
+func TestCopyFirstRowTimeoutAndItsRemedy(t *testing.T) {
+	db, r := outboxWith20(t, false)
+	slow := `(SELECT count(*) FROM pg_catalog.generate_series(1, 200000 + pg_catalog.length(id::text))) > 0`
+	r.Tables[0].Backfill = &outbox.BackfillOptions{Where: slow}
+	r.StatementTimeout = 50 * time.Millisecond
+	// Counted already (a first start interrupted after its count): the
+	// copy is the statement the timeout meets.
+	job := checkpoint.Job{ID: "first", Table: "public.outbox", Where: slow, Initial: true, Total: 20}
+	s := &aheadSession{}
+	err := r.FirstStart(context.Background(), s, []checkpoint.Job{job}, exportSnapshot(t, db), 1)
+	if err == nil || !strings.Contains(err.Error(), "sent no row within backfill.statement_timeout (50ms)") || !strings.Contains(err.Error(), "raise backfill.statement_timeout") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("a sort slower than the statement timeout: %v", err)
+	}
+	if len(s.types) != 0 {
+		t.Fatalf("sent %d events before the read's first row", len(s.types))
+	}
+	r.StatementTimeout = time.Minute
+	s = &aheadSession{}
+	if err := r.FirstStart(context.Background(), s, []checkpoint.Job{job}, exportSnapshot(t, db), 1); err != nil {
+		t.Fatalf("with the timeout raised: %v", err)
+	}
+	if len(s.types) != 20 {
+		t.Fatalf("with the timeout raised, sent %d events, want the 20 rows", len(s.types))
 	}
 }

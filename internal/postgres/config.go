@@ -258,23 +258,27 @@ func connectSQL(ctx context.Context, cfg Config, pinned bool) (*pgx.Conn, error)
 	return conn, nil
 }
 
-// PinEncoding reports whether conn's client_encoding is not the
-// database's own, having set params' to it, for the caller to connect
-// again with params: the rows and the walsender's text then come in the
-// database's encoding, unconverted, both alike, whatever client_encoding
-// the database or the role sets by default. A client-only encoding
-// (SJIS, BIG5, GBK, GB18030, UHC, JOHAB) can hide a backslash in a
-// character's second byte, which COPY's text does not escape
-// (TestCopyUnderAnotherClientEncoding); converting to UTF-8 instead
-// would fail on a SQL_ASCII database's other bytes, and change the keys
-// of a LATIN1 one's aggregates from what they were.
+// PinEncoding reports whether conn's client_encoding is one that can
+// hide a backslash in a character's second byte (SJIS, SHIFT_JIS_2004,
+// BIG5, GBK, GB18030, UHC, JOHAB: client-only encodings, which a
+// database's or a role's default may set), which COPY's text does not
+// escape (TestCopyUnderAnotherClientEncoding), having set params' to the
+// database's own, for the caller to connect again with params: the rows
+// and the walsender's text then come in the database's encoding, both
+// alike. Any other client_encoding is kept, the one postgres.url asks for
+// included: converting all to UTF-8 would fail on a SQL_ASCII database's
+// other bytes, and change the keys of a LATIN1 one's aggregates from what
+// they were (TestEncodingsReadAlike).
 func PinEncoding(conn *pgconn.PgConn, params map[string]string) bool {
 	server := conn.ParameterStatus("server_encoding")
-	if server == "" || conn.ParameterStatus("client_encoding") == server {
-		return false
+	switch conn.ParameterStatus("client_encoding") {
+	case "SJIS", "SHIFT_JIS_2004", "BIG5", "GBK", "GB18030", "UHC", "JOHAB":
+		if server != "" {
+			params["client_encoding"] = server
+			return true
+		}
 	}
-	params["client_encoding"] = server
-	return true
+	return false
 }
 
 // redact drops anything that could hold a password from a parse error:

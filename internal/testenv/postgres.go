@@ -104,8 +104,15 @@ var dbSeq atomic.Int64
 // it. Cleanup drops its replication slots and the database.
 func (p *Postgres) NewDatabase(t testing.TB) string {
 	t.Helper()
+	return p.NewDatabaseWith(t, "")
+}
+
+// NewDatabaseWith is NewDatabase with CREATE DATABASE's options, such as
+// an encoding of its own.
+func (p *Postgres) NewDatabaseWith(t testing.TB, options string) string {
+	t.Helper()
 	name := fmt.Sprintf("cdc_test_%d_%d", os.Getpid(), dbSeq.Add(1))
-	Exec(t, p.URL, "CREATE DATABASE "+name)
+	Exec(t, p.URL, "CREATE DATABASE "+name+" "+options)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
