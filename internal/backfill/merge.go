@@ -40,6 +40,7 @@ type reader struct {
 		Wait()
 	}
 	fresh bool
+	cur   *tableread.Cursor // a read in commit order's, past a copy's rows
 }
 
 // readChunks is how many chunks' rows a cursor alone on its connection
@@ -96,7 +97,7 @@ func (r *Runner) openRead(ctx context.Context, conn *pgx.Conn, job *checkpoint.J
 	if err != nil {
 		return nil, &jobError{*job, err}
 	}
-	job.Order, job.Horizon, rd.next = string(plan.Order), cur.Horizon, func() (tableread.Chunk, error) { return cur.Next(ctx) }
+	job.Order, job.Horizon, rd.cur, rd.next = string(plan.Order), cur.Horizon, cur, func() (tableread.Chunk, error) { return cur.Next(ctx) }
 	rd.fresh = job.After == nil && conn.PgConn().TxStatus() != 'I'
 	return rd, nil
 }
@@ -227,19 +228,28 @@ func (r *Runner) readAheadAlone(ctx context.Context, conn *pgx.Conn, rds []*read
 		return false, nil
 	}
 	rd := rds[0]
+	cursor := func() *readahead.Reader {
+		rd.plan.SetReadRows(chunk * readChunks)
+		return readahead.New(func() ([][][]byte, bool, error) {
+			c, err := rd.next()
+			return c.Rows, c.Final, err
+		}, chunk)
+	}
 	if p := rd.plan; rd.fresh {
-		c, err := readahead.StartCopy(ctx, conn, p.Table.String(), p.CopySQL(), copyread.Options{Width: len(p.Columns), Rows: chunk, Budget: p.Budget(), FirstRow: r.StatementTimeout})
+		// Past a commit the copy flags, the cursor reads on.
+		rest := func(n int64) (*readahead.Reader, error) {
+			if err := rd.cur.Skip(ctx, n); err != nil {
+				return nil, err
+			}
+			return cursor(), nil
+		}
+		c, err := readahead.StartCopy(ctx, conn, p.Table.String(), p.CopySQL(), copyread.Options{Width: len(p.Columns), Rows: chunk, Budget: p.Budget(), FirstRow: r.StatementTimeout, Flagged: true}, rest)
 		if c != nil {
 			rd.ahead = c
 		}
 		return true, err
 	}
-	rd.plan.SetReadRows(chunk * readChunks)
-	next := rd.next
-	rd.ahead = readahead.New(func() ([][][]byte, bool, error) {
-		c, err := next()
-		return c.Rows, c.Final, err
-	}, chunk)
+	rd.ahead = cursor()
 	return true, nil
 }
 

@@ -25,7 +25,18 @@ type Options struct {
 	// statement timeout would end, and the copy itself runs as long as
 	// its rows take to send (FirstRowError).
 	FirstRow time.Duration
+	// Flagged says each row ends in one value more, a boolean, which is
+	// not handed out: the first row where it is true ends the rows
+	// handed out, after the rows before it, with ErrFlagged, and the
+	// rest of the copy is read and dropped, so that the connection and
+	// its transaction go on (a backfill reads on from there with a
+	// cursor in the same snapshot).
+	Flagged bool
 }
+
+// ErrFlagged is what Next returns after the rows before the first
+// flagged one (Options.Flagged), whose row Peek then shows.
+var ErrFlagged = errors.New("the copy reached a flagged row")
 
 // Reader is a copy's rows, handed out a batch at a time.
 type Reader struct {
@@ -136,7 +147,8 @@ type writer struct {
 	heads   [][]byte   // the value slices left for the batch's rows
 	fit     int        // the rows the last full batch held
 	bytes   int64
-	partial []byte // a row begun in an earlier Write
+	partial []byte   // a row begun in an earlier Write
+	flagged [][]byte // the first flagged row: the rest is dropped
 }
 
 func (w *writer) Write(p []byte) (int, error) {
@@ -145,7 +157,7 @@ func (w *writer) Write(p []byte) (int, error) {
 		w.first()
 		w.first = nil
 	}
-	for len(p) > 0 {
+	for len(p) > 0 && w.flagged == nil {
 		i := bytes.IndexByte(p, '\n') // a newline in a value is escaped
 		if i < 0 {
 			w.partial = append(w.partial, p...)
@@ -167,6 +179,9 @@ func (w *writer) Write(p []byte) (int, error) {
 // row adds the row of one line to the batch, which it hands out when full.
 func (w *writer) row(line []byte) error {
 	width := w.o.Width
+	if w.o.Flagged {
+		width++
+	}
 	if len(w.heads) < width {
 		// One allocation for the value slices of many rows (a row's
 		// slice lives as long as its batch), for as many as the last
@@ -181,7 +196,11 @@ func (w *writer) row(line []byte) error {
 	// Kafka record aliases them until it is acknowledged), of what they
 	// take unescaped (valueBytes): the line's length would hold twice
 	// the budget of values that COPY escapes each byte of.
-	buf := make([]byte, 0, valueBytes(line, width))
+	size := valueBytes(line, width)
+	if w.o.Flagged {
+		size = max(size-1, 0) // the flag, a letter, is not kept
+	}
+	buf := make([]byte, 0, size)
 	rest := line
 	for k := 0; ; k++ {
 		if k == width {
@@ -191,9 +210,12 @@ func (w *writer) row(line []byte) error {
 		if tab >= 0 {
 			f, rest = rest[:tab], rest[tab+1:]
 		}
-		if len(f) == 2 && f[0] == '\\' && f[1] == 'N' {
+		switch {
+		case w.o.Flagged && k == width-1:
+			row[k] = f // read below, before the line is
+		case len(f) == 2 && f[0] == '\\' && f[1] == 'N':
 			row[k] = nil
-		} else {
+		default:
 			start := len(buf)
 			var err error
 			if buf, err = unescape(buf, f); err != nil {
@@ -206,6 +228,12 @@ func (w *writer) row(line []byte) error {
 				return fmt.Errorf("the copy sent a row of %d values, not %d", k+1, width)
 			}
 			break
+		}
+	}
+	if w.o.Flagged {
+		var err error
+		if row, err = w.unflag(row); row == nil || err != nil {
+			return err
 		}
 	}
 	if w.cur == nil {
@@ -230,10 +258,39 @@ func (w *writer) row(line []byte) error {
 	return nil
 }
 
+// unflag is row without its flag (Options.Flagged), or nil once the flag
+// is true, the row kept as the first flagged one.
+func (w *writer) unflag(row [][]byte) ([][]byte, error) {
+	n := len(row) - 1
+	flag := row[n]
+	row[n], row = nil, row[:n:n] // no hold on the line
+	switch {
+	case len(flag) == 1 && flag[0] == 't':
+		w.flagged = row
+		return nil, nil
+	case len(flag) != 1 || flag[0] != 'f':
+		return nil, fmt.Errorf("the copy sent a flag of %q, not t or f", flag)
+	}
+	return row, nil
+}
+
 // finish hands out what the copy left, once it ended on err (nil: all
 // sent): the full batch held, then the rows after it, the last or
 // followed by err.
 func (w *writer) finish(err error) {
+	if err == nil && w.flagged != nil {
+		// The rows before the flagged one, each batch followed by the
+		// row after it, then the end: none is the last of the copy.
+		if w.full != nil && (len(w.cur) > 0 && w.send(batch{rows: w.full, next: w.cur[0]}) != nil ||
+			len(w.cur) == 0 && w.send(batch{rows: w.full, next: w.flagged}) != nil) {
+			return
+		}
+		if len(w.cur) > 0 && w.send(batch{rows: w.cur, next: w.flagged}) != nil {
+			return
+		}
+		w.send(batch{err: ErrFlagged, next: w.flagged})
+		return
+	}
 	if w.full != nil && len(w.cur) == 0 && err == nil {
 		w.cur, w.full = w.full, nil
 	}

@@ -26,6 +26,12 @@
 //     hold a backslash byte (SJIS, BIG5, GBK, ...), which COPY does not
 //     escape: postgres.PinEncoding pins the database's own.
 //
+//   - With Options.Flagged, each row ends in a flag the rows handed out
+//     do not hold: the rows end before the first true one (ErrFlagged,
+//     the flagged row shown by Peek), and the rest of the copy is read to
+//     its end and dropped, so that the connection's transaction, and its
+//     snapshot, go on for a cursor to read on from there.
+//
 //   - The last batch says so; a row cut short, a row of the wrong width,
 //     a bad escape or the server's error is an error where the rows would
 //     have gone on, after every row before it. Nothing is dropped.

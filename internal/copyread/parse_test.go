@@ -87,21 +87,40 @@ func value(rng *rand.Rand) []byte {
 // server sends, or any piece), come out in batches, in order, each row
 // once and value for value (nil for NULL only), each batch within Rows
 // and ending at the first row that reaches Budget; and the writer is held
-// back while a batch is not taken: it never gets a batch ahead.
+// back while a batch is not taken: it never gets a batch ahead. With
+// Flagged, the rows end before the first flagged one, which the last batch
+// names as the row after it, with ErrFlagged; the rest, flags not read,
+// are dropped.
 func TestWriterGivesBackEveryRow(t *testing.T) {
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 56))
 		width := 1 + rng.IntN(7)
 		rows := make([][][]byte, rng.IntN(300))
+		o := Options{Width: width, Rows: 1 + rng.IntN(40), Flagged: seed%2 == 1}
+		// Flagged: the rows from flagAt on are dropped, whatever their
+		// flags (flagAt past the rows: none is flagged).
+		flagAt := max(len(rows)-20+rng.IntN(40), 0)
 		var text []byte
 		for i := range rows {
 			rows[i] = make([][]byte, width)
 			for k := range rows[i] {
 				rows[i][k] = value(rng)
 			}
-			text = append(text, line(rows[i])...)
+			switch {
+			case !o.Flagged:
+				text = append(text, line(rows[i])...)
+			case i < flagAt:
+				text = append(text, line(append(rows[i], []byte("f")))...)
+			case i == flagAt:
+				text = append(text, line(append(rows[i], []byte("t")))...)
+			default:
+				text = append(text, line(append(rows[i], value(rng)))...)
+			}
 		}
-		o := Options{Width: width, Rows: 1 + rng.IntN(40)}
+		var flagged [][]byte
+		if o.Flagged && flagAt < len(rows) {
+			flagged, rows = rows[flagAt], rows[:flagAt]
+		}
 		if rng.IntN(2) == 0 {
 			o.Budget = int64(1 + rng.IntN(2000))
 		}
@@ -132,16 +151,29 @@ func TestWriterGivesBackEveryRow(t *testing.T) {
 			var next [][]byte
 			for {
 				b := <-out
+				if b.err == ErrFlagged && flagged != nil {
+					if !slices.EqualFunc(b.next, flagged, bytes.Equal) || len(got) > 0 && !slices.EqualFunc(next, flagged, bytes.Equal) {
+						t.Fatalf("the rows ended at a flagged row %q, but the last batch said the row after it was %q", flagged, next)
+					}
+					break
+				}
 				if b.err != nil {
 					t.Fatal(b.err)
+				}
+				if b.last && flagged != nil {
+					t.Fatalf("a copy with a flagged row ended as though it sent every row")
 				}
 				// The rows written are those taken and a batch more at
 				// most: a full one is held until the row after it, whose
 				// Write waits in send.
-				if n := written.Load(); n > int64(len(got)+len(b.rows)+o.Rows) {
+				if n := written.Load(); n > int64(len(got)+len(b.rows)+o.Rows) && (flagged == nil || n <= int64(len(rows))) {
 					t.Fatalf("%d rows written with %d taken: the writer ran more than a batch ahead", n, len(got)+len(b.rows))
 				}
+				if flagged != nil && len(got)+len(b.rows) == len(rows) {
+					b.last = true // the rows' last batch, before the flag: not full
+				}
 				checkBatch(t, o, b)
+				b.last = b.last && flagged == nil
 				if len(got) > 0 && next != nil && !slices.EqualFunc(next, b.rows[0], bytes.Equal) {
 					t.Fatalf("a batch said the row after it was %q; the next batch began with %q", next, b.rows[0])
 				}

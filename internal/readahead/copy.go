@@ -20,29 +20,55 @@ import (
 // to send: the statement timeout would end a long backfill, so it is off
 // while the copy runs, and the timeout bounds the wait for the first row
 // instead, the sort a cursor's first FETCH waits for.
+//
+// A copy in the cursor's order sorts once where the cursor's query sorts
+// twice (tableread.Plan.CopySQL), and flags the commits it cannot order
+// as the cursor does: at the first row of one, the copy's rows end, the
+// rest of the copy is read and dropped, and the rows go on from the
+// cursor (rest, moved past the rows handed out), in the same snapshot.
 type Copy struct {
 	ctx   context.Context
 	conn  *pgx.Conn
 	table string
 	r     *copyread.Reader
+	// rest reads on from the cursor past the first n rows, the copy's
+	// handed out; then, once the copy reached a flagged row.
+	rest  func(n int64) (*Reader, error)
+	taken int64
+	then  *Reader
 }
 
 // StartCopy starts sql, a COPY of table's rows, on conn, in the
-// transaction it is in, which it uses until the last rows or Wait.
-func StartCopy(ctx context.Context, conn *pgx.Conn, table, sql string, o copyread.Options) (*Copy, error) {
+// transaction it is in, which it uses until the last rows or Wait. With
+// o.Flagged, rest reads on from its first flagged row.
+func StartCopy(ctx context.Context, conn *pgx.Conn, table, sql string, o copyread.Options, rest func(n int64) (*Reader, error)) (*Copy, error) {
 	if _, err := conn.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 		return nil, fmt.Errorf("backfill of %s: %w", table, err)
 	}
-	return &Copy{ctx: ctx, conn: conn, table: table, r: copyread.Start(ctx, conn.PgConn(), sql, o)}, nil
+	return &Copy{ctx: ctx, conn: conn, table: table, r: copyread.Start(ctx, conn.PgConn(), sql, o), rest: rest}, nil
 }
 
 // Next returns the next chunk's rows, and whether they are the last.
 // After the last, the statement timeout is on again: another table's
 // read may follow in the transaction.
 func (c *Copy) Next() (rows [][][]byte, last bool, err error) {
+	if c.then != nil {
+		return c.then.Next()
+	}
 	rows, last, err = c.r.Next()
+	c.taken += int64(len(rows))
 	var first *copyread.FirstRowError
 	switch {
+	case errors.Is(err, copyread.ErrFlagged) && c.rest != nil:
+		if _, err := c.conn.Exec(c.ctx, "SET LOCAL statement_timeout TO DEFAULT"); err != nil {
+			return nil, false, fmt.Errorf("backfill of %s: after the copy: %w", c.table, err)
+		}
+		then, err := c.rest(c.taken)
+		if err != nil {
+			return nil, false, err
+		}
+		c.then = then
+		return then.Next()
 	case errors.As(err, &first):
 		return nil, false, fmt.Errorf("backfill of %s: the read in commit order sent no row within backfill.statement_timeout (%s), sorting the rows; raise backfill.statement_timeout, or narrow tables[].backfill.where", c.table, first.After)
 	case err != nil:
@@ -59,6 +85,9 @@ func (c *Copy) Next() (rows [][][]byte, last bool, err error) {
 // chunk begins with, when the copy read it (copyread.Reader.Peek): a job
 // saved after them is saved whole when they ended a commit.
 func (c *Copy) Pending() (rows [][][]byte, last bool) {
+	if c.then != nil {
+		return c.then.Pending()
+	}
 	if next := c.r.Peek(); next != nil {
 		return [][][]byte{next}, false
 	}
@@ -67,4 +96,9 @@ func (c *Copy) Pending() (rows [][][]byte, last bool) {
 
 // Wait ends the copy, if it still runs, and waits until nothing uses the
 // connection: a copy cut short closes it.
-func (c *Copy) Wait() { c.r.Stop() }
+func (c *Copy) Wait() {
+	c.r.Stop()
+	if c.then != nil {
+		c.then.Wait()
+	}
+}

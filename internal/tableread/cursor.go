@@ -124,6 +124,17 @@ func (c *Cursor) Next(ctx context.Context) (Chunk, error) {
 	return ch, nil
 }
 
+// Skip moves the cursor past its first n rows, which were read another
+// way (a copy of the same rows in the same order, Plan.CopySQL): Next
+// reads on from there.
+func (c *Cursor) Skip(ctx context.Context, n int64) error {
+	if _, err := c.conn.Exec(ctx, fmt.Sprintf("MOVE ABSOLUTE %d IN %s", n, pgident.Ident(c.name))); err != nil {
+		return statementError(fmt.Sprintf("backfill of %s: move the cursor past the copy's rows", c.plan.Table), err)
+	}
+	c.pos = n
+	return nil
+}
+
 // Close closes the cursor (a WITH HOLD cursor outlives its transaction).
 func (c *Cursor) Close(ctx context.Context) {
 	if c.hold && !c.conn.IsClosed() {

@@ -42,6 +42,7 @@ type Plan struct {
 	// rows, goes between (rowsQuery). Not a format string: the condition
 	// is the operator's SQL, and a LIKE 'a%' in it is no verb.
 	rows [2]string
+	copy string // CopySQL's
 	// resume is the condition on a resumed job's rows: from the first row
 	// of the commit it stopped in, or (resume[1]) past that commit, which
 	// it sent whole (Plan.Whole).
@@ -376,19 +377,38 @@ func (p *Plan) build() {
 	p.rows = [2]string{fmt.Sprintf("SELECT %s FROM (SELECT %s, %s AS cmd, ctid AS row_at FROM %s WHERE %s", strings.Join(outer, ", "), strings.Join(inner, ", "), cmd, from, cond),
 		") r ORDER BY " + strings.Join(order, ", ")}
 	if p.group > 0 {
+		p.buildCopy(sel, keyList, from, cond)
 		for i, op := range []string{">=", ">"} {
 			p.resume[i] = fmt.Sprintf(" AND ((%s) %s (%s) OR %s >= $%d)", strings.Join(keyList[:p.group], ", "), op, params(1, p.group), xminTerm.sql, p.group+1)
 		}
 	}
 }
 
+// buildCopy writes CopySQL's query, of the columns sel, keyed by keyList,
+// in from where cond. The copy's order is the cursor's where a commit's
+// cmin are kept, by one sort, which the window that flags the other
+// commits reads in: the cursor's sorts by the commit, looks at its rows,
+// then sorts them again, which for a commit of a million rows took longer
+// than the rows took to send (docs/benchmarks.md, "One sort for the
+// copy").
+func (p *Plan) buildCopy(sel, keyList []string, from, cond string) {
+	by := append(append(append([]string(nil), keyList[:p.group]...), "cmin::text::bigint", "ctid"), keyList[p.group:]...)
+	p.copy = fmt.Sprintf("COPY (SELECT %s, bool_or(xmax <> '0'::xid) OVER (PARTITION BY %s ORDER BY %s ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) FROM %s WHERE %s ORDER BY %s) TO STDOUT",
+		strings.Join(sel, ", "), strings.Join(keyList[:p.group], ", "), strings.Join(by[p.group:], ", "), from, cond, strings.Join(by, ", "))
+}
+
 // rowsQuery is the Cursor's query with resume ("" for none).
 func (p *Plan) rowsQuery(resume string) string { return p.rows[0] + resume + p.rows[1] }
 
 // CopySQL is a Cursor's read of every matching row, in an order of the
-// commits (InCommitOrder), as a COPY to the client in text format: the
-// same rows in the same order, with Columns' values (package copyread).
-func (p *Plan) CopySQL() string { return "COPY (" + p.rowsQuery("") + ") TO STDOUT" }
+// commits (InCommitOrder), as a COPY to the client in text format
+// (package copyread): Columns' values and, last, a flag, true on each row
+// of a commit the Cursor orders by where its rows lie (an UPDATE or a
+// DELETE overwrote a cmin). Up to the first flagged row, the rows and
+// their order are the Cursor's; from there, they are not, and a Cursor
+// of the same snapshot, moved past the rows before it (Cursor.Skip),
+// reads on.
+func (p *Plan) CopySQL() string { return p.copy }
 
 // Budget is a chunk's bound in bytes of values (SetBudget; 0: none).
 func (p *Plan) Budget() int64 { return p.budget }
