@@ -54,18 +54,13 @@
 //     and across stops and starts TestInterruptedFirstStartsLoseNoRow).
 //     A table read alone from its first row in a snapshot's transaction
 //     (a first start's, an adopted slot's) is read by one COPY instead
-//     (readAheadAlone, package copyread): the cursor's rows in the
-//     cursor's order, by one sort where the cursor's query sorts twice, up
-//     to the first commit whose rows the cursor orders by place (a cmin
-//     overwritten, tableread.Plan.CopySQL), from which the cursor, moved
-//     past the copy's rows, reads on in the same snapshot
-//     (TestCopyHandsFlaggedCommitsToTheCursor); handed out a chunk at a
-//     time, the copy held back
-//     while a chunk is held, so memory holds two chunks as with the read
-//     ahead; backfill.statement_timeout bounds its wait for the first row,
-//     not the copy, which runs as long as Kafka takes the rows
-//     (TestCopyOutlivesTheStatementTimeout); one interrupted resumes from
-//     its saved position by the cursor.
+//     (readAheadAlone, package copyread), by one sort where the cursor's
+//     query sorts twice: the cursor's rows in its order up to the first
+//     commit it orders by place (a cmin overwritten, Plan.CopySQL), from
+//     which the cursor, moved past them, reads on in the same snapshot
+//     (TestCopyHandsFlaggedCommitsToTheCursor). It holds two chunks, and
+//     backfill.statement_timeout bounds its first row's wait, not the
+//     copy (TestCopyOutlivesTheStatementTimeout).
 //
 //   - A read in an older snapshot (the first start's, a repair's) first
 //     has tableread.HoldFiles check the table, before its plan reads the

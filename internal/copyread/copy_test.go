@@ -193,3 +193,75 @@ func TestCopyEnds(t *testing.T) {
 		}
 	})
 }
+
+// TestCopyEndsAtTheFlag: a copy whose rows are flagged (Options.Flagged)
+// hands out the rows before the first flagged one, then ErrFlagged, as
+// soon as the server ends the copy it was asked to end, not once it sent
+// every row after (here 2 s of them, 100 ms a row; found by the attack on
+// the flag); the row is shown by Peek; and the transaction, rolled back
+// to the copy's savepoint, goes on in its snapshot with a cursor declared
+// before it. Flagged at the first row, at a later one, or at none.
+func TestCopyEndsAtTheFlag(t *testing.T) {
+	db := pg.NewDatabase(t)
+	ctx := context.Background()
+	for _, at := range []int{1, 4, 0} {
+		t.Run(fmt.Sprint("flag at ", at), func(t *testing.T) {
+			conn, err := postgres.ConnectRows(ctx, postgres.Config{URL: db}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			for _, q := range []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "DECLARE c SCROLL CURSOR FOR SELECT i FROM generate_series(1, 3) i", "SAVEPOINT copy"} {
+				if _, err := conn.Exec(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rows := 21
+			if at == 0 {
+				rows = 5 // all sent: no need to wait for the slow rows
+			}
+			// Rows of 9 kB: COPY sends what it has when 8 kB are
+			// written, so each row reaches the client as it is read.
+			sql := fmt.Sprintf(`COPY (SELECT i, repeat('x', 9000), i = %d FROM generate_series(1, %d) i, LATERAL (SELECT CASE WHEN i > %d THEN pg_sleep(0.1) END) s) TO STDOUT`, at, rows, max(at, 5))
+			started := time.Now()
+			r := copyread.Start(ctx, conn.PgConn(), sql, copyread.Options{Width: 2, Rows: 2, Flagged: true})
+			defer r.Stop()
+			var got []string
+			for {
+				batch, last, err := r.Next()
+				for _, row := range batch {
+					got = append(got, string(row[0]))
+				}
+				if at == 0 && last {
+					break
+				}
+				if at > 0 && errors.Is(err, copyread.ErrFlagged) {
+					if p := r.Peek(); len(p) != 2 || string(p[0]) != fmt.Sprint(at) {
+						t.Fatalf("ended at the flag with the row after %q, want the flagged row %d", p, at)
+					}
+					break
+				}
+				if err != nil || last {
+					t.Fatalf("got %v, last %v, err %v; want the rows before row %d, then ErrFlagged", got, last, err, at)
+				}
+			}
+			want := min(at-1, rows)
+			if at == 0 {
+				want = rows
+			}
+			if len(got) != want || want > 0 && got[len(got)-1] != fmt.Sprint(want) {
+				t.Fatalf("handed out %v; want rows 1 to %d", got, want)
+			}
+			if took := time.Since(started); at > 0 && took > time.Second {
+				t.Fatalf("the flag at row %d ended the copy after %s: the server sent the rows after it (2 s of them)", at, took.Round(time.Millisecond))
+			}
+			var n int
+			if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT copy"); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.QueryRow(ctx, "FETCH 1 FROM c").Scan(&n); err != nil || n != 1 {
+				t.Fatalf("the cursor declared before the copy, after it: %d, %v", n, err)
+			}
+		})
+	}
+}

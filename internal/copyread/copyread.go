@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,10 +28,12 @@ type Options struct {
 	FirstRow time.Duration
 	// Flagged says each row ends in one value more, a boolean, which is
 	// not handed out: the first row where it is true ends the rows
-	// handed out, after the rows before it, with ErrFlagged, and the
-	// rest of the copy is read and dropped, so that the connection and
-	// its transaction go on (a backfill reads on from there with a
-	// cursor in the same snapshot).
+	// handed out, after the rows before it, with ErrFlagged. The server
+	// is asked to end the copy (a cancel request), and what it sends
+	// until it does is dropped: the copy must run in a savepoint, which
+	// the caller rolls back to, so that the connection and its
+	// transaction go on (a backfill reads on from there with a cursor in
+	// the same snapshot).
 	Flagged bool
 }
 
@@ -74,6 +77,21 @@ func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Rea
 	ctx, cancel := context.WithCancelCause(ctx)
 	r := &Reader{out: make(chan batch), stop: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	w := &writer{o: o, out: r.out, stop: r.stop}
+	// At the first flagged row the server is asked to end the copy, in
+	// place of sending the rest to be dropped: a flag early in a large
+	// table would cost a whole transfer of it (found by the attack on
+	// the flag). The request has reached the server before the copy is
+	// over for the caller, so that it cannot meet a later statement: one
+	// that comes after the copy ended finds the backend idle, which
+	// ignores it.
+	var asked sync.WaitGroup
+	w.flag = func() {
+		asked.Add(1)
+		go func() {
+			defer asked.Done()
+			_ = conn.CancelRequest(context.WithoutCancel(ctx)) // the copy may have ended already
+		}()
+	}
 	w.o.Rows = max(w.o.Rows, 1)
 	var timer *time.Timer
 	if o.FirstRow > 0 {
@@ -83,11 +101,15 @@ func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Rea
 	go func() {
 		defer close(r.done)
 		_, err := conn.CopyTo(ctx, w, sql)
+		asked.Wait()
 		if timer != nil {
 			timer.Stop()
 		}
 		var first *FirstRowError
+		var pgErr *pgconn.PgError
 		switch {
+		case w.flagged != nil && errors.As(err, &pgErr) && pgErr.Code == "57014":
+			err = nil // the copy ended as asked
 		case err == nil && len(w.partial) > 0:
 			err = fmt.Errorf("the copy ended inside a row (%d bytes after the last newline)", len(w.partial))
 		case err != nil && errors.As(context.Cause(ctx), &first):
@@ -149,6 +171,7 @@ type writer struct {
 	bytes   int64
 	partial []byte   // a row begun in an earlier Write
 	flagged [][]byte // the first flagged row: the rest is dropped
+	flag    func()   // the first flagged row came
 }
 
 func (w *writer) Write(p []byte) (int, error) {
@@ -267,6 +290,9 @@ func (w *writer) unflag(row [][]byte) ([][]byte, error) {
 	switch {
 	case len(flag) == 1 && flag[0] == 't':
 		w.flagged = row
+		if w.flag != nil {
+			w.flag()
+		}
 		return nil, nil
 	case len(flag) != 1 || flag[0] != 'f':
 		return nil, fmt.Errorf("the copy sent a flag of %q, not t or f", flag)

@@ -28,9 +28,12 @@
 //
 //   - With Options.Flagged, each row ends in a flag the rows handed out
 //     do not hold: the rows end before the first true one (ErrFlagged,
-//     the flagged row shown by Peek), and the rest of the copy is read to
-//     its end and dropped, so that the connection's transaction, and its
-//     snapshot, go on for a cursor to read on from there.
+//     the flagged row shown by Peek), the server is asked to end the copy
+//     and what it sends until then is dropped. The copy runs in a
+//     savepoint the caller rolls back to, so that the transaction, and
+//     its snapshot, go on for a cursor to read on from there; a cancel
+//     request reaches the server before the copy ends for the caller, so
+//     it cannot cancel a later statement.
 //
 //   - The last batch says so; a row cut short, a row of the wrong width,
 //     a bad escape or the server's error is an error where the rows would

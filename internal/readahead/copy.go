@@ -24,8 +24,9 @@ import (
 // A copy in the cursor's order sorts once where the cursor's query sorts
 // twice (tableread.Plan.CopySQL), and flags the commits it cannot order
 // as the cursor does: at the first row of one, the copy's rows end, the
-// rest of the copy is read and dropped, and the rows go on from the
-// cursor (rest, moved past the rows handed out), in the same snapshot.
+// copy is cancelled within its savepoint, and the rows go on from the
+// cursor (rest, declared before it and moved past the rows handed out),
+// in the same snapshot.
 type Copy struct {
 	ctx   context.Context
 	conn  *pgx.Conn
@@ -42,7 +43,9 @@ type Copy struct {
 // transaction it is in, which it uses until the last rows or Wait. With
 // o.Flagged, rest reads on from its first flagged row.
 func StartCopy(ctx context.Context, conn *pgx.Conn, table, sql string, o copyread.Options, rest func(n int64) (*Reader, error)) (*Copy, error) {
-	if _, err := conn.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+	// In a savepoint: a copy ended at a flag (copyread.Options.Flagged)
+	// is cancelled, which fails what the savepoint holds and no more.
+	if _, err := conn.Exec(ctx, "SET LOCAL statement_timeout = 0; SAVEPOINT cdc_copy"); err != nil {
 		return nil, fmt.Errorf("backfill of %s: %w", table, err)
 	}
 	return &Copy{ctx: ctx, conn: conn, table: table, r: copyread.Start(ctx, conn.PgConn(), sql, o), rest: rest}, nil
@@ -60,7 +63,7 @@ func (c *Copy) Next() (rows [][][]byte, last bool, err error) {
 	var first *copyread.FirstRowError
 	switch {
 	case errors.Is(err, copyread.ErrFlagged) && c.rest != nil:
-		if _, err := c.conn.Exec(c.ctx, "SET LOCAL statement_timeout TO DEFAULT"); err != nil {
+		if _, err := c.conn.Exec(c.ctx, "ROLLBACK TO SAVEPOINT cdc_copy; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
 			return nil, false, fmt.Errorf("backfill of %s: after the copy: %w", c.table, err)
 		}
 		then, err := c.rest(c.taken)
@@ -74,7 +77,7 @@ func (c *Copy) Next() (rows [][][]byte, last bool, err error) {
 	case err != nil:
 		return nil, false, fmt.Errorf("backfill of %s: read the rows in commit order: %w", c.table, err)
 	case last:
-		if _, err := c.conn.Exec(c.ctx, "SET LOCAL statement_timeout TO DEFAULT"); err != nil {
+		if _, err := c.conn.Exec(c.ctx, "RELEASE SAVEPOINT cdc_copy; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
 			return nil, false, fmt.Errorf("backfill of %s: after the read: %w", c.table, err)
 		}
 	}
