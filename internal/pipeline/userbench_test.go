@@ -719,8 +719,9 @@ func BenchmarkSchema(b *testing.B) {
 // rows (1,000,000 by default, CDC_BENCH_BACKFILL_ROWS): the cdc binary from
 // process start until it streams, which it does once Kafka acknowledged
 // every backfilled row and the checkpoint says so. The reference is psql
-// copying the same rows, in the same order, to /dev/null: what reading them
-// out of Postgres costs. tx=all writes the backlog in one transaction,
+// copying the same rows, ordered by the primary key (its index serves
+// that order; the connector's, the commits', is a sort), to /dev/null:
+// what reading them out of Postgres costs. tx=all writes the backlog in one transaction,
 // as the figures of docs/benchmarks.md before issue 56 did: the worst
 // case of a read in commit order, whose rows of one commit are sorted
 // again by command and place (tableread); tx=100 writes it in
