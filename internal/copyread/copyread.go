@@ -2,6 +2,7 @@ package copyread
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,10 @@ type Options struct {
 	// the same snapshot).
 	Flagged bool
 }
+
+// cancelWait is how long the request to end a copy at a flagged row
+// waits for the server's answer.
+var cancelWait = 10 * time.Second
 
 // ErrFlagged is what Next returns after the rows before the first
 // flagged one (Options.Flagged), whose row Peek then shows.
@@ -83,13 +88,21 @@ func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Rea
 	// the flag). The request has reached the server before the copy is
 	// over for the caller, so that it cannot meet a later statement: one
 	// that comes after the copy ended finds the backend idle, which
-	// ignores it.
+	// ignores it. A request with no answer within cancelWait (or cut by
+	// Stop) may still land later, on any statement: the read ends with
+	// an error instead, and the caller gives the connection up.
 	var asked sync.WaitGroup
 	w.flag = func() {
 		asked.Add(1)
 		go func() {
 			defer asked.Done()
-			_ = conn.CancelRequest(context.WithoutCancel(ctx)) // the copy may have ended already
+			cctx, done := context.WithTimeout(ctx, cancelWait)
+			defer done()
+			// pgconn returns no error when the answer does not come: the
+			// wait's end tells.
+			if err := conn.CancelRequest(cctx); err != nil || cctx.Err() != nil {
+				w.unanswered = cmp.Or(err, context.Cause(cctx))
+			}
 		}()
 	}
 	w.o.Rows = max(w.o.Rows, 1)
@@ -108,6 +121,8 @@ func Start(ctx context.Context, conn *pgconn.PgConn, sql string, o Options) *Rea
 		var first *FirstRowError
 		var pgErr *pgconn.PgError
 		switch {
+		case w.unanswered != nil && context.Cause(ctx) == nil:
+			err = fmt.Errorf("postgres did not answer the request to end the copy at a flagged row (%v), which could still cancel a later statement; check that postgres.url reaches Postgres directly, not through a pooler", w.unanswered)
 		case w.flagged != nil && errors.As(err, &pgErr) && pgErr.Code == "57014":
 			err = nil // the copy ended as asked
 		case err == nil && len(w.partial) > 0:
@@ -172,6 +187,9 @@ type writer struct {
 	partial []byte   // a row begun in an earlier Write
 	flagged [][]byte // the first flagged row: the rest is dropped
 	flag    func()   // the first flagged row came
+	// unanswered is the cancel request's error (flag), read once it
+	// returned.
+	unanswered error
 }
 
 func (w *writer) Write(p []byte) (int, error) {

@@ -31,9 +31,11 @@
 //     the flagged row shown by Peek), the server is asked to end the copy
 //     and what it sends until then is dropped. The copy runs in a
 //     savepoint the caller rolls back to, so that the transaction, and
-//     its snapshot, go on for a cursor to read on from there; a cancel
-//     request reaches the server before the copy ends for the caller, so
-//     it cannot cancel a later statement.
+//     its snapshot, go on for a cursor to read on from there. The cancel
+//     request is answered before the copy ends for the caller, and on a
+//     direct connection the server signals the backend before it
+//     answers, so it cannot cancel a later statement; one not answered
+//     within its wait (10 s) could, and ends the read with an error.
 //
 //   - The last batch says so; a row cut short, a row of the wrong width,
 //     a bad escape or the server's error is an error where the rows would

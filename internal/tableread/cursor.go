@@ -3,6 +3,7 @@ package tableread
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -115,7 +116,7 @@ func (c *Cursor) Next(ctx context.Context) (Chunk, error) {
 	c.pos += int64(len(ch.Rows))
 	if read > len(ch.Rows) {
 		// Back onto the last row kept: the next chunk starts after it.
-		if _, err := c.conn.Exec(ctx, fmt.Sprintf("MOVE ABSOLUTE %d IN %s", c.pos, pgident.Ident(c.name))); err != nil {
+		if err := c.moveTo(ctx, c.pos); err != nil {
 			return Chunk{}, statementError(fmt.Sprintf("backfill of %s: move the cursor back", p.Table), err)
 		}
 	}
@@ -128,11 +129,33 @@ func (c *Cursor) Next(ctx context.Context) (Chunk, error) {
 // way (a copy of the same rows in the same order, Plan.CopySQL): Next
 // reads on from there.
 func (c *Cursor) Skip(ctx context.Context, n int64) error {
-	if _, err := c.conn.Exec(ctx, fmt.Sprintf("MOVE ABSOLUTE %d IN %s", n, pgident.Ident(c.name))); err != nil {
+	if err := c.moveTo(ctx, n); err != nil {
 		return statementError(fmt.Sprintf("backfill of %s: move the cursor past the copy's rows", c.plan.Table), err)
 	}
 	c.pos = n
 	return nil
+}
+
+// moveTo puts the cursor on row pos (0: before the first).
+func (c *Cursor) moveTo(ctx context.Context, pos int64) error {
+	for _, step := range moves(pos) {
+		if _, err := c.conn.Exec(ctx, "MOVE "+step+" IN "+pgident.Ident(c.name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moves are the MOVE steps to row pos: MOVE counts are 32-bit (a count of
+// 2^31 is a syntax error), so a position past the last is reached by
+// moves forward from there (found by the second attack on the copy).
+func moves(pos int64) []string {
+	first := min(pos, math.MaxInt32)
+	steps := []string{fmt.Sprintf("ABSOLUTE %d", first)}
+	for rest := pos - first; rest > 0; rest -= min(rest, math.MaxInt32) {
+		steps = append(steps, fmt.Sprintf("FORWARD %d", min(rest, math.MaxInt32)))
+	}
+	return steps
 }
 
 // Close closes the cursor (a WITH HOLD cursor outlives its transaction).

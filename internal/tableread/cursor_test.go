@@ -3,6 +3,7 @@ package tableread
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -107,4 +108,30 @@ func TestResumedCursorSkipsNoMovedRow(t *testing.T) {
 		}
 	}
 	t.Logf("read after the resume: %v (horizon %d)", seen, cur.Horizon)
+}
+
+// TestMovesReachAnyRow: a cursor moved to a row past 2^31 - 1 (a MOVE's
+// count is 32-bit, and 2^31 is a syntax error) gets there by steps
+// forward, each within a 32-bit count, which add up to the row.
+func TestMovesReachAnyRow(t *testing.T) {
+	for _, pos := range []int64{0, 1, 1000, math.MaxInt32 - 1, math.MaxInt32, math.MaxInt32 + 1, 3*math.MaxInt32 + 7, 1 << 40} {
+		var at int64
+		for i, step := range moves(pos) {
+			var n int64
+			word := "FORWARD"
+			if i == 0 {
+				word = "ABSOLUTE"
+			}
+			if _, err := fmt.Sscanf(step, word+" %d", &n); err != nil {
+				t.Fatalf("row %d: step %d is %q, want %s <count>", pos, i, step, word)
+			}
+			if n < 0 || n > math.MaxInt32 || i > 0 && n == 0 {
+				t.Fatalf("row %d: step %q is no 32-bit count a MOVE takes", pos, step)
+			}
+			at += n
+		}
+		if at != pos {
+			t.Fatalf("row %d: the moves %v reach row %d", pos, moves(pos), at)
+		}
+	}
 }
