@@ -103,11 +103,11 @@ func copyFlagged(t *testing.T, seed uint64) int {
 
 // rowAt is a row as the cursor's order sees it.
 type rowAt struct {
-	typ, id         string
-	xmin, cmin      int64
-	flagged         bool // its commit has a row with xmax set
-	page, item      int64
-	overwrittenCmin bool
+	typ, id    string
+	xmin, cmin int64
+	flagged    bool // its commit has a row with xmax set
+	page, item int64
+	xmaxSet    bool // an UPDATE, DELETE or lock by another transaction
 }
 
 // cursorRule reads the table's rows and orders them by the cursor's rule
@@ -125,7 +125,7 @@ func cursorRule(t *testing.T, db string) ([]rowAt, int) {
 	var all []rowAt
 	for rows.Next() {
 		var r rowAt
-		if err := rows.Scan(&r.typ, &r.id, &r.xmin, &r.cmin, &r.overwrittenCmin, &r.page, &r.item); err != nil {
+		if err := rows.Scan(&r.typ, &r.id, &r.xmin, &r.cmin, &r.xmaxSet, &r.page, &r.item); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, r)
@@ -135,7 +135,7 @@ func cursorRule(t *testing.T, db string) ([]rowAt, int) {
 	}
 	set := map[int64]bool{}
 	for _, r := range all {
-		set[r.xmin] = set[r.xmin] || r.overwrittenCmin
+		set[r.xmin] = set[r.xmin] || r.xmaxSet
 	}
 	for i := range all {
 		all[i].flagged = set[all[i].xmin]

@@ -40,7 +40,7 @@ type reader struct {
 		Wait()
 	}
 	fresh bool
-	cur   *tableread.Cursor // a read in commit order's, past a copy's rows
+	cur   *tableread.Cursor // in commit order: reads on past a copy's rows
 }
 
 // readChunks is how many chunks' rows a cursor alone on its connection

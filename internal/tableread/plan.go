@@ -403,8 +403,9 @@ func (p *Plan) rowsQuery(resume string) string { return p.rows[0] + resume + p.r
 // CopySQL is a Cursor's read of every matching row, in an order of the
 // commits (InCommitOrder), as a COPY to the client in text format
 // (package copyread): Columns' values and, last, a flag, true on each row
-// of a commit the Cursor orders by where its rows lie (an UPDATE or a
-// DELETE overwrote a cmin). Up to the first flagged row, the rows and
+// of a commit the Cursor orders by where its rows lie (one with a row
+// whose xmax another transaction's UPDATE, DELETE or lock set). Up to the
+// first flagged row, the rows and
 // their order are the Cursor's; from there, they are not, and a Cursor
 // of the same snapshot, moved past the rows before it (Cursor.Skip),
 // reads on.
